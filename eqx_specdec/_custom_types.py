@@ -1,0 +1,20 @@
+from jaxtyping import Array, Bool, Float, Int, Integer
+
+
+# One row (one sequence). `gamma` is the draft length G, `vocab` the vocabulary size V.
+DraftTokensRow = Integer[Array, " gamma"]
+DraftProbsRow = Float[Array, "gamma vocab"]
+TargetProbsRow = Float[Array, "gamma+1 vocab"]
+AcceptUniformsRow = Float[Array, " gamma"]
+SampleUniform = Float[Array, ""]
+PassedRow = Bool[Array, " gamma"]
+ScaleRow = Float[Array, " gamma"]
+IntScalar = Int[Array, ""]
+TokensRow = Int[Array, " gamma+1"]
+
+# A batch of rows.
+DraftTokens = Integer[Array, "batch gamma"]
+DraftProbs = Float[Array, "batch gamma vocab"]
+TargetProbs = Float[Array, "batch gamma+1 vocab"]
+AcceptUniforms = Float[Array, "batch gamma"]
+SampleUniforms = Float[Array, " batch"]

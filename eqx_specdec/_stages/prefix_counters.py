@@ -1,0 +1,44 @@
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import jaxtyped
+
+from .._custom_types import IntScalar, PassedRow
+
+
+class AbstractPrefixCounter(eqx.Module):
+    """Turns the per-position outcomes of a ratio test into the number of accepted
+    draft tokens $n \\in \\{0, \\dots, \\gamma\\}$ of one row.
+
+    The count is a traced value: implementations must not branch on it in Python.
+    """
+
+    @abc.abstractmethod
+    def __call__(self, passed: PassedRow) -> IntScalar:
+        """Counts the accepted draft tokens of one row.
+
+        **Arguments:**
+
+        - `passed`: boolean of shape `(gamma,)`, the `passed` field of the
+            [`eqx_specdec.Verdict`][] returned by the ratio test.
+
+        **Returns:**
+
+        An int32 scalar $n$ with $0 \\le n \\le \\gamma$: the first $n$ draft tokens are
+        accepted.
+        """
+
+
+class PrefixCounter(AbstractPrefixCounter):
+    """The standard count: the number of tests passed before the first failure,
+
+    $$n = \\max\\{k : \\text{passed}_0, \\dots, \\text{passed}_{k-1}\\},$$
+
+    or $\\gamma$ when every test passes. Outcomes after the first failure do not matter.
+    """
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, passed: PassedRow) -> IntScalar:
+        return jnp.sum(jnp.cumprod(passed.astype(jnp.int32)), dtype=jnp.int32)

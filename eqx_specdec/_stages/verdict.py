@@ -1,0 +1,37 @@
+import equinox as eqx
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import jaxtyped
+
+from .._custom_types import PassedRow, ScaleRow
+
+
+@jaxtyped(typechecker=beartype)
+class Verdict(eqx.Module):
+    """What a ratio test hands to the rest of the pipeline, for one row.
+
+    A ratio test decides, position by position, whether a draft token passes its test.
+    Most rules stop there; rules that carry a running state from one position to the next
+    (block verification scales the residual by its clipped cumulative ratio $P_n$) also
+    say how the residual at each position is formed, through `residual_scale`:
+
+    $$r_n = \\operatorname{norm}\\big((c_n\\, p_n - q_n)_+\\big)$$
+
+    with $c_n$ = `residual_scale[n]`. The standard rule has $c_n = 1$.
+
+    **Arguments:**
+
+    - `passed`: boolean of shape `(gamma,)`; `passed[i]` says whether draft token `i`
+        passed its test. A prefix counter turns these into the number of accepted tokens.
+    - `residual_scale`: float of shape `(gamma,)`, the factor $c_n$ above. Defaults to
+        ones (float32), the standard residual $(p_n - q_n)_+$.
+    """
+
+    passed: PassedRow
+    residual_scale: ScaleRow
+
+    def __init__(self, passed: PassedRow, residual_scale: ScaleRow | None = None):
+        self.passed = passed
+        if residual_scale is None:
+            residual_scale = jnp.ones(passed.shape, jnp.float32)
+        self.residual_scale = residual_scale

@@ -1,0 +1,319 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, Int, jaxtyped
+
+from ._custom_types import (
+    AcceptUniforms,
+    AcceptUniformsRow,
+    DraftProbs,
+    DraftProbsRow,
+    DraftTokens,
+    DraftTokensRow,
+    SampleUniform,
+    SampleUniforms,
+    TargetProbs,
+    TargetProbsRow,
+)
+from ._stages.assemblers import AbstractTokenAssembler, TokenAssembler
+from ._stages.prefix_counters import AbstractPrefixCounter, PrefixCounter
+from ._stages.ratio_tests import AbstractRatioTest, RatioTest
+from ._stages.samplers import AbstractResidualSampler, ResidualSampler
+from ._stages.verdict import Verdict
+
+
+def _describe(value) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{value.dtype}{list(value.shape)}"
+    return type(value).__name__
+
+
+_KINDS = {
+    "boolean": lambda d: d == jnp.bool_,
+    "integer": lambda d: jnp.issubdtype(d, jnp.integer),
+    "floating": lambda d: jnp.issubdtype(d, jnp.floating),
+}
+
+
+def _check_stage_output(stage, base, what: str, value, shape: tuple, kind: str):
+    """Trace-time check of what a stage returned, so a faulty custom stage fails loudly
+    where it is, not as a wrong token later."""
+    if (
+        not hasattr(value, "shape")
+        or tuple(value.shape) != shape
+        or not _KINDS[kind](value.dtype)
+    ):
+        raise TypeError(
+            f"{type(stage).__name__} returned {_describe(value)} as {what}, but "
+            f"{base.__name__}.__call__ must return {'an' if kind == 'integer' else 'a'} {kind} array of shape {shape}."
+        )
+
+
+class Verifier(eqx.Module):
+    """The verification step of speculative decoding, composed from four stages.
+
+    For one row, the stages run in this order:
+
+    1. `ratio_test` decides whether each draft token passes, returning a
+        [`eqx_specdec.Verdict`][];
+    2. `prefix_counter` turns those outcomes into the number accepted, $n$;
+    3. `residual_sampler` draws the correction (or bonus) token $y$;
+    4. `token_assembler` writes $(x_0, \\dots, x_{n-1}, y, -1, \\dots)$.
+
+    The defaults are the standard rule of speculative sampling (Leviathan et al. 2023;
+    Chen et al. 2023). Swap any stage for another implementation of its abstract base to
+    get a different variant. Calling the verifier runs [`eqx_specdec.Verifier.row`][] on
+    every row with `jax.vmap`.
+
+    **Arguments:**
+
+    - `ratio_test`: an [`eqx_specdec.AbstractRatioTest`][]. Default
+        [`eqx_specdec.RatioTest`][].
+    - `prefix_counter`: an [`eqx_specdec.AbstractPrefixCounter`][]. Default
+        [`eqx_specdec.PrefixCounter`][].
+    - `residual_sampler`: an [`eqx_specdec.AbstractResidualSampler`][]. Default
+        [`eqx_specdec.ResidualSampler`][].
+    - `token_assembler`: an [`eqx_specdec.AbstractTokenAssembler`][]. Default
+        [`eqx_specdec.TokenAssembler`][].
+    """
+
+    ratio_test: AbstractRatioTest = RatioTest()
+    prefix_counter: AbstractPrefixCounter = PrefixCounter()
+    residual_sampler: AbstractResidualSampler = ResidualSampler()
+    token_assembler: AbstractTokenAssembler = TokenAssembler()
+
+    def __check_init__(self):
+        for name, base in (
+            ("ratio_test", AbstractRatioTest),
+            ("prefix_counter", AbstractPrefixCounter),
+            ("residual_sampler", AbstractResidualSampler),
+            ("token_assembler", AbstractTokenAssembler),
+        ):
+            stage = getattr(self, name)
+            if not isinstance(stage, base):
+                raise TypeError(
+                    f"Verifier(`{name}`=...) must be an instance of {base.__name__}, "
+                    f"got {type(stage).__name__}. Subclass {base.__name__} to write a "
+                    "custom stage."
+                )
+
+    @jaxtyped(typechecker=beartype)
+    def row(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        accept_uniforms: AcceptUniformsRow,
+        sample_uniform: SampleUniform,
+    ) -> dict[str, Int[Array, "..."]]:
+        """Verifies one row (one sequence).
+
+        **Arguments:**
+
+        - `draft_tokens`: integer of shape `(gamma,)`.
+        - `draft_probs`: float of shape `(gamma, vocab)`, or `None` for one-hot drafts.
+        - `target_probs`: float of shape `(gamma + 1, vocab)`.
+        - `accept_uniforms`: float of shape `(gamma,)`.
+        - `sample_uniform`: float scalar.
+
+        **Returns:**
+
+        `{"num_accepted": int32 scalar, "tokens": int32 array of shape (gamma + 1,)}`.
+        """
+        gamma = draft_tokens.shape[0]
+        verdict = self.ratio_test(
+            draft_tokens, draft_probs, target_probs, accept_uniforms
+        )
+        if not isinstance(verdict, Verdict):
+            raise TypeError(
+                f"{type(self.ratio_test).__name__} returned {_describe(verdict)}, but "
+                "AbstractRatioTest.__call__ must return an eqx_specdec.Verdict."
+            )
+        _check_stage_output(
+            self.ratio_test,
+            AbstractRatioTest,
+            "Verdict.passed",
+            verdict.passed,
+            (gamma,),
+            "boolean",
+        )
+        _check_stage_output(
+            self.ratio_test,
+            AbstractRatioTest,
+            "Verdict.residual_scale",
+            verdict.residual_scale,
+            (gamma,),
+            "floating",
+        )
+        n = self.prefix_counter(verdict.passed)
+        _check_stage_output(
+            self.prefix_counter, AbstractPrefixCounter, "num_accepted", n, (), "integer"
+        )
+        n = n.astype(jnp.int32)
+        y = self.residual_sampler(
+            n, verdict, draft_tokens, draft_probs, target_probs, sample_uniform
+        )
+        _check_stage_output(
+            self.residual_sampler,
+            AbstractResidualSampler,
+            "the correction token",
+            y,
+            (),
+            "integer",
+        )
+        y = y.astype(jnp.int32)
+        tokens = self.token_assembler(n, draft_tokens, y)
+        _check_stage_output(
+            self.token_assembler,
+            AbstractTokenAssembler,
+            "tokens",
+            tokens,
+            (gamma + 1,),
+            "integer",
+        )
+        return {"num_accepted": n, "tokens": tokens.astype(jnp.int32)}
+
+    def __call__(
+        self,
+        draft_tokens: DraftTokens,
+        draft_probs: DraftProbs | None,
+        target_probs: TargetProbs,
+        accept_uniforms: AcceptUniforms,
+        sample_uniforms: SampleUniforms,
+    ) -> dict[str, Int[Array, "..."]]:
+        """Verifies a batch: `jax.vmap` of [`eqx_specdec.Verifier.row`][].
+
+        Arguments and return value as for [`eqx_specdec.speculative_accept`][], which
+        also validates the inputs; call this directly only on inputs already checked.
+        """
+        return jax.vmap(self.row)(
+            draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+        )
+
+
+def _shape(x) -> str:
+    return "(" + ", ".join(str(d) for d in x.shape) + ")"
+
+
+def _validate(
+    draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+):
+    """Trace-time checks of ranks, shapes and dtypes, with messages naming the argument."""
+    arrays = {
+        "draft_tokens": (draft_tokens, 2, "(B, G)"),
+        "draft_probs": (draft_probs, 3, "(B, G, V)"),
+        "target_probs": (target_probs, 3, "(B, G+1, V)"),
+        "accept_uniforms": (accept_uniforms, 2, "(B, G)"),
+        "sample_uniforms": (sample_uniforms, 1, "(B,)"),
+    }
+    for name, (x, rank, layout) in arrays.items():
+        if x is None:
+            continue
+        if x.ndim != rank:
+            raise ValueError(
+                f"`{name}` must have rank {rank}, shape {layout}; got shape {_shape(x)}."
+            )
+    for name, (x, _, _) in arrays.items():
+        if x is None:
+            continue
+        if name == "draft_tokens":
+            if not jnp.issubdtype(x.dtype, jnp.integer):
+                raise TypeError(
+                    f"`draft_tokens` must have an integer dtype (token ids), got "
+                    f"{x.dtype}. Cast with `.astype(jnp.int32)`."
+                )
+        elif not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(
+                f"`{name}` must have a floating dtype (float16, bfloat16, float32 or "
+                f"float64), got {x.dtype}."
+            )
+    batch, gamma = draft_tokens.shape
+    vocab = target_probs.shape[2]
+    if gamma < 1:
+        raise ValueError(
+            f"`draft_tokens` must hold at least one draft token per row; got shape "
+            f"{_shape(draft_tokens)}."
+        )
+    if vocab < 1:
+        raise ValueError(
+            f"`target_probs` has an empty vocabulary: {_shape(target_probs)}."
+        )
+    expected = {
+        "draft_probs": (batch, gamma, vocab),
+        "target_probs": (batch, gamma + 1, vocab),
+        "accept_uniforms": (batch, gamma),
+        "sample_uniforms": (batch,),
+    }
+    for name, shape in expected.items():
+        x = arrays[name][0]
+        if x is None:
+            continue
+        if tuple(x.shape) != shape:
+            why = " (one row more than `draft_probs`, for the bonus token)"
+            raise ValueError(
+                f"`{name}` must have shape {arrays[name][2]} = {shape} to match "
+                f"`draft_tokens` {_shape(draft_tokens)} and `target_probs` vocabulary "
+                f"{vocab}{why if name == 'target_probs' else ''}; got {_shape(x)}."
+            )
+
+
+def speculative_accept(
+    draft_tokens: DraftTokens,
+    draft_probs: DraftProbs | None,
+    target_probs: TargetProbs,
+    accept_uniforms: AcceptUniforms,
+    sample_uniforms: SampleUniforms,
+    *,
+    verifier: Verifier = Verifier(),
+) -> dict[str, Int[Array, "..."]]:
+    """Runs one verification step of speculative decoding on a batch.
+
+    For each row $b$, draft token $x_i$ passes when $u_i\\, q_i(x_i) < p_i(x_i)$; the
+    number accepted $n$ counts the passes before the first failure; the correction token
+    $y$ is drawn by inverse CDF with uniform $s$ from
+    $\\operatorname{norm}((p_n - q_n)_+)$ (or from $p_\\gamma$ when $n = \\gamma$). Those are the
+    default stages; `verifier` swaps them.
+
+    Works eagerly, under `jax.jit` (every argument traced) and under `eqx.filter_jit`.
+    The only randomness is the supplied uniforms: the same inputs give bit-identical
+    outputs.
+
+    **Arguments:**
+
+    - `draft_tokens`: integer of shape `(B, G)`, the draft tokens $x_i$, in `[0, V)`.
+    - `draft_probs`: float of shape `(B, G, V)`, the distributions $q_i$ the draft tokens
+        were sampled from; `None` for one-hot drafts ($q_i = \\mathrm{onehot}(x_i)$:
+        n-gram, prompt-lookup and argmax drafters).
+    - `target_probs`: float of shape `(B, G + 1, V)`, the target's distributions $p_i$;
+        row `G` follows the last draft token.
+    - `accept_uniforms`: float of shape `(B, G)`, the uniforms $u_i \\in [0, 1)$.
+    - `sample_uniforms`: float of shape `(B,)`, the uniforms $s \\in [0, 1)$.
+    - `verifier`: the [`eqx_specdec.Verifier`][] to run. Default: the standard rule.
+
+    **Returns:**
+
+    A dict with `"num_accepted"`, int32 of shape `(B,)`, and `"tokens"`, int32 of shape
+    `(B, G + 1)`: the accepted draft tokens, the correction token, then `-1`.
+
+    **Raises:**
+
+    - `ValueError`: at trace time, when a rank or shape is wrong or the shapes disagree;
+        the message names the argument, the expected shape and the one received.
+    - `TypeError`: at trace time, when `draft_tokens` is not integer or a probability or
+        uniform array is not floating, or `verifier` is not a `Verifier`.
+    """
+    if not isinstance(verifier, Verifier):
+        raise TypeError(
+            f"`verifier` must be an eqx_specdec.Verifier, got {type(verifier).__name__}."
+        )
+    draft_tokens, target_probs, accept_uniforms, sample_uniforms = (
+        jnp.asarray(x)
+        for x in (draft_tokens, target_probs, accept_uniforms, sample_uniforms)
+    )
+    if draft_probs is not None:
+        draft_probs = jnp.asarray(draft_probs)
+    _validate(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms)
+    return verifier(
+        draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+    )

@@ -1,0 +1,105 @@
+"""A NumPy reference written from SPEC.md section 1, and random test cases."""
+
+import jax
+import numpy as np
+
+
+TIE = 1e-4
+
+
+def reference_row(x, q, p, u, s, *, lenience=1.0):
+    """One row of the contract in float64. `q=None` means one-hot drafts.
+
+    Returns `(n, tokens, ambiguous)`; `ambiguous` is True when a uniform lies within
+    `TIE` of what it is compared with, where float32 rounding may decide the outcome.
+    """
+    x = np.asarray(x)
+    p = np.asarray(p, np.float64)
+    q = None if q is None else np.asarray(q, np.float64)
+    gamma, vocab = x.shape[0], p.shape[1]
+    ambiguous = False
+    n = gamma
+    for i in range(gamma):
+        p_x = p[i, x[i]]
+        q_x = 1.0 if q is None else q[i, x[i]]
+        scaled_q = lenience * q_x
+        if scaled_q > 0 and abs(u[i] - p_x / scaled_q) < TIE:
+            ambiguous = True
+        if not u[i] * scaled_q < p_x:
+            n = i
+            break
+    if n < gamma:
+        q_n = np.eye(vocab)[x[n]] if q is None else q[n]
+        residual = np.maximum(p[n] - q_n, 0.0)
+        if residual.sum() == 0:
+            residual = p[n]
+    else:
+        residual = p[gamma]
+    cumulative = np.cumsum(residual / residual.sum())
+    if np.any(np.abs(cumulative - s) < TIE):
+        ambiguous = True
+    above = np.nonzero(cumulative > s)[0]
+    y = above[0] if above.size else np.nonzero(residual > 0)[0][-1]
+    tokens = np.full(gamma + 1, -1, np.int64)
+    tokens[:n] = x[:n]
+    tokens[n] = y
+    return n, tokens, ambiguous
+
+
+def reference(x, q, p, u, s, *, lenience=1.0):
+    rows = [
+        reference_row(
+            x[b], None if q is None else q[b], p[b], u[b], s[b], lenience=lenience
+        )
+        for b in range(x.shape[0])
+    ]
+    n, tokens, ambiguous = zip(*rows)
+    return np.array(n), np.stack(tokens), np.array(ambiguous)
+
+
+def softmax(logits):
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def random_case(seed, batch, gamma, vocab, *, dtype=np.float32):
+    """Random inputs mixing flat and peaked rows, drafts close to and far from the target,
+    rows that accept every draft token (`q = p`) and rows that reject the first (`u_0`
+    near 1, `x_0` least likely under p/q).
+    """
+    rng = np.random.default_rng(seed)
+    temperature = rng.choice([0.3, 1.0, 4.0], size=(batch, 1, 1))
+    logits = rng.normal(size=(batch, gamma + 1, vocab)) * temperature
+    p = softmax(logits)
+    # 0: a draft close to the target, 1: all-accept, 2: first-reject, 3: unrelated draft.
+    mode = rng.integers(0, 4, size=batch)
+    noise = rng.normal(size=(batch, gamma, vocab)) * temperature
+    closeness = np.where(mode == 3, 1.0, 0.1)[:, None, None]
+    q = softmax((1 - closeness) * logits[:, :gamma] + closeness * noise)
+    q[mode == 1] = p[mode == 1, :gamma]
+    p, q = p.astype(dtype), q.astype(dtype)
+    # Sample the draft tokens from q, as a draft model would.
+    cumulative = np.cumsum(q.astype(np.float64), axis=-1)
+    draws = rng.uniform(size=(batch, gamma, 1)) * cumulative[..., -1:]
+    x = np.minimum((cumulative <= draws).sum(-1), vocab - 1)
+    u = rng.uniform(size=(batch, gamma))
+    s = rng.uniform(size=batch)
+    for b in np.nonzero(mode == 2)[0]:
+        ratio = p[b, 0].astype(np.float64) / q[b, 0]
+        x[b, 0] = np.argmin(ratio)
+        u[b, 0] = 0.999
+    return (
+        x.astype(np.int32),
+        q,
+        p,
+        u.astype(dtype),
+        s.astype(dtype),
+    )
+
+
+def float_dtypes():
+    """The float input dtypes this mode can represent."""
+    dtypes = [np.float32]
+    if jax.config.jax_enable_x64:
+        dtypes.append(np.float64)
+    return dtypes

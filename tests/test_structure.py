@@ -1,0 +1,68 @@
+"""Every public class is abstract (cannot be instantiated) or final (never subclassed)."""
+
+import inspect
+
+import equinox as eqx
+import pytest
+
+import eqx_specdec
+
+
+PUBLIC_CLASSES = [
+    obj
+    for name, obj in vars(eqx_specdec).items()
+    if inspect.isclass(obj) and not name.startswith("_")
+]
+
+
+def _is_abstract(cls) -> bool:
+    return bool(getattr(cls, "__abstractmethods__", ()))
+
+
+def test_the_public_api_is_what_the_docs_list():
+    names = {cls.__name__ for cls in PUBLIC_CLASSES}
+    assert names == {
+        "AbstractRatioTest", "RatioTest",
+        "AbstractPrefixCounter", "PrefixCounter",
+        "AbstractResidualSampler", "ResidualSampler",
+        "AbstractTokenAssembler", "TokenAssembler",
+        "Verdict", "Verifier",
+    }  # fmt: skip
+    assert callable(eqx_specdec.speculative_accept)
+    assert isinstance(eqx_specdec.__version__, str)
+
+
+@pytest.mark.parametrize("cls", PUBLIC_CLASSES, ids=lambda c: c.__name__)
+def test_abstract_or_final(cls):
+    assert issubclass(cls, eqx.Module)
+    if cls.__name__.startswith("Abstract"):
+        assert _is_abstract(cls)
+        with pytest.raises(TypeError):
+            cls()
+    else:
+        assert not _is_abstract(cls)
+        # No public class (abstract or not) derives from a concrete class.
+        for other in PUBLIC_CLASSES:
+            if other is not cls:
+                assert not issubclass(other, cls), (
+                    f"{other.__name__} subclasses {cls.__name__}"
+                )
+        # Its own bases are abstract ones (or Module itself).
+        for base in cls.__mro__[1:]:
+            if base.__module__.startswith("eqx_specdec"):
+                assert _is_abstract(base), (
+                    f"{cls.__name__} derives from concrete {base}"
+                )
+
+
+@pytest.mark.parametrize(
+    "abstract",
+    [c for c in PUBLIC_CLASSES if c.__name__.startswith("Abstract")],
+    ids=lambda c: c.__name__,
+)
+def test_abstract_bases_declare_only_abstract_methods(abstract):
+    assert "__call__" in abstract.__abstractmethods__
+    for name, member in vars(abstract).items():
+        # Dunder methods (the generated dataclass `__init__`) are not stage methods.
+        if inspect.isfunction(member) and not name.startswith("__"):
+            assert getattr(member, "__isabstractmethod__", False), name
