@@ -1,6 +1,8 @@
 """Every public class is abstract (cannot be instantiated) or final (never subclassed)."""
 
 import inspect
+import pathlib
+import re
 
 import equinox as eqx
 import pytest
@@ -66,3 +68,14 @@ def test_abstract_bases_declare_only_abstract_methods(abstract):
         # Dunder methods (the generated dataclass `__init__`) are not stage methods.
         if inspect.isfunction(member) and not name.startswith("__"):
             assert getattr(member, "__isabstractmethod__", False), name
+
+
+def test_ci_runs_the_readme_test_command():
+    """CI must run exactly the command the README gives for the tests."""
+    root = pathlib.Path(__file__).parent.parent
+    readme = (root / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)\n```", readme, re.S)
+    test_commands = [b for b in blocks if "pytest" in b]
+    assert len(test_commands) == 1
+    ci_lines = (root / ".ci" / "run").read_text().splitlines()
+    assert test_commands[0] in ci_lines
