@@ -4,6 +4,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Int, jaxtyped
 
+from ._checks import check_values
 from ._custom_types import (
     AcceptUniforms,
     AcceptUniformsRow,
@@ -258,6 +259,7 @@ def _validate(
             )
 
 
+@eqx.filter_jit
 def speculative_accept(
     draft_tokens: DraftTokens,
     draft_probs: DraftProbs | None,
@@ -266,6 +268,7 @@ def speculative_accept(
     sample_uniforms: SampleUniforms,
     *,
     verifier: Verifier = Verifier(),
+    check_inputs: bool = True,
 ) -> dict[str, Int[Array, "..."]]:
     """Runs one verification step of speculative decoding on a batch.
 
@@ -275,7 +278,8 @@ def speculative_accept(
     $\\operatorname{norm}((p_n - q_n)_+)$ (or from $p_\\gamma$ when $n = \\gamma$). Those are the
     default stages; `verifier` swaps them.
 
-    Works eagerly, under `jax.jit` (every argument traced) and under `eqx.filter_jit`.
+    Compiled on first use for each set of shapes (it is wrapped in `eqx.filter_jit`), and
+    works as well inside `jax.jit` (every argument traced), `eqx.filter_jit` and `vmap`.
     The only randomness is the supplied uniforms: the same inputs give bit-identical
     outputs.
 
@@ -290,6 +294,14 @@ def speculative_accept(
     - `accept_uniforms`: float of shape `(B, G)`, the uniforms $u_i \\in [0, 1)$.
     - `sample_uniforms`: float of shape `(B,)`, the uniforms $s \\in [0, 1)$.
     - `verifier`: the [`eqx_specdec.Verifier`][] to run. Default: the standard rule.
+    - `check_inputs`: a Python bool. If `True` (the default), check the input values at
+        run time (inside `jax.jit` too): probabilities finite, non-negative, each
+        distribution summing to 1 within `1e-3` (`1e-2` for float16 and bfloat16 inputs);
+        token ids in `[0, V)`; uniforms in `[0, 1)`. This reads every probability once.
+        `False` adds no operation at all; the outputs are then still int32 arrays of the
+        right shapes, but their values are unspecified for invalid inputs. Under
+        `jax.jit`, mark it static: `jax.jit(speculative_accept,
+        static_argnames="check_inputs")` (`eqx.filter_jit` does so by itself).
 
     **Returns:**
 
@@ -302,7 +314,17 @@ def speculative_accept(
         the message names the argument, the expected shape and the one received.
     - `TypeError`: at trace time, when `draft_tokens` is not integer or a probability or
         uniform array is not floating, or `verifier` is not a `Verifier`.
+    - `RuntimeError`: at run time, with `check_inputs=True`, when a value is invalid;
+        the message names the problem and the first offending row. (Eagerly and under
+        `eqx.filter_jit` this is Equinox's runtime error; under `jax.jit`, JAX's
+        `JaxRuntimeError` carrying the same message.)
     """
+    if not isinstance(check_inputs, bool):
+        raise TypeError(
+            "`check_inputs` must be a Python bool, got "
+            f"{type(check_inputs).__name__}. Under `jax.jit`, mark it static: "
+            '`jax.jit(speculative_accept, static_argnames="check_inputs")`.'
+        )
     if not isinstance(verifier, Verifier):
         raise TypeError(
             f"`verifier` must be an eqx_specdec.Verifier, got {type(verifier).__name__}."
@@ -314,6 +336,16 @@ def speculative_accept(
     if draft_probs is not None:
         draft_probs = jnp.asarray(draft_probs)
     _validate(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms)
-    return verifier(
+    outputs = verifier(
         draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
     )
+    if check_inputs:
+        outputs = check_values(
+            outputs,
+            draft_tokens,
+            draft_probs,
+            target_probs,
+            accept_uniforms,
+            sample_uniforms,
+        )
+    return outputs

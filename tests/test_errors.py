@@ -6,6 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jaxtyping
+import numpy as np
 import pytest
 from helpers import random_case
 
@@ -208,3 +209,106 @@ class _WrongRecordRatioTest(eqx_specdec.AbstractRatioTest):
 def test_faulty_user_stage_is_named(verifier, message):
     with pytest.raises(TypeError, match=re.escape(message)):
         eqx_specdec.speculative_accept(**_inputs(), verifier=verifier)
+
+
+def _set(name, index, value):
+    def change(a):
+        return a.at[index].set(value)
+
+    return _with(**{name: change})
+
+
+RUNTIME_BAD_INPUTS = [
+    ("NaN draft prob", _set("draft_probs", (2, 1, 3), jnp.nan),
+     "`draft_probs` holds a NaN or infinite value (first in row 2)"),
+    ("inf target prob", _set("target_probs", (1, 4, 0), jnp.inf),
+     "`target_probs` holds a NaN or infinite value (first in row 1)"),
+    ("negative draft prob", _set("draft_probs", (0, 0, 0), -0.01),
+     "`draft_probs` holds a negative probability (first in row 0)"),
+    ("negative target prob", _set("target_probs", (2, 0, 5), -1e-6),
+     "`target_probs` holds a negative probability (first in row 2)"),
+    ("token id V", _set("draft_tokens", (1, 3), V),
+     "`draft_tokens` holds a token id outside [0, V) = [0, 10) (first in row 1)"),
+    ("token id -1", _set("draft_tokens", (2, 0), -1),
+     "`draft_tokens` holds a token id outside [0, V) = [0, 10) (first in row 2)"),
+    ("accept uniform 1", _set("accept_uniforms", (1, 2), 1.0),
+     "`accept_uniforms` holds a value outside [0, 1) (first in row 1)"),
+    ("accept uniform negative", _set("accept_uniforms", (0, 0), -0.5),
+     "`accept_uniforms` holds a value outside [0, 1) (first in row 0)"),
+    ("NaN sample uniform", _set("sample_uniforms", 2, jnp.nan),
+     "`sample_uniforms` holds a value outside [0, 1) (first in row 2)"),
+    ("draft sum 1.1", _with(draft_probs=lambda a: a.at[1, 2].multiply(1.1)),
+     "`draft_probs` has a distribution whose sum is not within 0.001 of 1 (first in row 1)"),
+    ("unnormalised target", _with(target_probs=lambda a: a.at[0].multiply(3.0)),
+     "`target_probs` has a distribution whose sum is not within 0.001 of 1 (first in row 0)"),
+    ("bfloat16 target sum 0.95", _with(
+        target_probs=lambda a: a.at[2, 0].multiply(0.95).astype(jnp.bfloat16)),
+     "`target_probs` has a distribution whose sum is not within 0.01 of 1 (first in row 2)"),
+    ("first offending row", _with(
+        accept_uniforms=lambda a: a.at[1, 0].set(2.0).at[2, 0].set(2.0)),
+     "`accept_uniforms` holds a value outside [0, 1) (first in row 1)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("wrap", [lambda f: f, jax.jit, eqx.filter_jit])
+@pytest.mark.parametrize(
+    "make, message",
+    [b[1:] for b in RUNTIME_BAD_INPUTS],
+    ids=[b[0] for b in RUNTIME_BAD_INPUTS],
+)
+def test_bad_values_fail_at_run_time(make, message, wrap):
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        out = wrap(eqx_specdec.speculative_accept)(**make())
+        jax.block_until_ready(out)
+
+
+def test_error_says_how_to_turn_checks_off():
+    inputs = _set("sample_uniforms", 0, 1.0)()
+    with pytest.raises(RuntimeError, match="pass `check_inputs=False`"):
+        jax.block_until_ready(eqx_specdec.speculative_accept(**inputs))
+
+
+def test_within_tolerance_is_accepted():
+    inputs = _inputs()
+    inputs["target_probs"] = inputs["target_probs"] * (1 + 5e-4)
+    inputs["draft_probs"] = (inputs["draft_probs"] * (1 + 5e-3)).astype(jnp.bfloat16)
+    jax.block_until_ready(eqx_specdec.speculative_accept(**inputs))
+
+
+@pytest.mark.parametrize(
+    "make", [b[1] for b in RUNTIME_BAD_INPUTS], ids=[b[0] for b in RUNTIME_BAD_INPUTS]
+)
+def test_checks_off_still_well_formed(make):
+    inputs = make()
+    run = jax.jit(eqx_specdec.speculative_accept, static_argnames="check_inputs")
+    out = run(**inputs, check_inputs=False)
+    assert out["num_accepted"].dtype == out["tokens"].dtype == jnp.int32
+    assert out["num_accepted"].shape == (B,) and out["tokens"].shape == (B, G + 1)
+    n = np.asarray(out["num_accepted"])
+    assert ((n >= 0) & (n <= G)).all()
+    tokens = np.asarray(out["tokens"])
+    for b in range(B):
+        assert ((tokens[b, : n[b] + 1] >= 0) & (tokens[b, : n[b] + 1] < V)).all()
+        assert (tokens[b, n[b] + 1 :] == -1).all()
+
+
+def test_checks_off_adds_no_operation():
+    """With `check_inputs=False` the program is exactly the verifier's own."""
+    inputs = _inputs()
+    unchecked = jax.make_jaxpr(
+        lambda *a: eqx_specdec.speculative_accept(*a, check_inputs=False)
+    )(*inputs.values())
+    bare = jax.make_jaxpr(eqx_specdec.Verifier())(*inputs.values())
+    checked = jax.make_jaxpr(eqx_specdec.speculative_accept)(*inputs.values())
+
+    def ops(jaxpr):
+        inner = jaxpr.eqns[0].params["jaxpr"] if len(jaxpr.eqns) == 1 else jaxpr
+        return [str(eqn.primitive) for eqn in inner.eqns]
+
+    assert ops(unchecked) == ops(bare)
+    assert len(ops(checked)) > len(ops(bare))
+
+
+def test_check_inputs_must_be_static():
+    with pytest.raises(TypeError, match="`check_inputs` must be a Python bool"):
+        jax.jit(eqx_specdec.speculative_accept)(**_inputs(), check_inputs=False)
