@@ -1,5 +1,10 @@
 import importlib.metadata
 
+from ._lossless import (
+    emission_by_monte_carlo as emission_by_monte_carlo,
+    emission_by_quadrature as emission_by_quadrature,
+    EmissionEstimate as EmissionEstimate,
+)
 from ._stages.assemblers import (
     AbstractTokenAssembler as AbstractTokenAssembler,
     TokenAssembler as TokenAssembler,

@@ -28,7 +28,7 @@ def test_the_public_api_is_what_the_docs_list():
         "AbstractPrefixCounter", "PrefixCounter",
         "AbstractResidualSampler", "ResidualSampler",
         "AbstractTokenAssembler", "TokenAssembler",
-        "Verdict", "Verifier",
+        "Verdict", "Verifier", "EmissionEstimate",
     }  # fmt: skip
     assert callable(eqx_specdec.speculative_accept)
     assert isinstance(eqx_specdec.__version__, str)

@@ -1,6 +1,9 @@
 import abc
+import math
+from collections.abc import Callable
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Float, Int, jaxtyped
@@ -16,58 +19,102 @@ from .._misc import compute_dtype
 from .verdict import Verdict
 
 
+def block_size(vocab: int) -> int:
+    """The block length of the two-level search: a power of two near $\\sqrt{V}$, so that
+    both the scan over block totals and the scan inside one block are short."""
+    return min(1 << max(0, round(math.log2(math.sqrt(vocab)))), vocab)
+
+
+def block_totals(weights: Float[Array, " vocab"], size: int) -> Float[Array, " blocks"]:
+    """Sums of consecutive blocks of `size` weights (the last block may be shorter)."""
+    vocab = weights.shape[0]
+    full = vocab // size
+    totals = jnp.sum(weights[: full * size].reshape(full, size), axis=1)
+    if vocab % size:
+        totals = jnp.append(totals, jnp.sum(weights[full * size :]))
+    return totals
+
+
+def window_start(block: Int[Array, ""], size: int, vocab: int) -> Int[Array, ""]:
+    """Where the `size`-long window holding block `block` starts: a last, shorter block
+    is read through a window shifted left so that it stays inside the vocabulary."""
+    return jnp.minimum(block * size, vocab - size)
+
+
+def _last_positive_at_or_before(positive, index):
+    """The last i <= index with positive[i], else the first positive i (else 0)."""
+    ids = jnp.arange(positive.shape[0], dtype=jnp.int32)
+    before = jnp.max(jnp.where(positive & (ids <= index), ids, -1))
+    return jnp.where(before >= 0, before, jnp.argmax(positive).astype(jnp.int32))
+
+
+def two_level_search(
+    totals: Float[Array, " blocks"],
+    window: Callable[[Int[Array, ""]], Float[Array, " size"]],
+    uniform: Float[Array, ""],
+    vocab: int,
+) -> Int[Array, ""]:
+    """Inverse CDF in two levels: find the block whose cumulative total first exceeds
+    `uniform * total`, then the token inside it.
+
+    `totals` are the block sums of the weights (see `block_totals`); `window(block)`
+    returns the `size` weights starting at `window_start(block, size, vocab)`. Only one
+    block is read a second time, and the scans run over `blocks` and `size` entries rather
+    than `vocab`: a full-length cumulative sum is slow on XLA CPU.
+
+    Returns the smallest token whose cumulative weight exceeds `uniform * total`. If
+    rounding points past the end or at a zero-weight token, returns the last
+    positive-weight token before that point: never `vocab` and never a zero-weight token
+    (unless every weight is zero, when it returns a token of the first block).
+    """
+    num_blocks = totals.shape[0]
+    cumulative = jnp.cumsum(totals)
+    threshold = uniform.astype(totals.dtype) * cumulative[-1]
+    block = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
+    clipped = jnp.minimum(block, num_blocks - 1)
+    positive_blocks = totals > 0
+    block = jnp.where(
+        (block < num_blocks) & positive_blocks[clipped],
+        block,
+        _last_positive_at_or_before(positive_blocks, clipped),
+    )
+    before = jnp.where(block > 0, cumulative[jnp.maximum(block - 1, 0)], 0)
+    weights = window(block)
+    size = weights.shape[0]
+    first = block * size
+    start = window_start(block, size, vocab)
+    ids = start + jnp.arange(size, dtype=jnp.int32)
+    # Drop the overlap of a shifted window with the previous block.
+    weights = jnp.where(ids >= first, weights, 0)
+    inner = jnp.sum(before + jnp.cumsum(weights) <= threshold, dtype=jnp.int32)
+    clipped = jnp.minimum(inner, size - 1)
+    positive = weights > 0
+    inner = jnp.where(
+        (inner < size) & positive[clipped],
+        inner,
+        _last_positive_at_or_before(positive, clipped),
+    )
+    return start + inner
+
+
 def inverse_cdf(
     weights: Float[Array, " vocab"], uniform: Float[Array, ""]
 ) -> Int[Array, ""]:
     """Draws from `weights / sum(weights)` with one uniform: the smallest $v$ whose
-    cumulative sum exceeds `uniform * sum(weights)`.
+    cumulative sum exceeds `uniform * sum(weights)`, by `two_level_search`.
 
     If rounding leaves every cumulative sum at or below that threshold (a uniform just
     under 1), returns the last token with positive weight, never `vocab` and never a
     zero-weight token. `weights` must be non-negative with a positive sum.
     """
-    cumulative = jnp.cumsum(weights)
-    threshold = uniform.astype(weights.dtype) * cumulative[-1]
-    # The first v with cumulative[v] > threshold has weights[v] > 0: the sum just rose.
-    token = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
     vocab = weights.shape[0]
-    last_positive = vocab - 1 - jnp.argmax(weights[::-1] > 0).astype(jnp.int32)
-    return jnp.where(token < vocab, token, last_positive)
+    size = block_size(vocab)
 
+    def window(block):
+        start = window_start(block, size, vocab)
+        return jax.lax.dynamic_slice_in_dim(weights, start, size)
 
-def residual_weights(
-    num_accepted: IntScalar,
-    verdict: Verdict,
-    draft_tokens: DraftTokensRow,
-    draft_probs: DraftProbsRow | None,
-    target_probs: TargetProbsRow,
-) -> Float[Array, " vocab"]:
-    """The unnormalised distribution the correction token is drawn from, for one row.
-
-    $(c_n p_n - q_n)_+$ when $n < \\gamma$ (with $c_n$ the verdict's residual scale),
-    $p_\\gamma$ when $n = \\gamma$, and $p_n$ when the residual has no mass (p and q equal
-    up to rounding). Only rows $n$ of `target_probs` and `draft_probs` are read.
-    """
-    gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
-    if draft_probs is None:
-        dtype = compute_dtype(target_probs.dtype, verdict.residual_scale.dtype)
-    else:
-        dtype = compute_dtype(
-            target_probs.dtype, draft_probs.dtype, verdict.residual_scale.dtype
-        )
-    n = num_accepted.astype(jnp.int32)
-    rejected_at = jnp.minimum(n, gamma - 1)
-    p = target_probs[n].astype(dtype)
-    if draft_probs is None:
-        vocab_ids = jnp.arange(vocab, dtype=jnp.int32)
-        q = (vocab_ids == draft_tokens[rejected_at].astype(jnp.int32)).astype(dtype)
-    else:
-        q = draft_probs[rejected_at].astype(dtype)
-    scale = verdict.residual_scale[rejected_at].astype(dtype)
-    residual = jnp.maximum(scale * p - q, 0)
-    # Below the smallest normal number the mass is rounding noise (or flushed to zero).
-    has_mass = jnp.sum(residual) > jnp.finfo(dtype).tiny
-    return jnp.where((n < gamma) & has_mass, residual, p)
+    return two_level_search(block_totals(weights, size), window, uniform, vocab)
 
 
 class AbstractResidualSampler(eqx.Module):
@@ -132,7 +179,41 @@ class ResidualSampler(AbstractResidualSampler):
         target_probs: TargetProbsRow,
         sample_uniform: SampleUniform,
     ) -> IntScalar:
-        weights = residual_weights(
-            num_accepted, verdict, draft_tokens, draft_probs, target_probs
-        )
-        return inverse_cdf(weights, sample_uniform)
+        gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
+        dtypes = [target_probs.dtype, verdict.residual_scale.dtype]
+        if draft_probs is not None:
+            dtypes.append(draft_probs.dtype)
+        dtype = compute_dtype(*dtypes)
+        n = num_accepted.astype(jnp.int32)
+        rejected_at = jnp.minimum(n, gamma - 1)
+        p = target_probs[n]
+        q = None if draft_probs is None else draft_probs[rejected_at]
+        draft_token = draft_tokens[rejected_at].astype(jnp.int32)
+        scale = verdict.residual_scale[rejected_at].astype(dtype)
+
+        def p_and_residual(start, length):
+            p_part = jax.lax.dynamic_slice_in_dim(p, start, length).astype(dtype)
+            if q is None:  # one-hot draft: q_n = onehot(x_n), never materialised
+                ids = start + jnp.arange(length, dtype=jnp.int32)
+                q_part = (ids == draft_token).astype(dtype)
+            else:
+                q_part = jax.lax.dynamic_slice_in_dim(q, start, length).astype(dtype)
+            return p_part, jnp.maximum(scale * p_part - q_part, 0)
+
+        # One pass over rows n of p and q gives the block totals of the residual and of
+        # p (the fallback when the residual has no mass, and the bonus row at n = gamma).
+        size = block_size(vocab)
+        p_full, residual_full = p_and_residual(0, vocab)
+        residual_totals = block_totals(residual_full, size)
+        p_totals = block_totals(p_full, size)
+        # Below the smallest normal number the mass is rounding noise (or flushed).
+        has_mass = jnp.sum(residual_totals) > jnp.finfo(dtype).tiny
+        use_residual = (n < gamma) & has_mass
+        totals = jnp.where(use_residual, residual_totals, p_totals)
+
+        def window(block):
+            start = window_start(block, size, vocab)
+            p_part, residual_part = p_and_residual(start, size)
+            return jnp.where(use_residual, residual_part, p_part)
+
+        return two_level_search(totals, window, sample_uniform, vocab)

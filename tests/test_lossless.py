@@ -1,0 +1,98 @@
+"""Losslessness, shown deterministically: quadrature over the uniforms on small cases, and
+Monte Carlo with fixed keys and chi-square thresholds far in the tail on V = 4096."""
+
+import jax
+import numpy as np
+import pytest
+from lossless_cases import (
+    acceptance_products,
+    distributions,
+    MONTE_CARLO_CASES,
+    NUM_DRAWS,
+    QUADRATURE_CASES,
+    TargetOnlySampler,
+)
+from user_stages import LenientRatioTest
+
+import eqx_specdec
+
+
+def _id(case):
+    return "-".join(str(c) for c in case)
+
+
+@pytest.mark.parametrize("case", QUADRATURE_CASES, ids=_id)
+def test_quadrature(case):
+    q, p, law = distributions(*case)
+    estimate = eqx_specdec.emission_by_quadrature(
+        eqx_specdec.Verifier(), q, p, draft_law=law
+    )
+    # Every reached position emits p_k; the grid is exact up to float32 rounding.
+    assert estimate.max_error(p) < 1e-6
+    np.testing.assert_allclose(
+        estimate.reached, acceptance_products(q, p, law), atol=1e-6
+    )
+    # The estimate is a probability: each reached position sums to its reach.
+    np.testing.assert_allclose(estimate.emitted.sum(-1), estimate.reached, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    [
+        eqx_specdec.Verifier(ratio_test=LenientRatioTest(0.5)),
+        eqx_specdec.Verifier(residual_sampler=TargetOnlySampler()),
+    ],
+    ids=["lenience-0.5", "correction-from-p"],
+)
+def test_quadrature_detects_lossy_verifiers(verifier):
+    """The same measurement on verifiers known to be wrong: a test that can fail."""
+    q, p, law = distributions("peaked", 2, 5, 0)
+    estimate = eqx_specdec.emission_by_quadrature(verifier, q, p, draft_law=law)
+    assert estimate.max_error(p) > 0.02
+
+
+def test_quadrature_of_a_user_stage_at_lenience_one_is_exact():
+    q, p, law = distributions("sparse", 2, 5, 3)
+    verifier = eqx_specdec.Verifier(ratio_test=LenientRatioTest(1.0))
+    estimate = eqx_specdec.emission_by_quadrature(verifier, q, p, draft_law=law)
+    assert estimate.max_error(p) < 1e-6
+
+
+def _monte_carlo(verifier, case, seed):
+    q, p, law = distributions(*case)
+    key = jax.random.key(seed)
+    estimate = eqx_specdec.emission_by_monte_carlo(
+        verifier, q, p, key, NUM_DRAWS, draft_law=law
+    )
+    return q, p, law, estimate
+
+
+@pytest.mark.parametrize("case", MONTE_CARLO_CASES, ids=_id)
+def test_monte_carlo_chi_square(case):
+    q, p, law, estimate = _monte_carlo(eqx_specdec.Verifier(), case, seed=case[3])
+    stats = estimate.chi_square(p)
+    reached = estimate.reached > 0
+    assert reached[0]
+    assert np.all(stats["statistic"][reached] < stats["threshold"][reached]), stats
+    # P(n >= k) matches the product of the acceptance probabilities, within 6 sigma.
+    expected = acceptance_products(q, p, law)
+    observed = estimate.reached / NUM_DRAWS
+    sigma = np.sqrt(expected * (1 - expected) / NUM_DRAWS)
+    assert np.all(np.abs(observed - expected) <= 6 * sigma + 1e-12), (
+        observed,
+        expected,
+    )
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    [
+        eqx_specdec.Verifier(ratio_test=LenientRatioTest(0.5)),
+        eqx_specdec.Verifier(residual_sampler=TargetOnlySampler()),
+    ],
+    ids=["lenience-0.5", "correction-from-p"],
+)
+def test_monte_carlo_detects_lossy_verifiers(verifier):
+    _, p, _, estimate = _monte_carlo(verifier, ("peaked", 1, 4096, 7), seed=1)
+    stats = estimate.chi_square(p)
+    assert stats["statistic"][0] > stats["threshold"][0]
