@@ -47,12 +47,16 @@ def distributions(kind, gamma, vocab, seed):
         p[:, 0] += 1e-3
         q[:, 0] += 1e-3
     elif kind in ("one-hot", "one-hot implicit"):
-        p = _softmax(2.0 * logits)
-        law = _softmax(2.0 * rng.normal(size=(gamma, vocab)))
-        if kind == "one-hot implicit":  # a drafter whose tokens come from `law`
+        # A target with a few likely tokens, so that one-hot drafts are often accepted.
+        p = 0.5 * _softmax(8.0 * logits) + 0.5 * _softmax(logits)
+        if kind == "one-hot implicit":  # drafter tokens drawn from a law close to p
+            law = _softmax(
+                8.0 * (logits[:gamma] + 0.3 * rng.normal(size=(gamma, vocab)))
+            )
             return None, _f32(p / p.sum(-1, keepdims=True)), law
-        # A deterministic drafter: q_i = onehot(c_i), given as a dense array.
-        q = np.eye(vocab)[rng.integers(0, vocab, size=gamma)]
+        # A deterministic drafter proposing the most likely target token (argmax), with
+        # q_i = onehot(c_i) given as a dense array.
+        q = np.eye(vocab)[np.argmax(p[:gamma], axis=-1)]
     else:
         raise ValueError(kind)
     p = _f32(p / p.sum(-1, keepdims=True))
