@@ -279,7 +279,7 @@ def emission_by_monte_carlo(
     each position, for one row with fixed distributions.
 
     Each draw samples the draft tokens $x_i$ from `draft_law` (inverse CDF) and the
-    uniforms $u_i$, $s$ with `jax.random.uniform`, all from `key`: the same key gives the
+    float32 uniforms $u_i$, $s$ with `jax.random.uniform`, all from `key`: the same key gives the
     same counts. Pair with [`eqx_specdec.EmissionEstimate.chi_square`][].
 
     **Arguments:**
@@ -306,7 +306,7 @@ def emission_by_monte_carlo(
     @jax.jit
     def step(key):
         k_x, k_u, k_s = jax.random.split(key, 3)
-        draws = jax.random.uniform(k_x, (chunk_size, gamma))
+        draws = jax.random.uniform(k_x, (chunk_size, gamma), jnp.float32)
         xs = jnp.stack(
             [
                 jnp.searchsorted(law_cdf[i], draws[:, i], side="right")
@@ -315,8 +315,8 @@ def emission_by_monte_carlo(
             axis=1,
         )
         xs = jnp.minimum(xs, vocab - 1).astype(jnp.int32)
-        u = jax.random.uniform(k_u, (chunk_size, gamma))
-        s = jax.random.uniform(k_s, (chunk_size,))
+        u = jax.random.uniform(k_u, (chunk_size, gamma), jnp.float32)
+        s = jax.random.uniform(k_s, (chunk_size,), jnp.float32)
         return row(xs, q, p, u, s)["tokens"]
 
     emitted = np.zeros((gamma + 1, vocab))
