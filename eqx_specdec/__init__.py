@@ -1,5 +1,13 @@
 import importlib.metadata
 
+from ._keys import (
+    speculative_accept_from_key as speculative_accept_from_key,
+    uniforms_from_key as uniforms_from_key,
+)
+from ._logits import (
+    speculative_accept_logits as speculative_accept_logits,
+    Warp as Warp,
+)
 from ._lossless import (
     emission_by_monte_carlo as emission_by_monte_carlo,
     emission_by_quadrature as emission_by_quadrature,
@@ -15,11 +23,17 @@ from ._stages.prefix_counters import (
 )
 from ._stages.ratio_tests import (
     AbstractRatioTest as AbstractRatioTest,
+    GreedyRatioTest as GreedyRatioTest,
+    LenientRatioTest as LenientRatioTest,
     RatioTest as RatioTest,
+    TypicalRatioTest as TypicalRatioTest,
 )
 from ._stages.samplers import (
     AbstractResidualSampler as AbstractResidualSampler,
+    ArgmaxSampler as ArgmaxSampler,
+    GumbelSampler as GumbelSampler,
     ResidualSampler as ResidualSampler,
+    TypicalSampler as TypicalSampler,
 )
 from ._stages.verdict import Verdict as Verdict
 from ._verifier import speculative_accept as speculative_accept, Verifier as Verifier

@@ -12,7 +12,7 @@ def sum_tolerance(dtype) -> float:
     return 1e-2 if jnp.dtype(dtype).itemsize <= 2 else 1e-3
 
 
-def _distribution_problems(name, probs):
+def distribution_problems(name, probs):
     """Per-row flags (B,) for one probability array, with their messages."""
     wide = probs.astype(compute_dtype(probs.dtype))
     axes = tuple(range(1, probs.ndim))
@@ -32,40 +32,50 @@ def _distribution_problems(name, probs):
     ]
 
 
-def check_values(
-    outputs, draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
-):
-    """Returns `outputs` unchanged, raising at run time if an input value is invalid.
+def _per_row(flags):
+    """Reduces a (B, ...) boolean array to (B,)."""
+    return jnp.any(flags, axis=tuple(range(1, flags.ndim))) if flags.ndim > 1 else flags
 
-    The error names the first problem found and the first offending row. Under
-    `jax.jit` it surfaces as a `RuntimeError` carrying the message.
-    """
-    batch = draft_tokens.shape[0]
-    vocab = target_probs.shape[-1]
-    tokens = draft_tokens
-    problems = [
+
+def logit_problems(name, logits):
+    """Per-row flags (B,) for a logit array: NaN or +inf anywhere, or a distribution
+    with no finite logit (every token masked)."""
+    wide = logits.astype(compute_dtype(logits.dtype))
+    bad = jnp.isnan(wide) | (wide == jnp.inf)
+    empty = jnp.all(wide == -jnp.inf, axis=-1)
+    return [
+        (_per_row(bad), f"`{name}` holds a NaN or +inf logit"),
+        (_per_row(empty), f"`{name}` has a distribution whose logits are all -inf"),
+    ]
+
+
+def token_problems(draft_tokens, vocab):
+    outside = (draft_tokens < 0) | (draft_tokens >= vocab)
+    return [
         (
-            jnp.any((tokens < 0) | (tokens >= vocab), axis=1),
+            _per_row(outside),
             f"`draft_tokens` holds a token id outside [0, V) = [0, {vocab})",
         )
     ]
-    if draft_probs is not None:
-        problems += _distribution_problems("draft_probs", draft_probs)
-    problems += _distribution_problems("target_probs", target_probs)
-    for name, uniforms in (
-        ("accept_uniforms", accept_uniforms),
-        ("sample_uniforms", sample_uniforms),
-    ):
-        # `~(0 <= u < 1)` also catches NaN.
-        outside = ~((uniforms >= 0) & (uniforms < 1))
-        if uniforms.ndim > 1:
-            outside = jnp.any(outside, axis=1)
-        problems.append((outside, f"`{name}` holds a value outside [0, 1)"))
 
+
+def uniform_problems(name, uniforms):
+    # `~(0 <= u < 1)` also catches NaN.
+    outside = ~((uniforms >= 0) & (uniforms < 1))
+    return [(_per_row(outside), f"`{name}` holds a value outside [0, 1)")]
+
+
+def raise_first_problem(outputs, problems):
+    """Returns `outputs` unchanged, raising at run time if any problem flag is set.
+
+    `problems` is a list of `(flags, message)` with `flags` boolean of shape `(B,)`. The
+    error names the first problem in the list that occurs and its first offending row.
+    Under `jax.jit` it surfaces as a `RuntimeError` carrying the message.
+    """
     flags = jnp.stack([flag for flag, _ in problems])  # (problems, batch)
+    batch = flags.shape[1]
     any_problem = jnp.any(flags)
-    per_problem = jnp.any(flags, axis=1)
-    first_problem = jnp.argmax(per_problem)
+    first_problem = jnp.argmax(jnp.any(flags, axis=1))
     first_row = jnp.argmax(flags[first_problem])
     index = first_problem * batch + first_row
     messages = [

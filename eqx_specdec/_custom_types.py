@@ -1,4 +1,4 @@
-from jaxtyping import Array, Bool, Float, Int, Integer
+from jaxtyping import Array, Bool, Float, Int, Integer, Key
 
 
 # One row (one sequence). `gamma` is the draft length G, `vocab` the vocabulary size V.
@@ -7,6 +7,8 @@ DraftProbsRow = Float[Array, "gamma vocab"]
 TargetProbsRow = Float[Array, "gamma+1 vocab"]
 AcceptUniformsRow = Float[Array, " gamma"]
 SampleUniform = Float[Array, ""]
+# A sampler's per-row randomness: a uniform, or a key for key-driven samplers.
+SampleRandomness = Float[Array, ""] | Key[Array, ""]
 PassedRow = Bool[Array, " gamma"]
 ScaleRow = Float[Array, " gamma"]
 IntScalar = Int[Array, ""]
@@ -18,3 +20,4 @@ DraftProbs = Float[Array, "batch gamma vocab"]
 TargetProbs = Float[Array, "batch gamma+1 vocab"]
 AcceptUniforms = Float[Array, "batch gamma"]
 SampleUniforms = Float[Array, " batch"]
+SampleRandomnessBatch = Float[Array, " batch"] | Key[Array, " batch"]

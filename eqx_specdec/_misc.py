@@ -1,3 +1,4 @@
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -12,3 +13,16 @@ def compute_dtype(*dtypes) -> np.dtype:
     if widest.itemsize > 4:
         return np.dtype(jnp.float64)
     return np.dtype(jnp.float32)
+
+
+def check_hyperparameter(name: str, value, low: float, high: float, *, low_open: bool):
+    """Raises a ValueError naming `name` if a concrete `value` lies outside its interval
+    (`(low, high]` or `[low, high]`). Traced values (a sweep under `jax.jit`) are not
+    checked here."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    array = np.asarray(value)
+    below = array <= low if low_open else array < low
+    if np.any(below) or np.any(array > high) or not np.all(np.isfinite(array)):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ValueError(f"`{name}` must lie in {interval}, got {value}.")

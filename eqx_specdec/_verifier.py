@@ -4,7 +4,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Int, jaxtyped
 
-from ._checks import check_values
+from ._checks import raise_first_problem
 from ._custom_types import (
     AcceptUniforms,
     AcceptUniformsRow,
@@ -12,11 +12,12 @@ from ._custom_types import (
     DraftProbsRow,
     DraftTokens,
     DraftTokensRow,
-    SampleUniform,
-    SampleUniforms,
+    SampleRandomness,
+    SampleRandomnessBatch,
     TargetProbs,
     TargetProbsRow,
 )
+from ._inputs import prepare_inputs
 from ._stages.assemblers import AbstractTokenAssembler, TokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter, PrefixCounter
 from ._stages.ratio_tests import AbstractRatioTest, RatioTest
@@ -106,7 +107,7 @@ class Verifier(eqx.Module):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
-        sample_uniform: SampleUniform,
+        sample_uniform: SampleRandomness,
     ) -> dict[str, Int[Array, "..."]]:
         """Verifies one row (one sequence).
 
@@ -116,7 +117,8 @@ class Verifier(eqx.Module):
         - `draft_probs`: float of shape `(gamma, vocab)`, or `None` for one-hot drafts.
         - `target_probs`: float of shape `(gamma + 1, vocab)`.
         - `accept_uniforms`: float of shape `(gamma,)`.
-        - `sample_uniform`: float scalar.
+        - `sample_uniform`: float scalar (or a `jax.random` key, for a key-driven
+            sampler).
 
         **Returns:**
 
@@ -181,7 +183,7 @@ class Verifier(eqx.Module):
         draft_probs: DraftProbs | None,
         target_probs: TargetProbs,
         accept_uniforms: AcceptUniforms,
-        sample_uniforms: SampleUniforms,
+        sample_uniforms: SampleRandomnessBatch,
     ) -> dict[str, Int[Array, "..."]]:
         """Verifies a batch: `jax.vmap` of [`eqx_specdec.Verifier.row`][].
 
@@ -193,79 +195,13 @@ class Verifier(eqx.Module):
         )
 
 
-def _shape(x) -> str:
-    return "(" + ", ".join(str(d) for d in x.shape) + ")"
-
-
-def _validate(
-    draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
-):
-    """Trace-time checks of ranks, shapes and dtypes, with messages naming the argument."""
-    arrays = {
-        "draft_tokens": (draft_tokens, 2, "(B, G)"),
-        "draft_probs": (draft_probs, 3, "(B, G, V)"),
-        "target_probs": (target_probs, 3, "(B, G+1, V)"),
-        "accept_uniforms": (accept_uniforms, 2, "(B, G)"),
-        "sample_uniforms": (sample_uniforms, 1, "(B,)"),
-    }
-    for name, (x, rank, layout) in arrays.items():
-        if x is None:
-            continue
-        if x.ndim != rank:
-            raise ValueError(
-                f"`{name}` must have rank {rank}, shape {layout}; got shape {_shape(x)}."
-            )
-    for name, (x, _, _) in arrays.items():
-        if x is None:
-            continue
-        if name == "draft_tokens":
-            if not jnp.issubdtype(x.dtype, jnp.integer):
-                raise TypeError(
-                    f"`draft_tokens` must have an integer dtype (token ids), got "
-                    f"{x.dtype}. Cast with `.astype(jnp.int32)`."
-                )
-        elif not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(
-                f"`{name}` must have a floating dtype (float16, bfloat16, float32 or "
-                f"float64), got {x.dtype}."
-            )
-    batch, gamma = draft_tokens.shape
-    vocab = target_probs.shape[2]
-    if gamma < 1:
-        raise ValueError(
-            f"`draft_tokens` must hold at least one draft token per row; got shape "
-            f"{_shape(draft_tokens)}."
-        )
-    if vocab < 1:
-        raise ValueError(
-            f"`target_probs` has an empty vocabulary: {_shape(target_probs)}."
-        )
-    expected = {
-        "draft_probs": (batch, gamma, vocab),
-        "target_probs": (batch, gamma + 1, vocab),
-        "accept_uniforms": (batch, gamma),
-        "sample_uniforms": (batch,),
-    }
-    for name, shape in expected.items():
-        x = arrays[name][0]
-        if x is None:
-            continue
-        if tuple(x.shape) != shape:
-            why = " (one row more than `draft_probs`, for the bonus token)"
-            raise ValueError(
-                f"`{name}` must have shape {arrays[name][2]} = {shape} to match "
-                f"`draft_tokens` {_shape(draft_tokens)} and `target_probs` vocabulary "
-                f"{vocab}{why if name == 'target_probs' else ''}; got {_shape(x)}."
-            )
-
-
 @eqx.filter_jit
 def speculative_accept(
     draft_tokens: DraftTokens,
     draft_probs: DraftProbs | None,
     target_probs: TargetProbs,
-    accept_uniforms: AcceptUniforms,
-    sample_uniforms: SampleUniforms,
+    accept_uniforms: AcceptUniforms | None,
+    sample_uniforms: SampleRandomnessBatch | None,
     *,
     verifier: Verifier = Verifier(),
     check_inputs: bool = True,
@@ -291,8 +227,12 @@ def speculative_accept(
         n-gram, prompt-lookup and argmax drafters).
     - `target_probs`: float of shape `(B, G + 1, V)`, the target's distributions $p_i$;
         row `G` follows the last draft token.
-    - `accept_uniforms`: float of shape `(B, G)`, the uniforms $u_i \\in [0, 1)$.
-    - `sample_uniforms`: float of shape `(B,)`, the uniforms $s \\in [0, 1)$.
+    - `accept_uniforms`: float of shape `(B, G)`, the uniforms $u_i \\in [0, 1)$. May be
+        `None` when the verifier's ratio test draws no randomness (greedy, typical).
+    - `sample_uniforms`: float of shape `(B,)`, the uniforms $s \\in [0, 1)$. For a
+        sampler driven by keys ([`eqx_specdec.GumbelSampler`][]), a `jax.random` key
+        array of shape `(B,)`; `None` for a deterministic sampler
+        ([`eqx_specdec.ArgmaxSampler`][]).
     - `verifier`: the [`eqx_specdec.Verifier`][] to run. Default: the standard rule.
     - `check_inputs`: a Python bool. If `True` (the default), check the input values at
         run time (inside `jax.jit` too): probabilities finite, non-negative, each
@@ -319,33 +259,14 @@ def speculative_accept(
         `eqx.filter_jit` this is Equinox's runtime error; under `jax.jit`, JAX's
         `JaxRuntimeError` carrying the same message.)
     """
-    if not isinstance(check_inputs, bool):
-        raise TypeError(
-            "`check_inputs` must be a Python bool, got "
-            f"{type(check_inputs).__name__}. Under `jax.jit`, mark it static: "
-            '`jax.jit(speculative_accept, static_argnames="check_inputs")`.'
-        )
-    if not isinstance(verifier, Verifier):
-        raise TypeError(
-            f"`verifier` must be an eqx_specdec.Verifier, got {type(verifier).__name__}."
-        )
-    draft_tokens, target_probs, accept_uniforms, sample_uniforms = (
-        jnp.asarray(x)
-        for x in (draft_tokens, target_probs, accept_uniforms, sample_uniforms)
+    inputs = prepare_inputs(
+        "speculative_accept",
+        verifier,
+        check_inputs,
+        (draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms),
+        log_space=False,
     )
-    if draft_probs is not None:
-        draft_probs = jnp.asarray(draft_probs)
-    _validate(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms)
-    outputs = verifier(
-        draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
-    )
+    outputs = verifier(*inputs.arrays)
     if check_inputs:
-        outputs = check_values(
-            outputs,
-            draft_tokens,
-            draft_probs,
-            target_probs,
-            accept_uniforms,
-            sample_uniforms,
-        )
+        outputs = raise_first_problem(outputs, inputs.value_problems())
     return outputs

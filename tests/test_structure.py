@@ -28,7 +28,9 @@ def test_the_public_api_is_what_the_docs_list():
         "AbstractPrefixCounter", "PrefixCounter",
         "AbstractResidualSampler", "ResidualSampler",
         "AbstractTokenAssembler", "TokenAssembler",
-        "Verdict", "Verifier", "EmissionEstimate",
+        "Verdict", "Verifier", "EmissionEstimate", "Warp",
+        "GreedyRatioTest", "LenientRatioTest", "TypicalRatioTest",
+        "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
     }  # fmt: skip
     assert callable(eqx_specdec.speculative_accept)
     assert isinstance(eqx_specdec.__version__, str)

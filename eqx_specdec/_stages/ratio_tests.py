@@ -1,9 +1,10 @@
 import abc
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import jaxtyped
+from jaxtyping import Array, Float, jaxtyped
 
 from .._custom_types import (
     AcceptUniformsRow,
@@ -11,7 +12,7 @@ from .._custom_types import (
     DraftTokensRow,
     TargetProbsRow,
 )
-from .._misc import compute_dtype
+from .._misc import check_hyperparameter, compute_dtype
 from .verdict import Verdict
 
 
@@ -19,21 +20,37 @@ def gather_draft_probs(
     draft_tokens: DraftTokensRow,
     draft_probs: DraftProbsRow | None,
     target_probs: TargetProbsRow,
+    *,
+    log_space: bool = False,
 ):
     """Gathers $p_i(x_i)$ and $q_i(x_i)$ for every draft position of one row.
 
-    With `draft_probs=None` (one-hot drafts, $q_i = \\mathrm{onehot}(x_i)$), $q_i(x_i) = 1$.
-    Both are returned in the row's compute dtype (at least float32).
+    With `draft_probs=None` (one-hot drafts, $q_i = \\mathrm{onehot}(x_i)$), $q_i(x_i) = 1$
+    (0 in log space). Both are returned in the row's compute dtype (at least float32).
     """
     index = draft_tokens[:, None]
     p_x = jnp.take_along_axis(target_probs[:-1], index, axis=1)[:, 0]
     if draft_probs is None:
         dtype = compute_dtype(target_probs.dtype)
-        q_x = jnp.ones(p_x.shape, dtype)
+        q_x = jnp.full(p_x.shape, 0.0 if log_space else 1.0, dtype)
     else:
         dtype = compute_dtype(target_probs.dtype, draft_probs.dtype)
         q_x = jnp.take_along_axis(draft_probs, index, axis=1)[:, 0]
     return p_x.astype(dtype), q_x.astype(dtype)
+
+
+def _ratio_test(p_x, q_x, u, lenience, log_space):
+    """`u * l * q < p`, or in log space `log u + log l < log p - log q`."""
+    u = u.astype(p_x.dtype)
+    if log_space:
+        # -inf - -inf is NaN, and NaN comparisons are false: p = q = 0 never passes.
+        threshold = p_x - q_x
+        if lenience is not None:
+            threshold = threshold - jnp.log(jnp.asarray(lenience, p_x.dtype))
+        return jnp.log(u) < threshold
+    if lenience is not None:
+        u = u * jnp.asarray(lenience, p_x.dtype)
+    return u * q_x < p_x
 
 
 class AbstractRatioTest(eqx.Module):
@@ -44,10 +61,16 @@ class AbstractRatioTest(eqx.Module):
     token, assembling the output) is done by the other stages of the
     [`eqx_specdec.Verifier`][].
 
-    For the verifier to stay lossless, the test at position $i$ must pass with probability
-    $\\min(1, p_i(x_i) / q_i(x_i))$ given the accepted prefix (or, for rules such as block
-    verification, with the probabilities the matching prefix counter and residual expect).
+    For the verifier to stay lossless, the test at position $i$ must pass with
+    probability $\\min(1, p_i(x_i) / q_i(x_i))$ given the accepted prefix (or, for rules
+    such as block verification, with the probabilities the matching prefix counter and
+    residual expect).
+
+    A subclass whose test draws no randomness sets the class attribute
+    `uses_uniforms = False`; `accept_uniforms` may then be `None` at the entry points.
     """
+
+    uses_uniforms: ClassVar[bool] = True
 
     @abc.abstractmethod
     def __call__(
@@ -66,8 +89,8 @@ class AbstractRatioTest(eqx.Module):
             or `None` for one-hot drafts ($q_i = \\mathrm{onehot}(x_i)$).
         - `target_probs`: float of shape `(gamma + 1, vocab)`, the target distributions
             $p_i$; the last row follows the last draft token.
-        - `accept_uniforms`: float of shape `(gamma,)`, the uniforms $u_i \\in [0, 1)$.
-            Rules without randomness ignore them.
+        - `accept_uniforms`: float of shape `(gamma,)`, the uniforms $u_i \\in [0, 1)$
+            (zeros for a test with `uses_uniforms = False`).
 
         **Returns:**
 
@@ -87,7 +110,15 @@ class RatioTest(AbstractRatioTest):
 
     Lossless (Leviathan et al. 2023; Chen et al. 2023). Gathers only $p_i(x_i)$ and
     $q_i(x_i)$: $O(\\gamma)$ reads.
+
+    **Arguments:**
+
+    - `log_space`: if `True`, the distributions given are log-probabilities and the test
+        is $\\log u_i < \\log p_i(x_i) - \\log q_i(x_i)$, exact where probabilities would
+        underflow (what [`eqx_specdec.speculative_accept_logits`][] uses).
     """
+
+    log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -97,5 +128,118 @@ class RatioTest(AbstractRatioTest):
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
     ) -> Verdict:
-        p_x, q_x = gather_draft_probs(draft_tokens, draft_probs, target_probs)
-        return Verdict(accept_uniforms.astype(p_x.dtype) * q_x < p_x)
+        p_x, q_x = gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        return Verdict(_ratio_test(p_x, q_x, accept_uniforms, None, self.log_space))
+
+
+class LenientRatioTest(AbstractRatioTest):
+    """A lenient test, accepting more draft tokens than the standard one: $x_i$ passes when
+
+    $$u_i < \\frac{p_i(x_i)}{l\\, q_i(x_i)}, \\quad l \\in (0, 1].$$
+
+    $l = 1$ is the standard rule, bit for bit. For $l < 1$ the verifier is **lossy**: the
+    emitted tokens drift from the target as $l$ falls (see the Variants page for the
+    measured distance). The residual is left standard.
+
+    **Arguments:**
+
+    - `lenience`: $l$, a float or a scalar array in $(0, 1]$. An array can be swept
+        under `jax.jit` without recompiling.
+    - `log_space`: if `True`, the distributions given are log-probabilities.
+    """
+
+    lenience: Float[Array, ""] | float = 1.0
+    log_space: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        check_hyperparameter("lenience", self.lenience, 0.0, 1.0, low_open=True)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        p_x, q_x = gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        return Verdict(
+            _ratio_test(p_x, q_x, accept_uniforms, self.lenience, self.log_space)
+        )
+
+
+class GreedyRatioTest(AbstractRatioTest):
+    """Greedy verification (temperature 0): $x_i$ passes when it is the target's most
+    likely token, $x_i = \\arg\\max_v p_i(v)$ (ties: the lowest id).
+
+    Exact with respect to greedy decoding of the target when paired with
+    [`eqx_specdec.ArgmaxSampler`][]. Draws no randomness and ignores `draft_probs`; reads
+    the whole rows $p_i$. Works on probabilities and log-probabilities alike.
+    """
+
+    uses_uniforms: ClassVar[bool] = False
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        best = jnp.argmax(target_probs[:-1], axis=-1)
+        return Verdict(best.astype(jnp.int32) == draft_tokens.astype(jnp.int32))
+
+
+def typical_threshold(probs, epsilon, delta):
+    """$\\min(\\epsilon, \\delta e^{-H(p)})$ per row, $H(p) = -\\sum_v p(v) \\log(p(v) + 10^{-5})$."""
+    entropy = -jnp.sum(probs * jnp.log(probs + 1e-5), axis=-1)
+    epsilon = jnp.asarray(epsilon, probs.dtype)
+    delta = jnp.asarray(delta, probs.dtype)
+    return jnp.minimum(epsilon, delta * jnp.exp(-entropy))
+
+
+class TypicalRatioTest(AbstractRatioTest):
+    """Typical acceptance (Medusa; Cai et al. 2024): $x_i$ passes when
+
+    $$p_i(x_i) > \\min\\big(\\epsilon, \\delta\\, e^{-H(p_i)}\\big), \\qquad
+    H(p) = -\\sum_v p(v) \\log(p(v) + 10^{-5}).$$
+
+    **Lossy**: tokens the target finds typical enough are kept whatever their exact
+    probability. Needs no $q$ and no uniforms; reads the whole rows $p_i$. Pair with
+    [`eqx_specdec.ArgmaxSampler`][] (the Medusa default) or
+    [`eqx_specdec.TypicalSampler`][].
+
+    **Arguments:**
+
+    - `epsilon`: the hard threshold $\\epsilon > 0$. Default 0.09.
+    - `delta`: the entropy-scaled threshold $\\delta > 0$. Default 0.3.
+    - `log_space`: if `True`, the distributions given are log-probabilities.
+    """
+
+    uses_uniforms: ClassVar[bool] = False
+    epsilon: Float[Array, ""] | float = 0.09
+    delta: Float[Array, ""] | float = 0.3
+    log_space: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        check_hyperparameter("epsilon", self.epsilon, 0.0, 1.0, low_open=True)
+        check_hyperparameter("delta", self.delta, 0.0, float("inf"), low_open=True)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        probs = target_probs[:-1].astype(compute_dtype(target_probs.dtype))
+        if self.log_space:
+            probs = jnp.exp(probs)
+        p_x = jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)[:, 0]
+        return Verdict(p_x > typical_threshold(probs, self.epsilon, self.delta))

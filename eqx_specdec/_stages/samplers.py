@@ -1,21 +1,24 @@
 import abc
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, Float, Int, jaxtyped
+from jaxtyping import Array, Float, Int, jaxtyped, Key
 
 from .._custom_types import (
     DraftProbsRow,
     DraftTokensRow,
     IntScalar,
+    SampleRandomness,
     SampleUniform,
     TargetProbsRow,
 )
-from .._misc import compute_dtype
+from .._misc import check_hyperparameter, compute_dtype
+from .ratio_tests import typical_threshold
 from .verdict import Verdict
 
 
@@ -117,13 +120,68 @@ def inverse_cdf(
     return two_level_search(block_totals(weights, size), window, uniform, vocab)
 
 
+def residual_parts(
+    num_accepted: IntScalar,
+    verdict: Verdict,
+    draft_tokens: DraftTokensRow,
+    draft_probs: DraftProbsRow | None,
+    target_probs: TargetProbsRow,
+    log_space: bool,
+):
+    """What every residual-based sampler needs for one row.
+
+    Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
+    `(start, length)` giving that slice of $p_n$ and of the residual
+    $(c_n p_n - q_n)_+$ (as probabilities). Only rows $n$ of the distributions are read;
+    $q_n = \\mathrm{onehot}(x_n)$ is never materialised for one-hot drafts.
+    """
+    gamma = target_probs.shape[0] - 1
+    dtypes = [target_probs.dtype, verdict.residual_scale.dtype]
+    if draft_probs is not None:
+        dtypes.append(draft_probs.dtype)
+    dtype = compute_dtype(*dtypes)
+    n = num_accepted.astype(jnp.int32)
+    rejected_at = jnp.minimum(n, gamma - 1)
+    p = target_probs[n]
+    q = None if draft_probs is None else draft_probs[rejected_at]
+    draft_token = draft_tokens[rejected_at].astype(jnp.int32)
+    scale = verdict.residual_scale[rejected_at].astype(dtype)
+
+    def as_probs(x):
+        x = x.astype(dtype)
+        return jnp.exp(x) if log_space else x
+
+    def p_and_residual(start, length):
+        p_part = as_probs(jax.lax.dynamic_slice_in_dim(p, start, length))
+        if q is None:  # one-hot draft
+            ids = start + jnp.arange(length, dtype=jnp.int32)
+            q_part = (ids == draft_token).astype(dtype)
+        else:
+            q_part = as_probs(jax.lax.dynamic_slice_in_dim(q, start, length))
+        return p_part, jnp.maximum(scale * p_part - q_part, 0)
+
+    return dtype, p_and_residual
+
+
+def has_mass(total, dtype):
+    # Below the smallest normal number the mass is rounding noise (or flushed to zero).
+    return total > jnp.finfo(dtype).tiny
+
+
 class AbstractResidualSampler(eqx.Module):
     """Draws the correction token $y$ of one row, given the number accepted.
 
     When $n < \\gamma$ the draft token at position $n$ was rejected and $y$ must follow the
     residual distribution that makes the step lossless; when $n = \\gamma$ every draft token
     was accepted and $y$ is the bonus token, drawn from $p_\\gamma$.
+
+    The class attribute `randomness` says what the last argument holds: `"uniform"` (a
+    float $s \\in [0, 1)$, the default), `"key"` (a `jax.random` key, one per row) or
+    `"none"` (the sampler is deterministic; the entry points then accept
+    `sample_uniforms=None`).
     """
+
+    randomness: ClassVar[str] = "uniform"
 
     @abc.abstractmethod
     def __call__(
@@ -133,7 +191,7 @@ class AbstractResidualSampler(eqx.Module):
         draft_tokens: DraftTokensRow,
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
-        sample_uniform: SampleUniform,
+        sample_uniform: SampleRandomness,
     ) -> IntScalar:
         """Draws the correction token of one row.
 
@@ -144,7 +202,8 @@ class AbstractResidualSampler(eqx.Module):
         - `draft_tokens`: integer of shape `(gamma,)`.
         - `draft_probs`: float of shape `(gamma, vocab)`, or `None` for one-hot drafts.
         - `target_probs`: float of shape `(gamma + 1, vocab)`.
-        - `sample_uniform`: float scalar $s \\in [0, 1)$.
+        - `sample_uniform`: the row's randomness, as `randomness` says: a float scalar
+            $s \\in [0, 1)$, a `jax.random` key, or a float scalar to ignore.
 
         **Returns:**
 
@@ -161,13 +220,21 @@ class ResidualSampler(AbstractResidualSampler):
     \\end{cases}$$
 
     as the smallest $v$ with $r(0) + \\dots + r(v) > s$. Here $c_n$ is the verdict's
-    residual scale (1 for the standard rule, so $r = \\operatorname{norm}((p_n - q_n)_+)$),
-    and $q_n = \\mathrm{onehot}(x_n)$ when `draft_probs` is `None`.
+    residual scale (1 for the standard rule), and $q_n = \\mathrm{onehot}(x_n)$ when
+    `draft_probs` is `None`.
 
     If the residual has no mass ($p_n$ and $q_n$ equal up to rounding), $y$ is drawn from
     $p_n$. If rounding leaves the final cumulative sum at or below $s$, $y$ is the last
-    token with positive mass. Reads only rows $n$ of the distributions: $O(\\text{vocab})$.
+    token with positive mass. Reads only rows $n$ of the distributions, once, plus one
+    block of them again: a two-level search (block totals, then one block) replaces the
+    full-length cumulative sum.
+
+    **Arguments:**
+
+    - `log_space`: if `True`, the distributions given are log-probabilities.
     """
+
+    log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -180,35 +247,19 @@ class ResidualSampler(AbstractResidualSampler):
         sample_uniform: SampleUniform,
     ) -> IntScalar:
         gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
-        dtypes = [target_probs.dtype, verdict.residual_scale.dtype]
-        if draft_probs is not None:
-            dtypes.append(draft_probs.dtype)
-        dtype = compute_dtype(*dtypes)
-        n = num_accepted.astype(jnp.int32)
-        rejected_at = jnp.minimum(n, gamma - 1)
-        p = target_probs[n]
-        q = None if draft_probs is None else draft_probs[rejected_at]
-        draft_token = draft_tokens[rejected_at].astype(jnp.int32)
-        scale = verdict.residual_scale[rejected_at].astype(dtype)
-
-        def p_and_residual(start, length):
-            p_part = jax.lax.dynamic_slice_in_dim(p, start, length).astype(dtype)
-            if q is None:  # one-hot draft: q_n = onehot(x_n), never materialised
-                ids = start + jnp.arange(length, dtype=jnp.int32)
-                q_part = (ids == draft_token).astype(dtype)
-            else:
-                q_part = jax.lax.dynamic_slice_in_dim(q, start, length).astype(dtype)
-            return p_part, jnp.maximum(scale * p_part - q_part, 0)
-
+        dtype, p_and_residual = residual_parts(
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
+            self.log_space,
+        )  # fmt: skip
         # One pass over rows n of p and q gives the block totals of the residual and of
         # p (the fallback when the residual has no mass, and the bonus row at n = gamma).
         size = block_size(vocab)
         p_full, residual_full = p_and_residual(0, vocab)
         residual_totals = block_totals(residual_full, size)
         p_totals = block_totals(p_full, size)
-        # Below the smallest normal number the mass is rounding noise (or flushed).
-        has_mass = jnp.sum(residual_totals) > jnp.finfo(dtype).tiny
-        use_residual = (n < gamma) & has_mass
+        use_residual = (num_accepted < gamma) & has_mass(
+            jnp.sum(residual_totals), dtype
+        )
         totals = jnp.where(use_residual, residual_totals, p_totals)
 
         def window(block):
@@ -217,3 +268,114 @@ class ResidualSampler(AbstractResidualSampler):
             return jnp.where(use_residual, residual_part, p_part)
 
         return two_level_search(totals, window, sample_uniform, vocab)
+
+
+class GumbelSampler(AbstractResidualSampler):
+    """The standard correction (same distribution as [`eqx_specdec.ResidualSampler`][]),
+    drawn with the Gumbel-max trick from a `jax.random` key:
+
+    $$y = \\arg\\max_v \\big(\\log r(v) + g_v\\big), \\qquad g_v \\sim \\mathrm{Gumbel}(0, 1)
+    \\text{ i.i.d.}$$
+
+    Needs one key per row (`randomness = "key"`) and $V$ Gumbel draws. The Gumbel noise is
+    drawn with `mode="high"`: in float32 the default mode never exceeds about 15.9, so a
+    token more than about 16 nats below the best could never be picked; the high mode
+    removes that cap. Zero-weight tokens are never picked.
+
+    **Arguments:**
+
+    - `log_space`: if `True`, the distributions given are log-probabilities.
+    """
+
+    randomness: ClassVar[str] = "key"
+    log_space: bool = eqx.field(static=True, default=False)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: Key[Array, ""],
+    ) -> IntScalar:
+        gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
+        dtype, p_and_residual = residual_parts(
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
+            self.log_space,
+        )  # fmt: skip
+        p_full, residual_full = p_and_residual(0, vocab)
+        use_residual = (num_accepted < gamma) & has_mass(jnp.sum(residual_full), dtype)
+        weights = jnp.where(use_residual, residual_full, p_full)
+        noise = jax.random.gumbel(sample_uniform, (vocab,), dtype, mode="high")
+        scores = jnp.where(weights > 0, jnp.log(weights) + noise, -jnp.inf)
+        return jnp.argmax(scores).astype(jnp.int32)
+
+
+class ArgmaxSampler(AbstractResidualSampler):
+    """The greedy correction: $y = \\arg\\max_v p_n(v)$ (ties: the lowest id), the
+    target's most likely token at the first rejected position (or the bonus position).
+
+    Deterministic (`randomness = "none"`); reads only row $n$ of `target_probs`. Works on
+    probabilities and log-probabilities alike. With [`eqx_specdec.GreedyRatioTest`][] it
+    gives greedy verification; with [`eqx_specdec.TypicalRatioTest`][], Medusa's typical
+    acceptance.
+    """
+
+    randomness: ClassVar[str] = "none"
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleRandomness,
+    ) -> IntScalar:
+        return jnp.argmax(target_probs[num_accepted]).astype(jnp.int32)
+
+
+class TypicalSampler(AbstractResidualSampler):
+    """Typical acceptance's sampled correction: $y$ is drawn by inverse CDF from $p_n$
+    with the tokens under the typical threshold masked out,
+
+    $$r \\propto p_n(v)\\, [\\, p_n(v) > \\min(\\epsilon, \\delta e^{-H(p_n)})\\,].$$
+
+    (If the mask removed every token, $r = p_n$.) **Lossy**, like the test it pairs with,
+    [`eqx_specdec.TypicalRatioTest`][]; use the same `epsilon` and `delta`.
+
+    **Arguments:**
+
+    - `epsilon`: the hard threshold $\\epsilon > 0$. Default 0.09.
+    - `delta`: the entropy-scaled threshold $\\delta > 0$. Default 0.3.
+    - `log_space`: if `True`, the distributions given are log-probabilities.
+    """
+
+    epsilon: Float[Array, ""] | float = 0.09
+    delta: Float[Array, ""] | float = 0.3
+    log_space: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        check_hyperparameter("epsilon", self.epsilon, 0.0, 1.0, low_open=True)
+        check_hyperparameter("delta", self.delta, 0.0, float("inf"), low_open=True)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleUniform,
+    ) -> IntScalar:
+        probs = target_probs[num_accepted].astype(compute_dtype(target_probs.dtype))
+        if self.log_space:
+            probs = jnp.exp(probs)
+        threshold = typical_threshold(probs, self.epsilon, self.delta)
+        masked = jnp.where(probs > threshold, probs, 0)
+        weights = jnp.where(has_mass(jnp.sum(masked), probs.dtype), masked, probs)
+        return inverse_cdf(weights, sample_uniform)

@@ -1,0 +1,201 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from ._checks import raise_first_problem
+from ._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
+from ._inputs import prepare_inputs
+from ._misc import check_hyperparameter, compute_dtype
+from ._stages.assemblers import TokenAssembler
+from ._stages.prefix_counters import PrefixCounter
+from ._stages.ratio_tests import RatioTest
+from ._stages.samplers import ResidualSampler
+from ._verifier import Verifier
+
+
+def _per_row(value, logits):
+    """A scalar or per-row `(B,)` parameter, shaped to broadcast against `(B, R, V)`."""
+    value = jnp.asarray(value)
+    return value.reshape(value.shape + (1,) * (logits.ndim - value.ndim))
+
+
+class Warp(eqx.Module):
+    """The sampling transform a model's logits go through: temperature, then top-k, then
+    top-p (nucleus). Returns log-probabilities.
+
+    Each parameter is a scalar or a per-row array of shape `(B,)`, so one batch can mix
+    rows of different temperatures. A row with temperature 0 is greedy: its distribution
+    is one-hot at the most likely token (ties: the lowest id), and speculative sampling
+    with it reduces exactly to greedy verification.
+
+    For speculative sampling to be lossless, the target's warp must be the distribution
+    the user wants to sample from, and the draft's warp must be exactly the law the draft
+    tokens were sampled from (a draft sampled at temperature 0.7 with top-p 0.9 needs
+    `Warp(0.7, top_p=0.9)`). Using raw draft probabilities while the draft sampled from a
+    warped distribution is a known bug class.
+
+    **Arguments:**
+
+    - `temperature`: $T \\ge 0$; logits are divided by $T$. Default 1.
+    - `top_k`: keep the $k$ largest logits of each distribution ($k \\ge 1$; 0 keeps
+        all); ties with the $k$-th largest are kept. `None` (the default) skips the sort.
+    - `top_p`: keep the smallest set of most likely tokens whose probability reaches
+        $p \\in (0, 1]$ (at least one token); ties with the last kept value are kept.
+        `None` (the default) skips the sort.
+    """
+
+    temperature: Float[Array, "*batch"] | float = 1.0
+    top_k: Int[Array, "*batch"] | int | None = None
+    top_p: Float[Array, "*batch"] | float | None = None
+
+    def __check_init__(self):
+        check_hyperparameter(
+            "temperature", self.temperature, 0.0, float("inf"), low_open=False
+        )
+        if self.top_p is not None:
+            check_hyperparameter("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        if self.top_k is not None:
+            check_hyperparameter("top_k", self.top_k, 0.0, float("inf"), low_open=False)
+
+    def __call__(
+        self, logits: Float[Array, "batch rows vocab"]
+    ) -> Float[Array, "batch rows vocab"]:
+        """Warps a batch of logits.
+
+        **Arguments:**
+
+        - `logits`: float of shape `(B, R, V)`; `-inf` masks a token.
+
+        **Returns:**
+
+        The warped log-probabilities, float32 (float64 for float64 logits), of shape
+        `(B, R, V)`; `-inf` for tokens the warp removes.
+        """
+        x = logits.astype(compute_dtype(logits.dtype))
+        vocab = x.shape[-1]
+        temperature = _per_row(self.temperature, x).astype(x.dtype)
+        greedy = temperature == 0
+        x_scaled = x / jnp.where(greedy, 1, temperature)
+        if self.top_k is not None:
+            k = _per_row(self.top_k, x).astype(jnp.int32)
+            descending = -jnp.sort(-x_scaled, axis=-1)
+            index = jnp.clip(k - 1, 0, vocab - 1)
+            kth = jnp.take_along_axis(
+                descending, jnp.broadcast_to(index, x.shape[:-1] + (1,)), axis=-1
+            )
+            x_scaled = jnp.where((k > 0) & (x_scaled < kth), -jnp.inf, x_scaled)
+        if self.top_p is not None:
+            top_p = _per_row(self.top_p, x).astype(x.dtype)
+            log_probs = jax.nn.log_softmax(x_scaled, axis=-1)
+            descending = -jnp.sort(-log_probs, axis=-1)
+            before = jnp.cumsum(jnp.exp(descending), axis=-1) - jnp.exp(descending)
+            # Tokens whose preceding mass is still below top_p are kept (at least one).
+            keep = jnp.maximum(jnp.sum(before < top_p, axis=-1, keepdims=True), 1)
+            cutoff = jnp.take_along_axis(descending, keep - 1, axis=-1)
+            x_scaled = jnp.where(log_probs < cutoff, -jnp.inf, x_scaled)
+        log_probs = jax.nn.log_softmax(x_scaled, axis=-1)
+        ids = jnp.arange(vocab, dtype=jnp.int32)
+        best = jnp.argmax(x, axis=-1, keepdims=True).astype(jnp.int32)
+        one_hot = jnp.where(ids == best, 0.0, -jnp.inf).astype(x.dtype)
+        return jnp.where(greedy, one_hot, log_probs)
+
+
+def _warp_problems(name, warp: Warp, batch: int):
+    problems = []
+    temperature = jnp.broadcast_to(jnp.asarray(warp.temperature), (batch,))
+    bad = ~(temperature >= 0) | ~jnp.isfinite(temperature)
+    problems.append((bad, f"`{name}.temperature` is negative or not finite"))
+    if warp.top_p is not None:
+        top_p = jnp.broadcast_to(jnp.asarray(warp.top_p), (batch,))
+        problems.append(
+            (~((top_p > 0) & (top_p <= 1)), f"`{name}.top_p` is outside (0, 1]")
+        )
+    if warp.top_k is not None:
+        top_k = jnp.broadcast_to(jnp.asarray(warp.top_k), (batch,))
+        problems.append((top_k < 0, f"`{name}.top_k` is negative"))
+    return problems
+
+
+LOGITS_VERIFIER = Verifier(
+    RatioTest(log_space=True),
+    PrefixCounter(),
+    ResidualSampler(log_space=True),
+    TokenAssembler(),
+)
+
+
+@eqx.filter_jit
+def speculative_accept_logits(
+    draft_tokens: DraftTokens,
+    draft_logits: Float[Array, "batch gamma vocab"] | None,
+    target_logits: Float[Array, "batch gamma+1 vocab"],
+    accept_uniforms: AcceptUniforms | None,
+    sample_uniforms: SampleRandomnessBatch | None,
+    *,
+    target_warp: Warp = Warp(),
+    draft_warp: Warp = Warp(),
+    verifier: Verifier = LOGITS_VERIFIER,
+    check_inputs: bool = True,
+) -> dict[str, Int[Array, "..."]]:
+    """Runs one verification step on logits, with temperature, top-k and top-p.
+
+    Both sides are warped to log-probabilities, $\\log \\tilde p = $ `target_warp`(target
+    logits) and $\\log \\tilde q = $ `draft_warp`(draft logits), and verified in log space:
+    draft token $x_i$ passes when $\\log u_i < \\log \\tilde p_i(x_i) - \\log \\tilde q_i(x_i)$
+    (stable: logits of $10^4$ do not overflow, and tiny probabilities do not underflow to
+    a wrong verdict); the correction is drawn from
+    $\\operatorname{norm}((\\tilde p_n - \\tilde q_n)_+)$, the bonus token from $\\tilde p_G$.
+    The emitted tokens follow the warped target $\\tilde p$ exactly, provided the draft
+    tokens were sampled from $\\tilde q$.
+
+    Rows with target temperature 0 are greedy: their $\\tilde p$ is one-hot at the argmax,
+    so a draft token passes exactly when it is the target's argmax, and the correction is
+    the argmax. Greedy and sampled rows mix freely in one batch.
+
+    **Arguments:**
+
+    - `draft_tokens`: integer of shape `(B, G)`.
+    - `draft_logits`: float of shape `(B, G, V)`, the draft's logits; `None` for one-hot
+        drafts.
+    - `target_logits`: float of shape `(B, G + 1, V)`.
+    - `accept_uniforms`, `sample_uniforms`: as for [`eqx_specdec.speculative_accept`][].
+    - `target_warp`: the [`eqx_specdec.Warp`][] defining the distribution to sample from.
+    - `draft_warp`: the [`eqx_specdec.Warp`][] the draft tokens were sampled with.
+    - `verifier`: a [`eqx_specdec.Verifier`][] whose stages read log-probabilities.
+        Default: the standard rule in log space.
+    - `check_inputs`: run-time checks, as for [`eqx_specdec.speculative_accept`][]: no
+        NaN or $+\\infty$ logit, no distribution with every logit $-\\infty$, token ids
+        and uniforms in range, temperatures $\\ge 0$, `top_p` in $(0, 1]$, `top_k`
+        $\\ge 0$.
+
+    **Returns:**
+
+    As [`eqx_specdec.speculative_accept`][].
+    """
+    inputs = prepare_inputs(
+        "speculative_accept_logits",
+        verifier,
+        check_inputs,
+        (draft_tokens, draft_logits, target_logits, accept_uniforms, sample_uniforms),
+        log_space=True,
+        names=(
+            "draft_tokens",
+            "draft_logits",
+            "target_logits",
+            "accept_uniforms",
+            "sample_uniforms",
+        ),
+    )
+    draft_tokens, draft_logits, target_logits, accept, sample = inputs.arrays
+    target_log_probs = target_warp(target_logits)
+    draft_log_probs = None if draft_logits is None else draft_warp(draft_logits)
+    outputs = verifier(draft_tokens, draft_log_probs, target_log_probs, accept, sample)
+    if check_inputs:
+        batch = draft_tokens.shape[0]
+        problems = inputs.value_problems()
+        problems += _warp_problems("target_warp", target_warp, batch)
+        if draft_logits is not None:
+            problems += _warp_problems("draft_warp", draft_warp, batch)
+        outputs = raise_first_problem(outputs, problems)
+    return outputs
