@@ -95,7 +95,7 @@ class Warp(eqx.Module):
             cutoff = jnp.take_along_axis(descending, keep - 1, axis=-1)
             x_scaled = jnp.where(log_probs < cutoff, -jnp.inf, x_scaled)
         log_probs = jax.nn.log_softmax(x_scaled, axis=-1)
-        ids = jnp.arange(vocab, dtype=jnp.int32)
+        ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
         best = jnp.argmax(x, axis=-1, keepdims=True).astype(jnp.int32)
         one_hot = jnp.where(ids == best, 0.0, -jnp.inf).astype(x.dtype)
         return jnp.where(greedy, one_hot, log_probs)

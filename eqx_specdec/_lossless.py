@@ -172,6 +172,8 @@ def emission_by_quadrature(
     target_probs,
     *,
     draft_law=None,
+    log_inputs: bool = False,
+    accept_breakpoints=None,
     subdivisions: int = 2,
     chunk_size: int = 1 << 16,
 ) -> EmissionEstimate:
@@ -197,6 +199,12 @@ def emission_by_quadrature(
     - `target_probs`: `(G + 1, V)`, the target distributions $p_i$.
     - `draft_law`: `(G, V)`, the law the draft tokens are drawn from. Defaults to
         `draft_probs`; required when `draft_probs` is `None`.
+    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier, for verifiers whose
+        stages read log-probabilities (`log_space=True`).
+    - `accept_breakpoints`: `(G, K)`, further values of $u_i$ where the verifier's
+        outcome may change (for a lenient test with lenience $l$, the ratios
+        $p_i(v) / (l\\, q_i(v))$). Cells are cut there too, which keeps the quadrature
+        exact for rules whose thresholds are not the standard ones.
     - `subdivisions`: grid points per cell and axis.
     - `chunk_size`: verifier rows per compiled call.
 
@@ -218,6 +226,9 @@ def emission_by_quadrature(
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratios = np.where(draft[i] > 0, target[i] / draft[i], 1.0)
+        if accept_breakpoints is not None:
+            extra = np.asarray(accept_breakpoints, np.float64)[i]
+            ratios = np.concatenate([ratios, extra[np.isfinite(extra)]])
         u_cells.append(_cells(ratios, subdivisions))
     if draft is None:
         s_breaks = np.concatenate(
@@ -235,8 +246,7 @@ def emission_by_quadrature(
     volume = np.prod([grid_weights[d][index[:, d]] for d in range(gamma + 1)], axis=0)
 
     run = jax.jit(jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0)))
-    q = None if draft is None else jnp.asarray(draft, jnp.float32)
-    p = jnp.asarray(target, jnp.float32)
+    q, p = _verifier_inputs(draft, target, log_inputs)
     emitted = np.zeros((gamma + 1, vocab))
     reached = np.zeros(gamma + 1)
     u = uniforms[:, :gamma].astype(np.float32)
@@ -256,6 +266,21 @@ def emission_by_quadrature(
     return EmissionEstimate(emitted, reached)
 
 
+def _verifier_inputs(draft, target, log_inputs):
+    """The distributions as the verifier reads them: float32 probabilities, or their
+    logarithms (computed in float64, so exact zeros become -inf)."""
+
+    def convert(a):
+        if a is None:
+            return None
+        if log_inputs:
+            with np.errstate(divide="ignore"):
+                a = np.log(a)
+        return jnp.asarray(a, jnp.float32)
+
+    return convert(draft), convert(target)
+
+
 def _accumulate(emitted, reached, tokens, weights, vocab):
     for k in range(tokens.shape[1]):
         valid = tokens[:, k] >= 0
@@ -273,14 +298,15 @@ def emission_by_monte_carlo(
     num_draws: int,
     *,
     draft_law=None,
+    log_inputs: bool = False,
     chunk_size: int = 16_384,
 ) -> EmissionEstimate:
     """Counts, over `num_draws` random steps, how often `verifier` emits each token at
     each position, for one row with fixed distributions.
 
     Each draw samples the draft tokens $x_i$ from `draft_law` (inverse CDF) and the
-    float32 uniforms $u_i$, $s$ with `jax.random.uniform`, all from `key`: the same key gives the
-    same counts. Pair with [`eqx_specdec.EmissionEstimate.chi_square`][].
+    float32 uniforms $u_i$, $s$ with `jax.random.uniform` (for a key-driven sampler, one
+    key per draw instead of $s$), all from `key`: the same key gives the same counts. Pair with [`eqx_specdec.EmissionEstimate.chi_square`][].
 
     **Arguments:**
 
@@ -290,6 +316,7 @@ def emission_by_monte_carlo(
     - `key`: a `jax.random` key.
     - `num_draws`: the number of verification steps to simulate.
     - `draft_law`: `(G, V)`, the law of the draft tokens; defaults to `draft_probs`.
+    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier.
     - `chunk_size`: draws per compiled call.
 
     **Returns:**
@@ -298,8 +325,7 @@ def emission_by_monte_carlo(
     """
     draft, target, law = _checked(draft_probs, target_probs, draft_law)
     gamma, vocab = law.shape
-    q = None if draft is None else jnp.asarray(draft, jnp.float32)
-    p = jnp.asarray(target, jnp.float32)
+    q, p = _verifier_inputs(draft, target, log_inputs)
     law_cdf = jnp.asarray(np.cumsum(law, -1), jnp.float32)
     row = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0))
 
@@ -316,7 +342,10 @@ def emission_by_monte_carlo(
         )
         xs = jnp.minimum(xs, vocab - 1).astype(jnp.int32)
         u = jax.random.uniform(k_u, (chunk_size, gamma), jnp.float32)
-        s = jax.random.uniform(k_s, (chunk_size,), jnp.float32)
+        if verifier.residual_sampler.randomness == "key":
+            s = jax.random.split(k_s, chunk_size)
+        else:
+            s = jax.random.uniform(k_s, (chunk_size,), jnp.float32)
         return row(xs, q, p, u, s)["tokens"]
 
     emitted = np.zeros((gamma + 1, vocab))

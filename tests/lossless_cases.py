@@ -113,3 +113,33 @@ MONTE_CARLO_CASES = [
 ] + [("one-hot implicit", 3, 4096, 200)]
 
 NUM_DRAWS = 200_000
+
+
+def lenient_first_position(q, p, lenience):
+    """The exact distribution of the first emitted token under the lenient test with
+    the standard residual, for x ~ q."""
+    kept = np.minimum(q, p / lenience)
+    residual = np.maximum(p - q, 0)
+    return kept + (1 - kept.sum()) * residual / residual.sum()
+
+
+def typical_first_position(q, p, epsilon=0.09, delta=0.3, sampled=False):
+    """The exact distribution of the first emitted token under typical acceptance, for
+    x ~ q, with the greedy or the masked-sampled correction."""
+    entropy = -np.sum(p * np.log(p + 1e-5))
+    threshold = min(epsilon, delta * np.exp(-entropy))
+    typical = p > threshold
+    kept = q * typical
+    if sampled:
+        correction = np.where(typical, p, 0) / np.where(typical, p, 0).sum()
+    else:
+        correction = np.eye(len(p))[np.argmax(p)]
+    return kept + (1 - kept.sum()) * correction
+
+
+def total_variation(a, b):
+    return 0.5 * float(np.abs(np.asarray(a) - np.asarray(b)).sum())
+
+
+# The reference case of the Variants page: G = 2, V = 8.
+REFERENCE_CASE = ("peaked", 2, 8, 11)
