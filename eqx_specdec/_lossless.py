@@ -174,6 +174,7 @@ def emission_by_quadrature(
     draft_law=None,
     log_inputs: bool = False,
     accept_breakpoints=None,
+    sample_breakpoints=None,
     subdivisions: int = 2,
     chunk_size: int = 1 << 16,
 ) -> EmissionEstimate:
@@ -205,6 +206,8 @@ def emission_by_quadrature(
         outcome may change (for a lenient test with lenience $l$, the ratios
         $p_i(v) / (l\\, q_i(v))$). Cells are cut there too, which keeps the quadrature
         exact for rules whose thresholds are not the standard ones.
+    - `sample_breakpoints`: `(K,)`, further values of $s$ where the sampled token may
+        change (the cumulative sums of a non-standard correction distribution).
     - `subdivisions`: grid points per cell and axis.
     - `chunk_size`: verifier rows per compiled call.
 
@@ -236,6 +239,8 @@ def emission_by_quadrature(
         )
     else:
         s_breaks = _residual_cdfs(target, draft)
+    if sample_breakpoints is not None:
+        s_breaks = np.concatenate([s_breaks, np.ravel(sample_breakpoints)])
     s_mids, s_widths = _cells(s_breaks, subdivisions)
     grids = [c[0] for c in u_cells] + [s_mids]
     grid_weights = [c[1] for c in u_cells] + [s_widths]

@@ -123,15 +123,19 @@ def lenient_first_position(q, p, lenience):
     return kept + (1 - kept.sum()) * residual / residual.sum()
 
 
+def typical_masked(p, epsilon=0.09, delta=0.3):
+    """p with the tokens at or under the typical threshold zeroed."""
+    entropy = -np.sum(p * np.log(p + 1e-5))
+    return np.where(p > min(epsilon, delta * np.exp(-entropy)), p, 0)
+
+
 def typical_first_position(q, p, epsilon=0.09, delta=0.3, sampled=False):
     """The exact distribution of the first emitted token under typical acceptance, for
     x ~ q, with the greedy or the masked-sampled correction."""
-    entropy = -np.sum(p * np.log(p + 1e-5))
-    threshold = min(epsilon, delta * np.exp(-entropy))
-    typical = p > threshold
-    kept = q * typical
+    masked = typical_masked(p, epsilon, delta)
+    kept = q * (masked > 0)
     if sampled:
-        correction = np.where(typical, p, 0) / np.where(typical, p, 0).sum()
+        correction = masked / masked.sum()
     else:
         correction = np.eye(len(p))[np.argmax(p)]
     return kept + (1 - kept.sum()) * correction
