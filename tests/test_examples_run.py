@@ -14,6 +14,7 @@ EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
     [
         ("quickstart.py", ["num_accepted:", "tokens:"]),
         ("custom_stage.py", ["lenience 1.00:", "lenience 0.50:", "lenience 0.25:"]),
+        ("your_own_variant.py", ["rescale=True", "): lossless", "): NOT lossless"]),
     ],
 )
 def test_example_runs(script, expected, capsys):
