@@ -13,20 +13,23 @@ def sum_tolerance(dtype) -> float:
 
 
 def distribution_problems(name, probs):
-    """Per-row flags (B,) for one probability array, with their messages."""
-    wide = probs.astype(compute_dtype(probs.dtype))
-    axes = tuple(range(1, probs.ndim))
-    finite = jnp.isfinite(wide)
-    non_finite = ~jnp.all(finite, axis=axes)
-    negative = jnp.any(wide < 0, axis=axes)
+    """Per-row flags (B,) for a probability array, with their messages.
+
+    Two reductions over the vocabulary, which XLA fuses into one read: the sum (NaN or
+    infinite exactly when some entry is) and the minimum (negative when some entry is).
+    """
+    dtype = compute_dtype(probs.dtype)
+    total = jnp.sum(probs, axis=-1, dtype=dtype)
+    lowest = jnp.min(probs, axis=-1).astype(dtype)
+    non_finite = ~jnp.isfinite(total)
+    negative = lowest < 0
     tol = sum_tolerance(probs.dtype)
-    sums = jnp.sum(jnp.where(finite, wide, 0), axis=-1)
-    bad_sum = jnp.any(jnp.abs(sums - 1) > tol, axis=-1)
+    bad_sum = jnp.abs(total - 1) > tol
     return [
-        (non_finite, f"`{name}` holds a NaN or infinite value"),
-        (negative, f"`{name}` holds a negative probability"),
+        (_per_row(non_finite), f"`{name}` holds a NaN or infinite value"),
+        (_per_row(negative), f"`{name}` holds a negative probability"),
         (
-            bad_sum & ~non_finite & ~negative,
+            _per_row(bad_sum & ~non_finite & ~negative),
             f"`{name}` has a distribution whose sum is not within {tol:g} of 1",
         ),
     ]
@@ -39,10 +42,10 @@ def _per_row(flags):
 
 def logit_problems(name, logits):
     """Per-row flags (B,) for a logit array: NaN or +inf anywhere, or a distribution
-    with no finite logit (every token masked)."""
-    wide = logits.astype(compute_dtype(logits.dtype))
-    bad = jnp.isnan(wide) | (wide == jnp.inf)
-    empty = jnp.all(wide == -jnp.inf, axis=-1)
+    with no finite logit (every token masked). One reduction: the maximum."""
+    highest = jnp.max(logits, axis=-1).astype(compute_dtype(logits.dtype))
+    bad = jnp.isnan(highest) | (highest == jnp.inf)
+    empty = highest == -jnp.inf
     return [
         (_per_row(bad), f"`{name}` holds a NaN or +inf logit"),
         (_per_row(empty), f"`{name}` has a distribution whose logits are all -inf"),

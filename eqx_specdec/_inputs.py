@@ -1,6 +1,8 @@
 """What every entry point does with its inputs before verifying: convert, check shapes
 and dtypes at trace time, fill in unused randomness, and list the run-time checks."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -121,12 +123,6 @@ def prepare_inputs(
 ) -> PreparedInputs:
     from ._verifier import Verifier
 
-    if not isinstance(check_inputs, bool):
-        raise TypeError(
-            "`check_inputs` must be a Python bool, got "
-            f"{type(check_inputs).__name__}. Under `jax.jit`, mark it static: "
-            f'`jax.jit({entry_point}, static_argnames="check_inputs")`.'
-        )
     if not isinstance(verifier, Verifier):
         raise TypeError(
             f"`verifier` must be an eqx_specdec.Verifier, got {type(verifier).__name__}."
@@ -176,3 +172,25 @@ def prepare_inputs(
         check_accept,
         check_sample,
     )
+
+
+def jit_entry_point(fn):
+    """Compiles an entry point with `jax.jit`, `check_inputs` static.
+
+    A plain Python check of `check_inputs` runs first, so that a traced value (the entry
+    point called inside a user's `jax.jit` with `check_inputs` as an argument) gets a
+    message saying how to fix it rather than JAX's error about unhashable arguments.
+    """
+    jitted = jax.jit(fn, static_argnames=("check_inputs",))
+
+    @functools.wraps(fn)
+    def entry_point(*args, check_inputs: bool = True, **kwargs):
+        if not isinstance(check_inputs, bool):
+            raise TypeError(
+                "`check_inputs` must be a Python bool, got "
+                f"{type(check_inputs).__name__}. Under `jax.jit`, mark it static: "
+                f'`jax.jit({fn.__name__}, static_argnames="check_inputs")`.'
+            )
+        return jitted(*args, check_inputs=check_inputs, **kwargs)
+
+    return entry_point

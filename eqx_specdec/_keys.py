@@ -1,9 +1,9 @@
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Key
 
 from ._custom_types import DraftProbs, DraftTokens, TargetProbs
+from ._inputs import jit_entry_point
 from ._verifier import speculative_accept, Verifier
 
 
@@ -47,7 +47,7 @@ def uniforms_from_key(
     return accept, sample
 
 
-@eqx.filter_jit
+@jit_entry_point
 def speculative_accept_from_key(
     key: Key[Array, ""],
     draft_tokens: DraftTokens,

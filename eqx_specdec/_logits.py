@@ -5,7 +5,7 @@ from jaxtyping import Array, Float, Int
 
 from ._checks import raise_first_problem
 from ._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
-from ._inputs import prepare_inputs
+from ._inputs import jit_entry_point, prepare_inputs
 from ._misc import check_hyperparameter, compute_dtype
 from ._stages.assemblers import TokenAssembler
 from ._stages.prefix_counters import PrefixCounter
@@ -125,7 +125,7 @@ LOGITS_VERIFIER = Verifier(
 )
 
 
-@eqx.filter_jit
+@jit_entry_point
 def speculative_accept_logits(
     draft_tokens: DraftTokens,
     draft_logits: Float[Array, "batch gamma vocab"] | None,

@@ -251,21 +251,27 @@ class ResidualSampler(AbstractResidualSampler):
             num_accepted, verdict, draft_tokens, draft_probs, target_probs,
             self.log_space,
         )  # fmt: skip
-        # One pass over rows n of p and q gives the block totals of the residual and of
-        # p (the fallback when the residual has no mass, and the bonus row at n = gamma).
         size = block_size(vocab)
-        p_full, residual_full = p_and_residual(0, vocab)
-        residual_totals = block_totals(residual_full, size)
-        p_totals = block_totals(p_full, size)
-        use_residual = (num_accepted < gamma) & has_mass(
-            jnp.sum(residual_totals), dtype
+        rejected = num_accepted < gamma
+
+        def weights(start, length, use_residual):
+            p_part, residual_part = p_and_residual(start, length)
+            return jnp.where(use_residual, residual_part, p_part)
+
+        # One pass over rows n of p and q: the block totals of the residual (or of the
+        # bonus row p_gamma when every draft token was accepted).
+        totals = block_totals(weights(0, vocab, rejected), size)
+        use_residual = rejected & has_mass(jnp.sum(totals), dtype)
+        # Rare: no residual mass (p and q equal up to rounding), so draw from p_n. A real
+        # branch when rows are mapped one by one; a select under vmap.
+        totals = jax.lax.cond(
+            use_residual == rejected,
+            lambda: totals,
+            lambda: block_totals(weights(0, vocab, False), size),
         )
-        totals = jnp.where(use_residual, residual_totals, p_totals)
 
         def window(block):
-            start = window_start(block, size, vocab)
-            p_part, residual_part = p_and_residual(start, size)
-            return jnp.where(use_residual, residual_part, p_part)
+            return weights(window_start(block, size, vocab), size, use_residual)
 
         return two_level_search(totals, window, sample_uniform, vocab)
 

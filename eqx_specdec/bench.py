@@ -1,0 +1,260 @@
+"""Benchmark of the verification step: `python -m eqx_specdec.bench`.
+
+Prints a markdown table, one row per shape (B, G, V): microseconds per call (median of
+interleaved repeats after compilation, inputs rotated over several copies so that calls
+read from memory rather than cache), the effective read bandwidth over the bytes the step
+must read (`B*G*2*4 + B*V*2*4` for float32: the draft token's p and q at every position,
+and rows n of p and q), its share of the machine's read bandwidth measured in the same
+run (a jitted `jnp.sum` over 1 GiB), and ratios against a naive JAX implementation
+(residual and full cumsum at every position), a PyTorch implementation in the style of
+vLLM and Hugging Face (needs the `bench` extra), and a minimal `jax.jit` function (the
+dispatch floor).
+"""
+
+import argparse
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._verifier import speculative_accept
+
+
+SHAPES = [
+    (4, 4, 6),
+    (1, 5, 32_000),
+    (16, 5, 32_000),
+    (64, 5, 128_256),
+    (256, 8, 32_000),
+    (64, 8, 32_000),
+    (64, 16, 32_000),
+]
+
+
+def naive_jax(
+    draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+):
+    """The contract written the obvious way: the residual, its normalisation and a full
+    cumulative sum at every position, then pick row n."""
+    batch, gamma = draft_tokens.shape
+    vocab = target_probs.shape[-1]
+    idx = draft_tokens[..., None]
+    p_x = jnp.take_along_axis(target_probs[:, :gamma], idx, -1)[..., 0]
+    q_x = jnp.take_along_axis(draft_probs, idx, -1)[..., 0]
+    accepted = accept_uniforms * q_x < p_x
+    n = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
+    residual = jnp.maximum(target_probs[:, :gamma] - draft_probs, 0)
+    residual = jnp.concatenate([residual, target_probs[:, gamma:]], axis=1)
+    total = residual.sum(-1, keepdims=True)
+    residual = jnp.where(
+        total > 0, residual / jnp.where(total > 0, total, 1), target_probs
+    )
+    cdf = jnp.cumsum(residual, axis=-1)
+    cdf_n = jnp.take_along_axis(cdf, n[:, None, None], 1)[:, 0]
+    y = jnp.minimum(jnp.sum(cdf_n <= sample_uniforms[:, None], -1), vocab - 1)
+    position = jnp.arange(gamma + 1)
+    padded = jnp.concatenate([draft_tokens, jnp.zeros((batch, 1), jnp.int32)], 1)
+    tokens = jnp.where(
+        position < n[:, None], padded, jnp.where(position == n[:, None], y[:, None], -1)
+    )
+    return n.astype(jnp.int32), tokens.astype(jnp.int32)
+
+
+def torch_verify(
+    draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+):
+    """The same contract in PyTorch, written the way vLLM's and Hugging Face's samplers
+    are: vectorised gathers, the recovered (residual) distribution at every position,
+    cumsum and searchsorted."""
+    import torch
+
+    batch, gamma = draft_tokens.shape
+    vocab = target_probs.shape[-1]
+    idx = draft_tokens.unsqueeze(-1)
+    p_x = target_probs[:, :gamma].gather(-1, idx).squeeze(-1)
+    q_x = draft_probs.gather(-1, idx).squeeze(-1)
+    accepted = accept_uniforms * q_x < p_x
+    n = torch.cumprod(accepted.int(), dim=1).sum(dim=1)
+    residual = torch.clamp(target_probs[:, :gamma] - draft_probs, min=0)
+    residual = torch.cat([residual, target_probs[:, gamma:]], dim=1)
+    total = residual.sum(-1, keepdim=True)
+    residual = torch.where(total > 0, residual / total, target_probs)
+    row = residual[torch.arange(batch), n]
+    cdf = torch.cumsum(row, dim=-1)
+    y = torch.searchsorted(cdf, sample_uniforms.unsqueeze(-1), right=True).squeeze(-1)
+    y = y.clamp(max=vocab - 1)
+    position = torch.arange(gamma + 1).unsqueeze(0)
+    padded = torch.cat(
+        [draft_tokens, torch.zeros(batch, 1, dtype=draft_tokens.dtype)], 1
+    )
+    n_col = n.unsqueeze(1)
+    minus_one = torch.full_like(padded, -1)
+    tokens = torch.where(
+        position < n_col,
+        padded,
+        torch.where(position == n_col, y.unsqueeze(1), minus_one),
+    )
+    return n.int(), tokens.int()
+
+
+@jax.jit
+def minimal_jit(
+    draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+):
+    """The dispatch floor: a jitted function with the same inputs and outputs doing
+    almost nothing."""
+    n = jnp.zeros(draft_tokens.shape[0], jnp.int32)
+    return n, jnp.concatenate([draft_tokens, n[:, None]], axis=1)
+
+
+def _inputs(seed, batch, gamma, vocab):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((batch, gamma + 1, vocab), dtype=np.float32)
+    target = np.exp(logits - logits.max(-1, keepdims=True))
+    target /= target.sum(-1, keepdims=True)
+    draft_logits = logits[:, :gamma] + rng.standard_normal(
+        (batch, gamma, vocab), dtype=np.float32
+    )
+    draft = np.exp(draft_logits - draft_logits.max(-1, keepdims=True))
+    draft /= draft.sum(-1, keepdims=True)
+    tokens = rng.integers(0, vocab, (batch, gamma)).astype(np.int32)
+    accept = rng.random((batch, gamma), dtype=np.float32)
+    sample = rng.random(batch, dtype=np.float32)
+    return tokens, draft, target, accept, sample
+
+
+def _read_bandwidth(repeats: int) -> float:
+    """GB/s of a jitted float32 sum over 1 GiB, median of `repeats`."""
+    data = jnp.ones((1 << 28,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(data).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        total(data).block_until_ready()
+        times.append(time.perf_counter() - start)
+    del data
+    return (1 << 30) / statistics.median(times) / 1e9
+
+
+def _temp_megabytes(fn, args) -> float:
+    """Temporary memory of the compiled program (XLA's memory analysis), in MB."""
+    compiled = jax.jit(fn).lower(*args).compile()
+    return compiled.memory_analysis().temp_size_in_bytes / 1e6
+
+
+def _block(out):
+    if isinstance(out, dict):
+        out = tuple(out.values())
+    return jax.block_until_ready(out)
+
+
+def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
+    bandwidth = _read_bandwidth(max(repeats, 5))
+    library = functools.partial(speculative_accept, check_inputs=False)
+    library_checked = speculative_accept
+    naive = jax.jit(naive_jax)
+    impls = {
+        "eqx_specdec": library,
+        "eqx_specdec, checks on": library_checked,
+        "naive JAX": naive,
+        "minimal jax.jit": minimal_jit,
+    }
+    if with_torch:
+        import torch
+
+        impls["PyTorch"] = torch.no_grad()(torch_verify)
+    rows = []
+    for batch, gamma, vocab in shapes:
+        bytes_needed = batch * gamma * 2 * 4 + batch * vocab * 2 * 4
+        bytes_per_copy = batch * (2 * gamma + 1) * vocab * 4
+        copies = int(min(8, max(2, np.ceil(256e6 / bytes_per_copy))))
+        host = [_inputs(seed, batch, gamma, vocab) for seed in range(copies)]
+        device = [tuple(jnp.asarray(a) for a in inputs) for inputs in host]
+        torch_inputs = []
+        if with_torch:
+            import torch
+
+            torch_inputs = [
+                tuple(torch.from_numpy(a) for a in inputs) for inputs in host
+            ]
+        for name, impl in impls.items():  # compile, and check agreement
+            _block(impl(*(torch_inputs[0] if name == "PyTorch" else device[0])))
+        times = {name: [] for name in impls}
+        for r in range(repeats):
+            for name, impl in impls.items():
+                args = (torch_inputs if name == "PyTorch" else device)[r % copies]
+                start = time.perf_counter()
+                _block(impl(*args))
+                times[name].append(time.perf_counter() - start)
+        median = {name: statistics.median(t) for name, t in times.items()}
+        temp_ours = _temp_megabytes(library, device[0])
+        temp_naive = _temp_megabytes(naive_jax, device[0])
+        ours = median["eqx_specdec"]
+        rows.append(
+            dict(
+                shape=(batch, gamma, vocab),
+                us=ours * 1e6,
+                us_checked=median["eqx_specdec, checks on"] * 1e6,
+                gbps=bytes_needed / ours / 1e9,
+                percent=100 * bytes_needed / ours / 1e9 / bandwidth,
+                naive=median["naive JAX"] / ours,
+                torch=median["PyTorch"] / ours if with_torch else None,
+                minimal=ours / median["minimal jax.jit"],
+                temp_ours=temp_ours,
+                temp_naive=temp_naive,
+                bandwidth=bandwidth,
+            )
+        )
+        del host, device, torch_inputs
+    return rows
+
+
+def print_table(rows):
+    print(
+        f"Read bandwidth (jitted jnp.sum over 1 GiB): {rows[0]['bandwidth']:.1f} GB/s\n"
+    )
+    print(
+        "| B, G, V | us per call | us, checks on | GB/s (necessary bytes) | % of read "
+        "bandwidth | naive JAX / ours | PyTorch / ours | ours / minimal jax.jit "
+        "| temp MB, ours / naive |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        torch_ratio = "n/a" if r["torch"] is None else f"{r['torch']:.1f}x"
+        print(
+            f"| {r['shape'][0]}, {r['shape'][1]}, {r['shape'][2]} | {r['us']:.0f} | "
+            f"{r['us_checked']:.0f} | {r['gbps']:.1f} | {r['percent']:.0f}% | "
+            f"{r['naive']:.1f}x | {torch_ratio} | {r['minimal']:.2f}x | "
+            f"{r['temp_ours']:.1f} / {r['temp_naive']:.1f} |"
+        )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m eqx_specdec.bench", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--repeats", type=int, default=30, help="timed calls per impl")
+    parser.add_argument(
+        "--shapes",
+        default=";".join(",".join(map(str, s)) for s in SHAPES),
+        help="'B,G,V;B,G,V;...' (default: the serving shapes)",
+    )
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    args = parser.parse_args(argv)
+    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
+    with_torch = not args.no_torch
+    if with_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("PyTorch not installed (pip install '.[bench]'): skipping it.\n")
+            with_torch = False
+    print_table(benchmark(shapes, args.repeats, with_torch))
+
+
+if __name__ == "__main__":
+    main()
