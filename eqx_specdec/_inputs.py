@@ -181,7 +181,12 @@ def jit_entry_point(fn):
     point called inside a user's `jax.jit` with `check_inputs` as an argument) gets a
     message saying how to fix it rather than JAX's error about unhashable arguments.
     """
-    jitted = jax.jit(fn, static_argnames=("check_inputs",))
+    # One compiled function per value of the flag, so that calls pass arrays only and
+    # take JAX's fast dispatch path.
+    jitted = {
+        flag: jax.jit(functools.partial(fn, check_inputs=flag))
+        for flag in (True, False)
+    }
 
     @functools.wraps(fn)
     def entry_point(*args, check_inputs: bool = True, **kwargs):
@@ -191,6 +196,6 @@ def jit_entry_point(fn):
                 f"{type(check_inputs).__name__}. Under `jax.jit`, mark it static: "
                 f'`jax.jit({fn.__name__}, static_argnames="check_inputs")`.'
             )
-        return jitted(*args, check_inputs=check_inputs, **kwargs)
+        return jitted[check_inputs](*args, **kwargs)
 
     return entry_point

@@ -121,3 +121,22 @@ def test_same_inputs_bit_identical_outputs():
     eager = eqx_specdec.speculative_accept(*inputs)
     _assert_same(first, again)
     _assert_same(first, eager)
+
+
+@pytest.mark.parametrize("vocab", [6, 300, 5000])
+def test_batching_by_map_and_by_vmap_agree(vocab):
+    """`Verifier(batching=...)` only changes how rows are mapped, never the tokens."""
+    x, q, p, u, s = random_case(11, 16, 4, vocab)
+    outs = [
+        eqx_specdec.speculative_accept(
+            x, q, p, u, s, verifier=eqx_specdec.Verifier(batching=batching)
+        )
+        for batching in ("map", "vmap", "auto")
+    ]
+    for out in outs[1:]:
+        _assert_same(out, outs[0])
+
+
+def test_bad_batching_mode():
+    with pytest.raises(ValueError, match="`batching`"):
+        eqx_specdec.Verifier(batching="pmap")
