@@ -195,6 +195,12 @@ class GreedyRatioTest(AbstractRatioTest):
         return Verdict(best.astype(jnp.int32) == draft_tokens.astype(jnp.int32))
 
 
+def check_typical(epsilon, delta):
+    """The invariants of typical acceptance's hyperparameters, shared by its stages."""
+    check_hyperparameter("epsilon", epsilon, 0.0, 1.0, low_open=True)
+    check_hyperparameter("delta", delta, 0.0, float("inf"), low_open=True)
+
+
 def typical_threshold(probs, epsilon, delta):
     """$\\min(\\epsilon, \\delta e^{-H(p)})$ per row, $H(p) = -\\sum_v p(v) \\log(p(v) + 10^{-5})$."""
     entropy = -jnp.sum(probs * jnp.log(probs + 1e-5), axis=-1)
@@ -227,8 +233,7 @@ class TypicalRatioTest(AbstractRatioTest):
     log_space: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
-        check_hyperparameter("epsilon", self.epsilon, 0.0, 1.0, low_open=True)
-        check_hyperparameter("delta", self.delta, 0.0, float("inf"), low_open=True)
+        check_typical(self.epsilon, self.delta)
 
     @jaxtyped(typechecker=beartype)
     def __call__(

@@ -17,8 +17,8 @@ from .._custom_types import (
     SampleUniform,
     TargetProbsRow,
 )
-from .._misc import check_hyperparameter, compute_dtype
-from .ratio_tests import typical_threshold
+from .._misc import compute_dtype
+from .ratio_tests import check_typical, typical_threshold
 from .verdict import Verdict
 
 
@@ -396,8 +396,7 @@ class TypicalSampler(AbstractResidualSampler):
     log_space: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
-        check_hyperparameter("epsilon", self.epsilon, 0.0, 1.0, low_open=True)
-        check_hyperparameter("delta", self.delta, 0.0, float("inf"), low_open=True)
+        check_typical(self.epsilon, self.delta)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
