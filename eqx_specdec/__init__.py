@@ -19,10 +19,12 @@ from ._stages.assemblers import (
 )
 from ._stages.prefix_counters import (
     AbstractPrefixCounter as AbstractPrefixCounter,
+    LastSuccessCounter as LastSuccessCounter,
     PrefixCounter as PrefixCounter,
 )
 from ._stages.ratio_tests import (
     AbstractRatioTest as AbstractRatioTest,
+    BlockRatioTest as BlockRatioTest,
     GreedyRatioTest as GreedyRatioTest,
     LenientRatioTest as LenientRatioTest,
     RatioTest as RatioTest,

@@ -29,7 +29,8 @@ def test_the_public_api_is_what_the_docs_list():
         "AbstractResidualSampler", "ResidualSampler",
         "AbstractTokenAssembler", "TokenAssembler",
         "Verdict", "Verifier", "EmissionEstimate", "Warp",
-        "GreedyRatioTest", "LenientRatioTest", "TypicalRatioTest",
+        "GreedyRatioTest", "LenientRatioTest", "TypicalRatioTest", "BlockRatioTest",
+        "LastSuccessCounter",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
     }  # fmt: skip
     assert callable(eqx_specdec.speculative_accept)

@@ -42,3 +42,19 @@ class PrefixCounter(AbstractPrefixCounter):
     @jaxtyped(typechecker=beartype)
     def __call__(self, passed: PassedRow) -> IntScalar:
         return jnp.sum(jnp.cumprod(passed.astype(jnp.int32)), dtype=jnp.int32)
+
+
+class LastSuccessCounter(AbstractPrefixCounter):
+    """Block verification's count: the position of the **last** pass,
+
+    $$n = \\max\\{k : \\text{passed}_{k-1}\\} \\quad (0 \\text{ if none}),$$
+
+    so that passes after a failure still count. Paired with
+    [`eqx_specdec.BlockRatioTest`][]. (With the standard test this would not be lossless;
+    with the block test, the first-failure count would not be.)
+    """
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, passed: PassedRow) -> IntScalar:
+        positions = jnp.arange(1, passed.shape[0] + 1, dtype=jnp.int32)
+        return jnp.max(jnp.where(passed, positions, 0)).astype(jnp.int32)
