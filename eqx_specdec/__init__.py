@@ -38,6 +38,14 @@ from ._stages.samplers import (
     TypicalSampler as TypicalSampler,
 )
 from ._stages.verdict import Verdict as Verdict
+from ._tree import (
+    AbstractNodeRule as AbstractNodeRule,
+    DeterministicCandidates as DeterministicCandidates,
+    IIDCandidates as IIDCandidates,
+    tree_accept as tree_accept,
+    TreeVerifier as TreeVerifier,
+    WithoutReplacementCandidates as WithoutReplacementCandidates,
+)
 from ._verifier import speculative_accept as speculative_accept, Verifier as Verifier
 
 

@@ -1,0 +1,336 @@
+"""Tree (multi-candidate) verification: SpecInfer-style trees of draft tokens."""
+
+import abc
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, Bool, Float, Int, Integer, jaxtyped
+
+from ._checks import (
+    distribution_problems,
+    raise_first_problem,
+    token_problems,
+    uniform_problems,
+)
+from ._inputs import jit_entry_point
+from ._misc import compute_dtype
+from ._stages.samplers import has_mass, inverse_cdf
+
+
+Row = Float[Array, " vocab"]
+Scalar = Float[Array, ""]
+
+
+class AbstractNodeRule(eqx.Module):
+    """How the candidate children of one tree node are tried, in order.
+
+    At a node with target $p$ the candidates $c_1, \\dots, c_K$ are tested one after the
+    other against an evolving target $p^{(k)}$ (and, for some rules, an evolving draft
+    $q^{(k)}$). The first to pass is accepted and the walk descends into it; if all fail,
+    the correction is drawn from the final $p^{(K+1)}$.
+
+    The evolving target is kept unnormalised, as `residual` with total `mass`:
+    $p^{(k)} = \\text{residual} / \\text{mass}$.
+    """
+
+    @abc.abstractmethod
+    def test(
+        self,
+        residual: Row,
+        mass: Scalar,
+        draft: Row,
+        token: Int[Array, ""],
+        uniform: Scalar,
+    ) -> Bool[Array, ""]:
+        """Whether candidate `token` passes, given the evolving state.
+
+        **Arguments:**
+
+        - `residual`, `mass`: the evolving target, $p^{(k)} = $ `residual / mass`.
+        - `draft`: the evolving draft $q^{(k)}$ (zeros for rules without one).
+        - `token`: the candidate $c_k$.
+        - `uniform`: its uniform $u_k$.
+
+        **Returns:**
+
+        A boolean scalar.
+        """
+
+    @abc.abstractmethod
+    def reject(
+        self, residual: Row, mass: Scalar, draft: Row, token: Int[Array, ""]
+    ) -> tuple[Row, Scalar, Row]:
+        """The state after candidate `token` failed: `(residual, mass, draft)`.
+
+        **Arguments:**
+
+        - as for `test`, without the uniform.
+
+        **Returns:**
+
+        The next `(residual, mass, draft)`.
+        """
+
+
+def _subtract(residual, mass, draft):
+    """`norm((p - q)_+)` kept unnormalised; unchanged if nothing would remain."""
+    new = jnp.maximum(residual - mass * draft, 0)
+    new_mass = jnp.sum(new)
+    keep = has_mass(new_mass, residual.dtype)
+    return jnp.where(keep, new, residual), jnp.where(keep, new_mass, mass)
+
+
+class IIDCandidates(AbstractNodeRule):
+    """Candidates drawn i.i.d. from the draft $q$ at the node (SpecInfer; Miao et al.
+    2024): accept $c_k$ if $u_k < p^{(k)}(c_k) / q(c_k)$; else
+    $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - q)_+)$. Lossless."""
+
+    def test(self, residual, mass, draft, token, uniform):
+        return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
+
+    def reject(self, residual, mass, draft, token):
+        residual, mass = _subtract(residual, mass, draft)
+        return residual, mass, draft
+
+
+class WithoutReplacementCandidates(AbstractNodeRule):
+    """Candidates drawn from $q$ without replacement (Jeon et al. 2024): as
+    [`eqx_specdec.IIDCandidates`][], with the draft updated after each rejection,
+    $q^{(k+1)}(v) = q^{(k)}(v)\\,[v \\ne c_k] / (1 - q^{(k)}(c_k))$. Lossless."""
+
+    def test(self, residual, mass, draft, token, uniform):
+        return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
+
+    def reject(self, residual, mass, draft, token):
+        residual, mass = _subtract(residual, mass, draft)
+        ids = jnp.arange(draft.shape[0], dtype=jnp.int32)
+        remaining = 1 - draft[token]
+        draft = jnp.where(
+            (ids == token) | (remaining <= 0),
+            0,
+            draft / jnp.where(remaining > 0, remaining, 1),
+        )
+        return residual, mass, draft
+
+
+class DeterministicCandidates(AbstractNodeRule):
+    """Distinct children chosen deterministically (top-$k$ trees, EAGLE-2-style; no $q$):
+    accept $c_k$ if $u_k < p^{(k)}(c_k)$; else zero $c_k$ in $p^{(k)}$. The probability
+    that some child is accepted is $\\sum_k p(c_k)$. Lossless."""
+
+    def test(self, residual, mass, draft, token, uniform):
+        return uniform.astype(residual.dtype) * mass < residual[token]
+
+    def reject(self, residual, mass, draft, token):
+        removed = jnp.where(
+            jnp.arange(residual.shape[0], dtype=jnp.int32) == token, 0, residual
+        )
+        new_mass = jnp.sum(removed)
+        keep = has_mass(new_mass, residual.dtype)
+        return (
+            jnp.where(keep, removed, residual),
+            jnp.where(keep, new_mass, mass),
+            draft,
+        )
+
+
+class TreeVerifier(eqx.Module):
+    """Verifies a tree of draft tokens: walks down from the root, trying each node's
+    children in order with `node_rule`, descending into the first accepted child, and
+    draws the correction from the final evolving target.
+
+    **Tree layout** (one row; `N` nodes at most, fixed shapes, traced contents): node `i`
+    holds `node_tokens[i]`; `parents[i]` is `-1` for a child of the root, the index of its
+    parent otherwise, and any value below `-1` for padding. Nodes are in depth-first order
+    (a parent before its children, siblings in the order they are tried), as serving stacks
+    lay them out. `target_probs[0]` is the target's distribution at the root and
+    `target_probs[i + 1]` the one after node `i`; `draft_probs` likewise (the law the
+    node's children were drawn from; `None` for [`eqx_specdec.DeterministicCandidates`][]).
+    A chain (`parents = [-1, 0, 1, ...]`) with [`eqx_specdec.IIDCandidates`][] is exactly
+    the standard verifier.
+
+    **Arguments:**
+
+    - `node_rule`: an [`eqx_specdec.AbstractNodeRule`][]. Default
+        [`eqx_specdec.IIDCandidates`][].
+    """
+
+    node_rule: AbstractNodeRule = IIDCandidates()
+
+    @jaxtyped(typechecker=beartype)
+    def row(
+        self,
+        node_tokens: Integer[Array, " nodes"],
+        parents: Integer[Array, " nodes"],
+        draft_probs: Float[Array, "nodes+1 vocab"] | None,
+        target_probs: Float[Array, "nodes+1 vocab"],
+        accept_uniforms: Float[Array, " nodes"],
+        sample_uniform: Float[Array, ""],
+    ) -> dict[str, Int[Array, "..."]]:
+        """Verifies one tree.
+
+        **Returns:**
+
+        `{"num_accepted": int32 scalar (the accepted path's length),
+        "tokens": int32 (nodes + 1,) (the path's tokens, the correction, then -1),
+        "path": int32 (nodes,) (the accepted nodes' indices, then -1)}`.
+        """
+        nodes, vocab = node_tokens.shape[0], target_probs.shape[1]
+        dtypes = [target_probs.dtype] + (
+            [] if draft_probs is None else [draft_probs.dtype]
+        )
+        dtype = compute_dtype(*dtypes)
+        tokens_in = node_tokens.astype(jnp.int32)
+        parents = parents.astype(jnp.int32)
+
+        def draft_row(i):
+            if draft_probs is None:
+                return jnp.zeros((vocab,), dtype)
+            return draft_probs[i].astype(dtype)
+
+        def step(i, carry):
+            current, depth, residual, mass, draft, path, tokens = carry
+            token = tokens_in[i]
+            is_child = parents[i] == current
+            passed = self.node_rule.test(
+                residual, mass, draft, token, accept_uniforms[i]
+            )
+            accept = is_child & passed
+            reject = is_child & ~passed
+            r_residual, r_mass, r_draft = self.node_rule.reject(
+                residual, mass, draft, token
+            )
+            residual = jnp.where(
+                accept,
+                target_probs[i + 1].astype(dtype),
+                jnp.where(reject, r_residual, residual),
+            )
+            mass = jnp.where(
+                accept, jnp.ones((), dtype), jnp.where(reject, r_mass, mass)
+            )
+            draft = jnp.where(
+                accept, draft_row(i + 1), jnp.where(reject, r_draft, draft)
+            )
+            path = jnp.where(accept, path.at[depth].set(i), path)
+            tokens = jnp.where(accept, tokens.at[depth].set(token), tokens)
+            current = jnp.where(accept, i, current)
+            depth = depth + accept.astype(jnp.int32)
+            return current, depth, residual, mass, draft, path, tokens
+
+        init = (
+            jnp.int32(-1),
+            jnp.int32(0),
+            target_probs[0].astype(dtype),
+            jnp.ones((), dtype),
+            draft_row(0),
+            jnp.full((nodes,), -1, jnp.int32),
+            jnp.full((nodes + 1,), -1, jnp.int32),
+        )
+        _, depth, residual, _, _, path, tokens = jax.lax.fori_loop(0, nodes, step, init)
+        correction = inverse_cdf(residual, sample_uniform)
+        return {
+            "num_accepted": depth,
+            "tokens": tokens.at[depth].set(correction),
+            "path": path,
+        }
+
+    def __call__(self, *inputs) -> dict[str, Int[Array, "..."]]:
+        """Verifies a batch of trees: [`eqx_specdec.TreeVerifier.row`][] vmapped."""
+        return jax.vmap(self.row)(*inputs)
+
+
+def _tree_problems(parents):
+    nodes = parents.shape[1]
+    ids = jnp.arange(nodes, dtype=jnp.int32)[None, :]
+    used = parents >= -1
+    bad = used & (parents >= ids)
+    return [
+        (
+            jnp.any(bad, axis=1),
+            "`parents` is not in depth-first order (each parent index must be below its "
+            "child's; -1 for the root's children, below -1 for padding)",
+        )
+    ]
+
+
+@jit_entry_point
+def tree_accept(
+    node_tokens: Integer[Array, "batch nodes"],
+    parents: Integer[Array, "batch nodes"],
+    draft_probs: Float[Array, "batch nodes+1 vocab"] | None,
+    target_probs: Float[Array, "batch nodes+1 vocab"],
+    accept_uniforms: Float[Array, "batch nodes"],
+    sample_uniforms: Float[Array, " batch"],
+    *,
+    verifier: TreeVerifier = TreeVerifier(),
+    check_inputs: bool = True,
+) -> dict[str, Int[Array, "..."]]:
+    """Verifies a batch of draft trees (see [`eqx_specdec.TreeVerifier`][] for the
+    layout).
+
+    **Arguments:**
+
+    - `node_tokens`: integer `(B, N)`, the token at each node.
+    - `parents`: integer `(B, N)`, each node's parent (-1: the root; below -1: padding).
+    - `draft_probs`: float `(B, N + 1, V)`, or `None` for deterministic children.
+    - `target_probs`: float `(B, N + 1, V)`.
+    - `accept_uniforms`: float `(B, N)`, one uniform per node.
+    - `sample_uniforms`: float `(B,)`.
+    - `verifier`: the [`eqx_specdec.TreeVerifier`][] to run.
+    - `check_inputs`: run-time value checks, as for [`eqx_specdec.speculative_accept`][],
+        plus the depth-first order of `parents`.
+
+    **Returns:**
+
+    A dict with `"num_accepted"` int32 `(B,)`, `"tokens"` int32 `(B, N + 1)` and
+    `"path"` int32 `(B, N)`: the accepted nodes' indices, for keeping their KV-cache
+    entries.
+    """
+    node_tokens, parents, target_probs, accept_uniforms, sample_uniforms = (
+        jnp.asarray(a)
+        for a in (node_tokens, parents, target_probs, accept_uniforms, sample_uniforms)
+    )
+    if draft_probs is not None:
+        draft_probs = jnp.asarray(draft_probs)
+    batch, nodes = node_tokens.shape
+    vocab = target_probs.shape[-1]
+    shapes = {
+        "parents": (parents, (batch, nodes)),
+        "target_probs": (target_probs, (batch, nodes + 1, vocab)),
+        "draft_probs": (draft_probs, (batch, nodes + 1, vocab)),
+        "accept_uniforms": (accept_uniforms, (batch, nodes)),
+        "sample_uniforms": (sample_uniforms, (batch,)),
+    }
+    for name, (array, shape) in shapes.items():
+        if array is not None and tuple(array.shape) != shape:
+            raise ValueError(
+                f"`{name}` must have shape {shape} for `node_tokens` of shape "
+                f"{(batch, nodes)} and vocabulary {vocab}; got {tuple(array.shape)}."
+            )
+    if draft_probs is None and not isinstance(
+        verifier.node_rule, DeterministicCandidates
+    ):
+        raise TypeError(
+            f"{type(verifier.node_rule).__name__} needs `draft_probs`; only "
+            "DeterministicCandidates works without them."
+        )
+    outputs = verifier(
+        node_tokens,
+        parents,
+        draft_probs,
+        target_probs,
+        accept_uniforms,
+        sample_uniforms,
+    )
+    if check_inputs:
+        problems = token_problems(jnp.where(parents >= -1, node_tokens, 0), vocab)
+        problems += _tree_problems(parents)
+        if draft_probs is not None:
+            problems += distribution_problems("draft_probs", draft_probs)
+        problems += distribution_problems("target_probs", target_probs)
+        problems += uniform_problems("accept_uniforms", accept_uniforms)
+        problems += uniform_problems("sample_uniforms", sample_uniforms)
+        outputs = raise_first_problem(outputs, problems)
+    return outputs

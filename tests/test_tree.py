@@ -1,0 +1,216 @@
+"""Tree (multi-candidate) verification: chains equal the standard verifier, one-node
+acceptance rates match the rules exactly, and small trees are lossless (chi-square)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import random_case
+from lossless_cases import _softmax
+
+import eqx_specdec
+from eqx_specdec._lossless import EmissionEstimate
+
+
+RULES = {
+    "iid": eqx_specdec.IIDCandidates(),
+    "without replacement": eqx_specdec.WithoutReplacementCandidates(),
+    "deterministic": eqx_specdec.DeterministicCandidates(),
+}
+
+
+def test_a_chain_is_the_standard_verifier():
+    x, q, p, u, s = random_case(3, 16, 5, 300)
+    parents = np.tile(np.arange(-1, 4), (16, 1)).astype(np.int32)
+    tree_q = np.concatenate([q, q[:, -1:]], axis=1)  # the last row is never read
+    tree = eqx_specdec.tree_accept(x, parents, tree_q, p, u, s)
+    standard = eqx_specdec.speculative_accept(x, q, p, u, s)
+    np.testing.assert_array_equal(tree["tokens"], standard["tokens"])
+    np.testing.assert_array_equal(tree["num_accepted"], standard["num_accepted"])
+    n = np.asarray(standard["num_accepted"])
+    for b in range(16):
+        np.testing.assert_array_equal(
+            tree["path"][b], [*range(n[b]), *[-1] * (5 - n[b])]
+        )
+
+
+def _children(rule, key, q, k):
+    """k candidates for a node whose draft is q, drawn as `rule` says."""
+    if rule == "iid":
+        return jax.random.categorical(key, jnp.log(q), shape=(k,)).astype(jnp.int32)
+    if (
+        rule == "without replacement"
+    ):  # Gumbel top-k: a draw without replacement, in order
+        scores = jnp.log(q) + jax.random.gumbel(key, q.shape, mode="high")
+        return jnp.argsort(-scores)[:k].astype(jnp.int32)
+    return jnp.argsort(-q)[:k].astype(jnp.int32)  # deterministic: the draft's top k
+
+
+def _exact_node_acceptance(rule, p, q, k):
+    if rule == "deterministic":
+        return float(p[np.argsort(-q)[:k]].sum())
+    if rule == "iid":
+        total, reach = 0.0, 1.0
+        for _ in range(k):
+            alpha = np.minimum(p, q).sum()
+            total += reach * alpha
+            reach *= 1 - alpha
+            residual = np.maximum(p - q, 0)
+            p = residual / residual.sum() if residual.sum() > 0 else p
+        return total
+
+    def recurse(p, q, depth):
+        if depth == k:
+            return 0.0
+        total = 0.0
+        for c in np.nonzero(q)[0]:
+            accept = min(1.0, p[c] / q[c])
+            residual = np.maximum(p - q, 0)
+            p_next = residual / residual.sum() if residual.sum() > 0 else p
+            q_next = np.where(np.arange(len(q)) == c, 0, q) / (1 - q[c])
+            total += q[c] * (accept + (1 - accept) * recurse(p_next, q_next, depth + 1))
+        return total
+
+    return recurse(p, q, 0)
+
+
+NODE_P = _softmax(np.random.default_rng(7).normal(size=6) * 1.2)
+NODE_Q = _softmax(np.random.default_rng(8).normal(size=6) * 1.2)
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_one_node_acceptance_rates(rule):
+    """Root with K = 1..4 candidate children (V = 6): P(some child accepted), measured
+    over 200,000 steps, equals the exact value from the rule within 6 sigma."""
+    draws = 200_000
+    rates = []
+    for k in range(1, 5):
+        p = jnp.tile(jnp.asarray(NODE_P, jnp.float32), (k + 1, 1))
+        q = jnp.tile(jnp.asarray(NODE_Q, jnp.float32), (k + 1, 1))
+        parents = jnp.full((k,), -1, jnp.int32)
+        verifier = eqx_specdec.TreeVerifier(RULES[rule])
+
+        @jax.jit
+        def accepted(key):
+            k_c, k_u, k_s = jax.random.split(key, 3)
+            children = jax.vmap(lambda kk: _children(rule, kk, q[0], k))(
+                jax.random.split(k_c, draws)
+            )
+            u = jax.random.uniform(k_u, (draws, k), jnp.float32)
+            s = jax.random.uniform(k_s, (draws,), jnp.float32)
+            row = jax.vmap(verifier.row, in_axes=(0, None, None, None, 0, 0))
+            return jnp.mean(row(children, parents, q, p, u, s)["num_accepted"] >= 1)
+
+        measured = float(accepted(jax.random.key(k)))
+        exact = _exact_node_acceptance(
+            rule, NODE_P.astype(np.float32).astype(np.float64),
+            NODE_Q.astype(np.float32).astype(np.float64), k,
+        )  # fmt: skip
+        sigma = np.sqrt(exact * (1 - exact) / draws)
+        assert abs(measured - exact) <= 6 * sigma + 1e-9, (k, measured, exact)
+        rates.append(exact)
+    assert rates == sorted(rates) and rates[-1] > rates[0]
+
+
+# A small tree: the root's children are nodes 0, 3, 4; node 0's children are 1, 2.
+PARENTS = jnp.asarray([-1, 0, 0, -1, -1], jnp.int32)
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_small_trees_are_lossless(rule):
+    """Chi-square (V = 16, 200,000 steps): the first emitted token follows the root's
+    target, and the second, given that node 0 was accepted first, follows the target
+    after node 0."""
+    vocab, draws = 16, 200_000
+    rng = np.random.default_rng(11)
+    p = _softmax(rng.normal(size=(6, vocab)) * 1.5).astype(np.float32)
+    q = _softmax(rng.normal(size=(6, vocab)) * 1.5).astype(np.float32)
+    verifier = eqx_specdec.TreeVerifier(RULES[rule])
+    p_j, q_j = jnp.asarray(p), jnp.asarray(q)
+
+    @jax.jit
+    def run(key):
+        k_c, k_d, k_u, k_s = jax.random.split(key, 4)
+
+        def tree(k1, k2):
+            root = _children(rule, k1, q_j[0], 3)  # nodes 0, 3, 4
+            inner = _children(rule, k2, q_j[1], 2)  # nodes 1, 2 (children of node 0)
+            return jnp.stack([root[0], inner[0], inner[1], root[1], root[2]])
+
+        tokens = jax.vmap(tree)(
+            jax.random.split(k_c, draws), jax.random.split(k_d, draws)
+        )
+        u = jax.random.uniform(k_u, (draws, 5), jnp.float32)
+        s = jax.random.uniform(k_s, (draws,), jnp.float32)
+        draft = None if rule == "deterministic" else q_j
+        row = jax.vmap(verifier.row, in_axes=(0, None, None, None, 0, 0))
+        out = row(tokens, PARENTS, draft, p_j, u, s)
+        return out["tokens"], out["path"]
+
+    tokens, path = (np.asarray(a) for a in run(jax.random.key(0)))
+    first = np.bincount(tokens[:, 0], minlength=vocab)[None]
+    estimate = EmissionEstimate(first.astype(float), np.array([draws], float), draws)
+    stats = estimate.chi_square(p[:1].astype(np.float64))
+    assert stats["statistic"][0] < stats["threshold"][0]
+    after_node_0 = tokens[path[:, 0] == 0, 1]
+    assert after_node_0.size > 2_000
+    second = np.bincount(after_node_0, minlength=vocab)[None]
+    estimate = EmissionEstimate(
+        second.astype(float), np.array([after_node_0.size], float), draws
+    )
+    stats = estimate.chi_square(p[1:2].astype(np.float64))
+    assert stats["statistic"][0] < stats["threshold"][0]
+
+
+def test_lossy_tree_rule_is_caught():
+    """Control: without replacement drafting checked as if i.i.d. fails the same test."""
+
+    class WrongRule(eqx_specdec.AbstractNodeRule):
+        def test(self, residual, mass, draft, token, uniform):
+            return eqx_specdec.IIDCandidates().test(
+                residual, mass, draft, token, uniform
+            )
+
+        def reject(self, residual, mass, draft, token):
+            return residual, mass, draft  # forgets to update the target
+
+    vocab, draws = 16, 100_000
+    p = _softmax(np.random.default_rng(1).normal(size=(4, vocab)) * 1.5).astype(
+        np.float32
+    )
+    q = _softmax(np.random.default_rng(2).normal(size=(4, vocab)) * 1.5).astype(
+        np.float32
+    )
+    verifier = eqx_specdec.TreeVerifier(WrongRule())
+    key = jax.random.key(0)
+    children = jax.random.categorical(key, jnp.log(q[0]), shape=(draws, 3)).astype(
+        jnp.int32
+    )
+    u = jax.random.uniform(jax.random.key(1), (draws, 3), jnp.float32)
+    s = jax.random.uniform(jax.random.key(2), (draws,), jnp.float32)
+    row = jax.jit(jax.vmap(verifier.row, in_axes=(0, None, None, None, 0, 0)))
+    out = row(
+        children, jnp.full((3,), -1, jnp.int32), jnp.asarray(q), jnp.asarray(p), u, s
+    )
+    first = np.bincount(np.asarray(out["tokens"][:, 0]), minlength=vocab)[None]
+    estimate = EmissionEstimate(first.astype(float), np.array([draws], float), draws)
+    stats = estimate.chi_square(p[:1].astype(np.float64))
+    assert stats["statistic"][0] > stats["threshold"][0]
+
+
+def test_padding_and_bad_layouts():
+    x, q, p, u, s = random_case(4, 2, 4, 20)
+    tree_q = np.concatenate([q, q[:, -1:]], axis=1)
+    # Padding (parent below -1) is never visited: a 2-node chain padded to 4 nodes.
+    parents = np.array([[-1, 0, -2, -2]] * 2, np.int32)
+    padded = eqx_specdec.tree_accept(x, parents, tree_q, p, u, s)
+    assert (np.asarray(padded["num_accepted"]) <= 2).all()
+    # JAX surfaces a run-time error from a cached executable as a RuntimeError or, on some
+    # dispatch paths, a ValueError; the message is the library's either way.
+    with pytest.raises((RuntimeError, ValueError), match="not in depth-first order"):
+        bad = np.array([[-1, 2, 0, -2]] * 2, np.int32)
+        jax.block_until_ready(eqx_specdec.tree_accept(x, bad, tree_q, p, u, s))
+    with pytest.raises(ValueError, match="`target_probs` must have shape"):
+        eqx_specdec.tree_accept(x, parents, tree_q, p[:, :4], u, s)
+    with pytest.raises(TypeError, match="needs `draft_probs`"):
+        eqx_specdec.tree_accept(x, parents, None, p, u, s)
