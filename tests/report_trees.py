@@ -4,7 +4,6 @@ standard, block and tree verifiers, on the binary toy and on one random case.
     python tests/report_trees.py
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
