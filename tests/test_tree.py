@@ -41,7 +41,7 @@ def _children(rule, key, q, k):
     if (
         rule == "without replacement"
     ):  # Gumbel top-k: a draw without replacement, in order
-        scores = jnp.log(q) + jax.random.gumbel(key, q.shape, mode="high")
+        scores = jnp.log(q) + jax.random.gumbel(key, q.shape, q.dtype, mode="high")
         return jnp.argsort(-scores)[:k].astype(jnp.int32)
     return jnp.argsort(-q)[:k].astype(jnp.int32)  # deterministic: the draft's top k
 
