@@ -74,6 +74,11 @@ class AbstractNodeRule(eqx.Module):
         """
 
 
+def _passes(residual, mass, draft, token, uniform):
+    """$u\\, q(c) < p^{(k)}(c)$, with $p^{(k)} = $ `residual / mass`."""
+    return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
+
+
 def _subtract(residual, mass, draft):
     """`norm((p - q)_+)` kept unnormalised; unchanged if nothing would remain."""
     new = jnp.maximum(residual - mass * draft, 0)
@@ -88,7 +93,7 @@ class IIDCandidates(AbstractNodeRule):
     $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - q)_+)$. Lossless."""
 
     def test(self, residual, mass, draft, token, uniform):
-        return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
+        return _passes(residual, mass, draft, token, uniform)
 
     def reject(self, residual, mass, draft, token):
         residual, mass = _subtract(residual, mass, draft)
@@ -101,7 +106,7 @@ class WithoutReplacementCandidates(AbstractNodeRule):
     $q^{(k+1)}(v) = q^{(k)}(v)\\,[v \\ne c_k] / (1 - q^{(k)}(c_k))$. Lossless."""
 
     def test(self, residual, mass, draft, token, uniform):
-        return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
+        return _passes(residual, mass, draft, token, uniform)
 
     def reject(self, residual, mass, draft, token):
         residual, mass = _subtract(residual, mass, draft)
@@ -124,16 +129,12 @@ class DeterministicCandidates(AbstractNodeRule):
         return uniform.astype(residual.dtype) * mass < residual[token]
 
     def reject(self, residual, mass, draft, token):
-        removed = jnp.where(
-            jnp.arange(residual.shape[0], dtype=jnp.int32) == token, 0, residual
+        # (p - onehot(c))_+ is p with c zeroed: the i.i.d. update with q = onehot(c).
+        one_hot = (jnp.arange(residual.shape[0], dtype=jnp.int32) == token).astype(
+            residual.dtype
         )
-        new_mass = jnp.sum(removed)
-        keep = has_mass(new_mass, residual.dtype)
-        return (
-            jnp.where(keep, removed, residual),
-            jnp.where(keep, new_mass, mass),
-            draft,
-        )
+        residual, mass = _subtract(residual, mass, one_hot)
+        return residual, mass, draft
 
 
 class TreeVerifier(eqx.Module):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import float_dtypes, random_case
+from helpers import random_case
 
 import eqx_specdec
 
@@ -113,7 +113,7 @@ def test_q_zero_passes_and_p_zero_never_passes():
     del vocab
 
 
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, *float_dtypes()])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_every_float_dtype(dtype):
     """Inputs rounded to `dtype` give the same tokens as the same values in float32 (the
     verifier computes in at least float32), and int32 outputs."""

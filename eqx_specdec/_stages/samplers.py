@@ -193,6 +193,14 @@ def has_mass(total, dtype):
     return total > jnp.finfo(dtype).tiny
 
 
+def full_weights(p_and_residual, vocab, rejected, dtype):
+    """The whole correction distribution, unnormalised: the residual when a draft token
+    was rejected and it has mass, else $p_n$ (the bonus row, or the zero-mass fallback)."""
+    p_full, residual_full = p_and_residual(0, vocab)
+    use_residual = rejected & has_mass(jnp.sum(residual_full), dtype)
+    return jnp.where(use_residual, residual_full, p_full)
+
+
 class AbstractResidualSampler(eqx.Module):
     """Draws the correction token $y$ of one row, given the number accepted.
 
@@ -280,9 +288,7 @@ class ResidualSampler(AbstractResidualSampler):
         rejected = num_accepted < gamma
 
         if vocab <= FLAT_SEARCH_MAX_VOCAB:
-            p_full, residual_full = p_and_residual(0, vocab)
-            use_residual = rejected & has_mass(jnp.sum(residual_full), dtype)
-            weights = jnp.where(use_residual, residual_full, p_full)
+            weights = full_weights(p_and_residual, vocab, rejected, dtype)
             return flat_search(weights, sample_uniform)
 
         def weights(start, length, use_residual):
@@ -342,9 +348,7 @@ class GumbelSampler(AbstractResidualSampler):
             num_accepted, verdict, draft_tokens, draft_probs, target_probs,
             self.log_space,
         )  # fmt: skip
-        p_full, residual_full = p_and_residual(0, vocab)
-        use_residual = (num_accepted < gamma) & has_mass(jnp.sum(residual_full), dtype)
-        weights = jnp.where(use_residual, residual_full, p_full)
+        weights = full_weights(p_and_residual, vocab, num_accepted < gamma, dtype)
         noise = jax.random.gumbel(sample_uniform, (vocab,), dtype, mode="high")
         scores = jnp.where(weights > 0, jnp.log(weights) + noise, -jnp.inf)
         return jnp.argmax(scores).astype(jnp.int32)
