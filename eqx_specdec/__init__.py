@@ -1,5 +1,14 @@
 import importlib.metadata
 
+from ._decoding import (
+    autoregressive_decode as autoregressive_decode,
+    DecodeResult as DecodeResult,
+    speculative_decode as speculative_decode,
+)
+from ._evaluate import (
+    evaluate_verifier as evaluate_verifier,
+    synthetic_distributions as synthetic_distributions,
+)
 from ._keys import (
     speculative_accept_from_key as speculative_accept_from_key,
     uniforms_from_key as uniforms_from_key,
@@ -12,6 +21,16 @@ from ._lossless import (
     emission_by_monte_carlo as emission_by_monte_carlo,
     emission_by_quadrature as emission_by_quadrature,
     EmissionEstimate as EmissionEstimate,
+)
+from ._models import (
+    builtin_corpus as builtin_corpus,
+    builtin_models as builtin_models,
+    BUILTIN_PROMPTS as BUILTIN_PROMPTS,
+    decode as decode,
+    encode as encode,
+    fit_ngram as fit_ngram,
+    NGramModel as NGramModel,
+    VOCABULARY as VOCABULARY,
 )
 from ._stages.assemblers import (
     AbstractTokenAssembler as AbstractTokenAssembler,

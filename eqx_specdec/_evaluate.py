@@ -1,0 +1,270 @@
+"""Measuring a verifier on fixed distributions: distance from its target, acceptance
+rate and tokens per step, by exact quadrature where it applies and Monte Carlo
+otherwise. Behind the `evaluate` command."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._lossless import emission_by_monte_carlo, emission_by_quadrature
+from ._stages.ratio_tests import (
+    BlockRatioTest,
+    GreedyRatioTest,
+    LenientRatioTest,
+    RatioTest,
+    TypicalRatioTest,
+)
+from ._stages.samplers import (
+    ArgmaxSampler,
+    ResidualSampler,
+    TypicalSampler,
+)
+from ._verifier import Verifier
+
+
+SYNTHETIC_KINDS = (
+    "flat",
+    "peaked",
+    "near-equal",
+    "disjoint",
+    "equal",
+    "sparse",
+    "one-hot",
+    "one-hot implicit",
+)
+
+
+def _softmax(logits):
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def _f32(a):
+    # The verifier sees float32; the expected distributions are those float32 values.
+    return np.asarray(a, np.float32).astype(np.float64)
+
+
+def synthetic_distributions(kind: str, gamma: int, vocab: int, seed: int):
+    """Draft and target distributions for one row, from a family of synthetic cases.
+
+    **Arguments:**
+
+    - `kind`: `"flat"` (temperature-10 softmaxes of normal logits), `"peaked"`
+        (temperature 1/4, draft correlated with the target), `"near-equal"` (draft a small
+        perturbation of the target), `"disjoint"` (draft and target supports on different
+        halves of the vocabulary at the drafted positions), `"equal"`, `"sparse"` (zeros
+        in both), `"one-hot"` (a dense one-hot argmax drafter) or `"one-hot implicit"`
+        (one-hot drafts, `draft_probs=None`, from a law close to the target).
+    - `gamma`: $G$.
+    - `vocab`: $V$.
+    - `seed`: the NumPy seed.
+
+    **Returns:**
+
+    `(draft_probs, target_probs, draft_law)`: float64 NumPy arrays of shapes `(G, V)` (or
+    `None`), `(G + 1, V)` and `(G, V)` (the law the draft tokens are drawn from), holding
+    float32-representable values.
+    """
+    if kind not in SYNTHETIC_KINDS:
+        raise ValueError(f"`kind` must be one of {SYNTHETIC_KINDS}, got {kind!r}.")
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(gamma + 1, vocab))
+    if kind == "flat":
+        p = _softmax(0.1 * logits)
+        q = _softmax(0.1 * rng.normal(size=(gamma, vocab)))
+    elif kind == "peaked":
+        p = _softmax(4.0 * logits)
+        q = _softmax(
+            4.0 * (0.7 * logits[:gamma] + 0.7 * rng.normal(size=(gamma, vocab)))
+        )
+    elif kind == "near-equal":
+        p = _softmax(logits)
+        q = _softmax(logits[:gamma] + 0.05 * rng.normal(size=(gamma, vocab)))
+    elif kind == "disjoint":
+        half = vocab // 2
+        p = _softmax(logits)
+        p[:gamma, half:] = 0
+        q = _softmax(rng.normal(size=(gamma, vocab)))
+        q[:, :half] = 0
+    elif kind == "equal":
+        p = _softmax(logits)
+        q = p[:gamma].copy()
+    elif kind == "sparse":  # zeros in both, overlapping supports
+        p = _softmax(logits) * (rng.random((gamma + 1, vocab)) < 0.6)
+        q = _softmax(rng.normal(size=(gamma, vocab))) * (
+            rng.random((gamma, vocab)) < 0.6
+        )
+        p[:, 0] += 1e-3
+        q[:, 0] += 1e-3
+    else:
+        # A target with a few likely tokens, so that one-hot drafts are often accepted.
+        p = 0.5 * _softmax(8.0 * logits) + 0.5 * _softmax(logits)
+        if kind == "one-hot implicit":  # drafter tokens drawn from a law close to p
+            law = _softmax(
+                8.0 * (logits[:gamma] + 0.3 * rng.normal(size=(gamma, vocab)))
+            )
+            return None, _f32(p / p.sum(-1, keepdims=True)), law
+        # A deterministic drafter proposing the most likely target token (argmax), with
+        # q_i = onehot(c_i) given as a dense array.
+        q = np.eye(vocab)[np.argmax(p[:gamma], axis=-1)]
+    p = _f32(p / p.sum(-1, keepdims=True))
+    q = _f32(q / q.sum(-1, keepdims=True))
+    return q, p, q
+
+
+def typical_masked(p, epsilon=0.09, delta=0.3):
+    """p with the tokens at or under the typical threshold zeroed (NumPy)."""
+    entropy = -np.sum(p * np.log(p + 1e-5), axis=-1, keepdims=True)
+    return np.where(p > np.minimum(epsilon, delta * np.exp(-entropy)), p, 0)
+
+
+def block_breakpoints(draft_probs, target_probs) -> dict:
+    """Where block verification's outcome can change, over every draft sequence: each
+    $h_k$ (in $u$), and the cumulative sums of each residual
+    $\\operatorname{norm}((P_n p_n - q_n)_+)$ (in $s$). For
+    [`eqx_specdec.emission_by_quadrature`][]; enumerates all $V^G$ drafts."""
+    q, p = np.asarray(draft_probs), np.asarray(target_probs)
+    gamma, vocab = q.shape
+    sequences = list(itertools.product(range(vocab), repeat=gamma))
+    weights = jax.vmap(BlockRatioTest().weights, in_axes=(0, None, None))
+    cum, h = weights(
+        jnp.asarray(sequences, jnp.int32),
+        jnp.asarray(q, jnp.float32),
+        jnp.asarray(p, jnp.float32),
+    )
+    cum = np.asarray(cum, np.float64)
+    residuals = np.maximum(cum[:, :gamma, None] * p[None, :gamma] - q[None], 0)
+    totals = residuals.sum(-1, keepdims=True)
+    cdfs = np.cumsum(residuals, -1) / np.where(totals > 0, totals, 1)
+    return dict(accept_breakpoints=np.asarray(h).T, sample_breakpoints=cdfs.ravel())
+
+
+def _quadrature_breakpoints(verifier, q, p):
+    """The breakpoints that make quadrature exact for the library's rules, or None."""
+    test, sampler = verifier.ratio_test, verifier.residual_sampler
+    gamma = p.shape[0] - 1
+    if type(sampler) not in (ResidualSampler, ArgmaxSampler, TypicalSampler):
+        return None
+    if isinstance(sampler, ResidualSampler) and sampler.log_space:
+        return None
+    if type(test) is RatioTest and not test.log_space:
+        return {}
+    if type(test) is GreedyRatioTest:
+        return {}
+    if type(test) is LenientRatioTest and not test.log_space and q is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return dict(accept_breakpoints=p[:gamma] / (float(test.lenience) * q))
+    if type(test) is TypicalRatioTest and not test.log_space:
+        masked = typical_masked(p, float(test.epsilon), float(test.delta))
+        cdfs = np.cumsum(masked, -1) / masked.sum(-1, keepdims=True)
+        return dict(sample_breakpoints=cdfs.ravel())
+    if type(test) is BlockRatioTest and not test.log_space and q is not None:
+        return block_breakpoints(q, p)
+    return None
+
+
+def _total_variation(a, b):
+    return 0.5 * float(np.abs(np.asarray(a) - np.asarray(b)).sum())
+
+
+def evaluate_verifier(
+    verifier: Verifier,
+    draft_probs,
+    target_probs,
+    *,
+    draft_law=None,
+    method: str = "auto",
+    num_draws: int = 200_000,
+    key=None,
+) -> dict:
+    """Measures one verifier on one row of fixed distributions: how far the tokens it
+    emits are from its target, its acceptance rate and its tokens per step.
+
+    The target is $p$, or greedy decoding of $p$ (the one-hot of its argmax) for
+    [`eqx_specdec.GreedyRatioTest`][].
+
+    **Arguments:**
+
+    - `verifier`: the [`eqx_specdec.Verifier`][].
+    - `draft_probs`: `(G, V)`, or `None` for one-hot drafts.
+    - `target_probs`: `(G + 1, V)`.
+    - `draft_law`: the law of the draft tokens; defaults to `draft_probs`.
+    - `method`: `"quadrature"` (exact; the library's rules on probabilities, for
+        $V^G \\le 256$), `"monte-carlo"`, or `"auto"` (the default: quadrature where it
+        applies, Monte Carlo otherwise).
+    - `num_draws`: Monte Carlo draws.
+    - `key`: the Monte Carlo key; default `jax.random.key(0)`.
+
+    **Returns:**
+
+    A dict of plain Python values: `method`; `distance` (the largest, over positions
+    reached, total variation distance between the emitted token's conditional
+    distribution and the target's); `distance_per_position`; `acceptance_rate` (accepted
+    draft tokens over drafted, $E[n] / G$); `tokens_per_step` ($1 + E[n]$);
+    `reached` ($P(n \\ge k)$, $k = 0..G$); with Monte Carlo also `draws` and
+    `chi_square` (per position the statistic, degrees of freedom and tail threshold
+    $\\mathrm{df} + 10\\sqrt{2\\,\\mathrm{df}}$ of
+    [`eqx_specdec.EmissionEstimate.chi_square`][], and `passed`: every statistic under
+    its threshold).
+    """
+    if method not in ("auto", "quadrature", "monte-carlo"):
+        raise ValueError(
+            f'`method` must be "auto", "quadrature" or "monte-carlo", got {method!r}.'
+        )
+    p = np.asarray(target_probs, np.float64)
+    q = None if draft_probs is None else np.asarray(draft_probs, np.float64)
+    gamma, vocab = p.shape[0] - 1, p.shape[1]
+    breakpoints = _quadrature_breakpoints(verifier, q, p)
+    small = vocab**gamma <= 256
+    if method == "quadrature" and (breakpoints is None or not small):
+        why = (
+            f"V^G = {vocab}^{gamma} > 256"
+            if not small
+            else "quadrature is exact only for the library's rules on probabilities"
+        )
+        raise ValueError(f'`method="quadrature"` does not apply here: {why}.')
+    if method == "auto":
+        method = "quadrature" if breakpoints is not None and small else "monte-carlo"
+    if method == "quadrature":
+        estimate = emission_by_quadrature(
+            verifier, q, p, draft_law=draft_law, **breakpoints
+        )
+        reached = estimate.reached
+    else:
+        key = jax.random.key(0) if key is None else key
+        estimate = emission_by_monte_carlo(
+            verifier, q, p, key, num_draws, draft_law=draft_law
+        )
+        reached = estimate.reached / num_draws
+    target = p
+    if isinstance(verifier.ratio_test, GreedyRatioTest):
+        target = np.eye(vocab)[p.argmax(-1)]
+    conditional = estimate.conditional()
+    distances = [
+        _total_variation(conditional[k], target[k]) if reached[k] > 0 else None
+        for k in range(gamma + 1)
+    ]
+    accepted = float(reached[1:].sum())
+    result = {
+        "method": method,
+        "gamma": gamma,
+        "vocab": vocab,
+        "distance": max(d for d in distances if d is not None),
+        "distance_per_position": distances,
+        "acceptance_rate": accepted / gamma,
+        "tokens_per_step": 1.0 + accepted,
+        "reached": [float(r) for r in reached],
+    }
+    if method == "monte-carlo":
+        result["draws"] = num_draws
+        chi = estimate.chi_square(target)
+        result["chi_square"] = {
+            name: [None if np.isnan(v) else float(v) for v in values]
+            for name, values in chi.items()
+        }
+        result["chi_square"]["passed"] = bool(
+            np.all((chi["statistic"] < chi["threshold"])[reached > 0])
+        )
+    return result
