@@ -173,7 +173,9 @@ def _decode(
     sampler = verifier.residual_sampler
 
     # Trace the models once to learn V and check what they return.
-    probe = jax.eval_shape(target_model, buffer[0], jnp.arange(gamma + 1))
+    probe = jax.eval_shape(
+        target_model, buffer[0], jnp.arange(gamma + 1, dtype=jnp.int32)
+    )
     vocab = probe.shape[-1] if hasattr(probe, "shape") and probe.ndim == 2 else -1
     _checked_output("target_model", probe, (gamma + 1, vocab))
     _checked_output(
@@ -194,8 +196,13 @@ def _decode(
             return tokens.at[length + i].set(x), (x, q)
 
         keys = jax.random.split(key, gamma)
-        tokens, (xs, qs) = jax.lax.scan(one, tokens, (jnp.arange(gamma), keys))
-        p = _as_probs(target_model(tokens, length - 1 + jnp.arange(gamma + 1)), outputs)
+        tokens, (xs, qs) = jax.lax.scan(
+            one, tokens, (jnp.arange(gamma, dtype=jnp.int32), keys)
+        )
+        p = _as_probs(
+            target_model(tokens, length - 1 + jnp.arange(gamma + 1, dtype=jnp.int32)),
+            outputs,
+        )
         return xs, qs, p
 
     def step(state):
@@ -237,14 +244,16 @@ def _decode(
                 passes(law, p[:, :gamma]), law, xs
             ).astype(jnp.float32)
         # Commit: accepted tokens and the correction; the slots after it are scratch.
-        index = lengths[:, None] + jnp.arange(gamma + 1)
+        index = lengths[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
         written = jax.vmap(lambda b, i, v: b.at[i].set(v))(
             buffer, index, jnp.maximum(new, 0)
         )
         buffer = jnp.where(active[:, None], written, buffer)
         lengths = jnp.where(active, lengths + n + 1, lengths)
-        calls = calls + active
-        hist = hist + active[:, None] * jax.nn.one_hot(n, gamma + 1, dtype=jnp.int32)
+        calls = calls + active.astype(jnp.int32)
+        hist = hist + active[:, None].astype(jnp.int32) * jax.nn.one_hot(
+            n, gamma + 1, dtype=jnp.int32
+        )
         theory = theory + jnp.where(active[:, None], reached, 0.0)
         if progress is not None:
             done = jnp.minimum(lengths - prompt_lengths, num_tokens).sum()
@@ -265,7 +274,7 @@ def _decode(
     _, buffer, lengths, calls, hist, theory = jax.lax.while_loop(
         unfinished, step, state
     )
-    take = prompt_lengths[:, None] + jnp.arange(num_tokens)
+    take = prompt_lengths[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None]
     tokens = jnp.take_along_axis(buffer, take, axis=1)
     return DecodeResult(tokens, calls, hist, theory, theory_kind)
 
@@ -417,8 +426,8 @@ def _autoregressive(
         rows = jnp.arange(batch, dtype=jnp.uint32)
         return jax.vmap(row)(buffer, prompt_lengths, rows), None
 
-    buffer, _ = jax.lax.scan(step, buffer, jnp.arange(num_tokens))
-    take = prompt_lengths[:, None] + jnp.arange(num_tokens)
+    buffer, _ = jax.lax.scan(step, buffer, jnp.arange(num_tokens, dtype=jnp.int32))
+    take = prompt_lengths[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None]
     return jnp.take_along_axis(buffer, take, axis=1)
 
 

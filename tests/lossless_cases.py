@@ -3,65 +3,11 @@
 import numpy as np
 
 import eqx_specdec
+from eqx_specdec._evaluate import synthetic_distributions, typical_masked  # noqa: F401
 
 
-def _softmax(logits):
-    z = np.exp(logits - logits.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True)
-
-
-def _f32(a):
-    # The verifier sees float32; the expected distributions are those float32 values.
-    return np.asarray(a, np.float32).astype(np.float64)
-
-
-def distributions(kind, gamma, vocab, seed):
-    """Returns `(draft_probs or None, target_probs, draft_law)` for one case."""
-    rng = np.random.default_rng(seed)
-    logits = rng.normal(size=(gamma + 1, vocab))
-    if kind == "flat":
-        p = _softmax(0.1 * logits)
-        q = _softmax(0.1 * rng.normal(size=(gamma, vocab)))
-    elif kind == "peaked":
-        p = _softmax(4.0 * logits)
-        q = _softmax(
-            4.0 * (0.7 * logits[:gamma] + 0.7 * rng.normal(size=(gamma, vocab)))
-        )
-    elif kind == "near-equal":
-        p = _softmax(logits)
-        q = _softmax(logits[:gamma] + 0.05 * rng.normal(size=(gamma, vocab)))
-    elif kind == "disjoint":
-        half = vocab // 2
-        p = _softmax(logits)
-        p[:gamma, half:] = 0
-        q = _softmax(rng.normal(size=(gamma, vocab)))
-        q[:, :half] = 0
-    elif kind == "equal":
-        p = _softmax(logits)
-        q = p[:gamma].copy()
-    elif kind == "sparse":  # zeros in both, overlapping supports
-        p = _softmax(logits) * (rng.random((gamma + 1, vocab)) < 0.6)
-        q = _softmax(rng.normal(size=(gamma, vocab))) * (
-            rng.random((gamma, vocab)) < 0.6
-        )
-        p[:, 0] += 1e-3
-        q[:, 0] += 1e-3
-    elif kind in ("one-hot", "one-hot implicit"):
-        # A target with a few likely tokens, so that one-hot drafts are often accepted.
-        p = 0.5 * _softmax(8.0 * logits) + 0.5 * _softmax(logits)
-        if kind == "one-hot implicit":  # drafter tokens drawn from a law close to p
-            law = _softmax(
-                8.0 * (logits[:gamma] + 0.3 * rng.normal(size=(gamma, vocab)))
-            )
-            return None, _f32(p / p.sum(-1, keepdims=True)), law
-        # A deterministic drafter proposing the most likely target token (argmax), with
-        # q_i = onehot(c_i) given as a dense array.
-        q = np.eye(vocab)[np.argmax(p[:gamma], axis=-1)]
-    else:
-        raise ValueError(kind)
-    p = _f32(p / p.sum(-1, keepdims=True))
-    q = _f32(q / q.sum(-1, keepdims=True))
-    return q, p, q
+# The synthetic cases live in the library (the `evaluate` command uses them too).
+distributions = synthetic_distributions
 
 
 def acceptance_products(draft_probs, target_probs, draft_law):
@@ -121,12 +67,6 @@ def lenient_first_position(q, p, lenience):
     kept = np.minimum(q, p / lenience)
     residual = np.maximum(p - q, 0)
     return kept + (1 - kept.sum()) * residual / residual.sum()
-
-
-def typical_masked(p, epsilon=0.09, delta=0.3):
-    """p with the tokens at or under the typical threshold zeroed."""
-    entropy = -np.sum(p * np.log(p + 1e-5))
-    return np.where(p > min(epsilon, delta * np.exp(-entropy)), p, 0)
 
 
 def typical_first_position(q, p, epsilon=0.09, delta=0.3, sampled=False):

@@ -12,6 +12,7 @@ from helpers import random_case
 from lossless_cases import distributions
 
 import eqx_specdec
+from eqx_specdec._evaluate import block_breakpoints
 
 
 BLOCK = eqx_specdec.Verifier(
@@ -21,22 +22,7 @@ BLOCK = eqx_specdec.Verifier(
 FIRST_FAILURE_BLOCK = eqx_specdec.Verifier(eqx_specdec.BlockRatioTest())
 
 
-def _block_breakpoints(q, p):
-    """Where block verification's outcome can change, over every draft sequence: each
-    h_k (in u), and the cumulative sums of each residual norm((P_n p_n - q_n)_+) (in s)."""
-    gamma, vocab = q.shape
-    sequences = list(itertools.product(range(vocab), repeat=gamma))
-    weights = jax.vmap(eqx_specdec.BlockRatioTest().weights, in_axes=(0, None, None))
-    cum, h = weights(
-        jnp.asarray(sequences, jnp.int32),
-        jnp.asarray(q, jnp.float32),
-        jnp.asarray(p, jnp.float32),
-    )
-    cum = np.asarray(cum, np.float64)
-    residuals = np.maximum(cum[:, :gamma, None] * p[None, :gamma] - q[None], 0)
-    totals = residuals.sum(-1, keepdims=True)
-    cdfs = np.cumsum(residuals, -1) / np.where(totals > 0, totals, 1)
-    return dict(accept_breakpoints=np.asarray(h).T, sample_breakpoints=cdfs.ravel())
+_block_breakpoints = block_breakpoints
 
 
 def _binary_toy(gamma):

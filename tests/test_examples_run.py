@@ -14,6 +14,7 @@ EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
     [
         ("quickstart.py", ["num_accepted:", "tokens:"]),
         ("custom_stage.py", ["lenience 1.00:", "lenience 0.50:", "lenience 0.25:"]),
+        ("end_to_end.py", ["'the ' -> '", "tokens per target call:", "theory:"]),
         ("your_own_variant.py", ["rescale=True", "): lossless", "): NOT lossless"]),
     ],
 )

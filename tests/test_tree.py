@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import random_case
-from lossless_cases import _softmax
 
 import eqx_specdec
+from eqx_specdec._evaluate import _softmax
 from eqx_specdec._lossless import EmissionEstimate
 
 

@@ -1,0 +1,163 @@
+"""The command line: `demo`, `evaluate`, help and errors."""
+
+import importlib.metadata
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from eqx_specdec import _cli
+
+
+def _run(argv, capsys):
+    _cli.main(argv)
+    return capsys.readouterr().out
+
+
+def test_demo_prints_the_table_and_writes_the_figure(tmp_path, capsys):
+    figure = tmp_path / "demo.png"
+    out = _run(
+        [
+            "demo",
+            "--batch",
+            "8",
+            "--tokens",
+            "48",
+            "--gamma",
+            "3",
+            "--plot",
+            str(figure),
+        ],
+        capsys,
+    )
+    assert "Samples (standard):" in out
+    header = "| verifier | drafts | tokens per target call | theory |"
+    assert header in out
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in out.splitlines()
+        if line.startswith("| ")
+    }
+    for name in _cli.DEMO_DEFAULT:
+        assert name in rows
+    cells = rows["standard"].split("|")
+    observed, theory = float(cells[3]), float(cells[4])
+    assert 1.0 < observed < 4.0 and abs(observed - theory) < 0.3
+    assert ">= " in rows["block"]
+    assert (
+        "greedy speculative decoding equals greedy decoding of the target: yes" in out
+    )
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(
+            ["demo", "--batch", "2", "--tokens", "8", "--verifiers", "standard",
+             "--plot", str(tmp_path / "x.png")]
+        )  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "pip install 'eqx_specdec[plot]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "verifier, lossless",
+    [("standard", True), ("block", True), ("one-hot", True), ("greedy", True),
+     ("lenient", False), ("typical-sampled", False)],
+)  # fmt: skip
+def test_evaluate_by_quadrature(verifier, lossless, capsys):
+    out = _run(["evaluate", "--verifier", verifier, "--json"], capsys)
+    result = json.loads(out)
+    assert result["method"] == "quadrature"
+    assert (result["distance"] < 1e-6) == lossless
+    assert 0 <= result["acceptance_rate"] <= 1
+    assert result["tokens_per_step"] == pytest.approx(1 + sum(result["reached"][1:]))
+
+
+def test_evaluate_by_monte_carlo(capsys):
+    out = _run(
+        ["evaluate", "--verifier", "gumbel", "--case", "flat", "--vocab", "64",
+         "--draws", "50000", "--json"],
+        capsys,
+    )  # fmt: skip
+    result = json.loads(out)
+    assert result["method"] == "monte-carlo" and result["draws"] == 50000
+    assert result["chi_square"]["passed"] is True
+    lossy = json.loads(
+        _run(
+            ["evaluate", "--verifier", "lenient", "--lenience", "0.3", "--case", "flat",
+             "--vocab", "64", "--draws", "50000", "--json"],
+            capsys,
+        )
+    )  # fmt: skip
+    assert lossy["chi_square"]["passed"] is False
+    text = _run(["evaluate", "--case", "ngram", "--draws", "20000"], capsys)
+    assert "Monte Carlo, 20000 draws" in text and "(consistent with p)" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--verifiers", "standard,fancy"], "unknown verifier(s) ['fancy']"),
+        (["demo", "--batch", "0"], "must be positive"),
+        (["demo", "--lenience", "2"], "must lie in (0, 1]"),
+        (["evaluate", "--verifier", "fancy"], "invalid choice: 'fancy'"),
+        (["evaluate", "--method", "quadrature", "--vocab", "100"], "V^G = 100^2 > 256"),
+        (
+            ["evaluate", "--method", "quadrature", "--verifier", "gumbel"],
+            "quadrature is exact only",
+        ),
+        ([], "the following arguments are required"),
+    ],
+)
+def test_errors_are_clear(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["demo", "evaluate"])
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert f"usage: eqx-specdec {command}" in out
+    assert "--seed" in out
+
+
+def test_progress_bar_draws_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    bar = _cli._ProgressBar(2, stream)
+    bar.start("standard")
+    bar.update(50, 100)
+    bar.finish_task()
+    bar.start("block")
+    bar.update(100, 100)
+    text = stream.getvalue()
+    assert "25.0%  standard" in text and "100.0%  block" in text
+    quiet = io.StringIO()
+    _cli._ProgressBar(1, quiet).update(1, 2)
+    assert quiet.getvalue() == ""
+
+
+def test_module_and_console_script():
+    (script,) = importlib.metadata.entry_points(
+        group="console_scripts", name="eqx-specdec"
+    )
+    assert script.load() is _cli.main
+    done = subprocess.run(
+        [sys.executable, "-m", "eqx_specdec", "evaluate", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout)["verifier"] == "standard"

@@ -1,0 +1,354 @@
+"""The end-to-end speculative decoding loop: lossless as a whole, greedy-exact, compiled
+once, batch-invariant, with statistics that agree with the models' own distributions."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_specdec as es
+
+
+def _tiny_models(vocab=3, seed=0):
+    """A bigram target and a unigram-ish (bigram, flatter, shifted) draft over `vocab`
+    tokens: different enough that drafts are often rejected."""
+    rng = np.random.default_rng(seed)
+    target = rng.dirichlet(np.full(vocab, 1.0), size=vocab)
+    draft = 0.5 * rng.dirichlet(np.full(vocab, 1.0), size=vocab) + 0.5 / vocab
+    target = np.maximum(target, 0.05)
+    target /= target.sum(-1, keepdims=True)
+    return (
+        es.NGramModel(jnp.asarray(draft, jnp.float32), 2),
+        es.NGramModel(jnp.asarray(target, jnp.float32), 2),
+    )
+
+
+def _sequence_probabilities(target, prompt_token, length):
+    """Enumerates the target's own autoregressive distribution of `length` tokens."""
+    probs = np.asarray(target.probs, np.float64)
+    vocab = probs.shape[-1]
+    out = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, previous = 1.0, prompt_token
+        for token in seq:
+            prob *= probs[previous, token]
+            previous = token
+        out[seq] = prob
+    return out
+
+
+LOOP_VERIFIERS = {
+    "standard": (es.Verifier(), "sample"),
+    "one-hot": (es.Verifier(), "argmax"),
+    "block": (es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()), "sample"),
+    "Gumbel sampler": (es.Verifier(residual_sampler=es.GumbelSampler()), "sample"),
+}
+
+NUM_ROWS = 24_000
+LENGTH = 3
+
+
+def _chi_square_of_loop(verifier, drafting, gamma=2, seed=0):
+    draft, target = _tiny_models()
+    vocab = target.vocab_size
+    prompt = jnp.full((NUM_ROWS, 1), 1, jnp.int32)
+    result = es.speculative_decode(
+        draft,
+        target,
+        prompt,
+        None,
+        LENGTH,
+        jax.random.key(seed),
+        gamma=gamma,
+        verifier=verifier,
+        drafting=drafting,
+    )
+    tokens = np.asarray(result.tokens)
+    codes = (tokens * vocab ** np.arange(LENGTH)[::-1]).sum(-1)
+    counts = np.bincount(codes, minlength=vocab**LENGTH).astype(np.float64)
+    exact = _sequence_probabilities(target, 1, LENGTH)
+    expected = np.array(
+        [
+            exact[tuple(int(d) for d in np.base_repr(c, vocab).zfill(LENGTH))]
+            for c in range(vocab**LENGTH)
+        ]
+    )
+    estimate = es.EmissionEstimate(counts[None], np.array([float(NUM_ROWS)]), NUM_ROWS)
+    chi = estimate.chi_square(expected[None])
+    return float(chi["statistic"][0]), float(chi["threshold"][0]), result
+
+
+@pytest.mark.parametrize("name", list(LOOP_VERIFIERS))
+def test_the_whole_loop_is_lossless(name):
+    verifier, drafting = LOOP_VERIFIERS[name]
+    statistic, threshold, result = _chi_square_of_loop(verifier, drafting)
+    assert statistic < threshold, (name, statistic, threshold)
+    # And the drafts were really used: some steps accepted draft tokens.
+    assert np.asarray(result.accepted_histogram)[:, 1:].sum() > 0
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    [
+        es.Verifier(es.LenientRatioTest(0.3)),
+        es.Verifier(es.BlockRatioTest(), es.PrefixCounter()),
+    ],
+    ids=["lenience 0.3", "block weights, first-failure count"],
+)
+def test_the_whole_loop_catches_a_lossy_verifier(verifier):
+    statistic, threshold, _ = _chi_square_of_loop(verifier, "sample")
+    assert statistic > 3 * threshold
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_speculative_decoding_is_greedy_decoding_of_the_target(gamma):
+    draft, target = es.builtin_models()
+    tokens, lengths = _prompts(8)
+    greedy = es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler())
+    result = es.speculative_decode(
+        draft,
+        target,
+        tokens,
+        lengths,
+        64,
+        jax.random.key(0),
+        gamma=gamma,
+        verifier=greedy,
+        drafting="argmax",
+    )
+    reference = es.autoregressive_decode(target, tokens, lengths, 64)
+    np.testing.assert_array_equal(result.tokens, reference)
+    # Deterministic drafts: the theoretical tokens per call is the observed one.
+    assert result.theory == "exact"
+    assert abs(result.tokens_per_call() - result.theoretical_tokens_per_call()) < 1e-6
+    # Speculation helped: fewer target calls than tokens.
+    assert int(result.target_calls.max()) < 64
+
+
+def _prompts(batch):
+    texts = [es.BUILTIN_PROMPTS[i % len(es.BUILTIN_PROMPTS)] for i in range(batch)]
+    width = max(map(len, texts))
+    tokens = np.zeros((batch, width), np.int32)
+    for i, text in enumerate(texts):
+        tokens[i, : len(text)] = es.encode(text)
+    return tokens, np.asarray([len(t) for t in texts], np.int32)
+
+
+def test_logits_models_give_the_same_tokens():
+    draft, target = es.builtin_models()
+    tokens, lengths = _prompts(4)
+    key = jax.random.key(3)
+
+    def as_logits(model):
+        return lambda t, p: jnp.log(model(t, p)) + 5.0  # any shift: still logits
+
+    probs = es.speculative_decode(draft, target, tokens, lengths, 32, key)
+    logits = es.speculative_decode(
+        as_logits(draft), as_logits(target), tokens, lengths, 32, key, outputs="logits"
+    )
+    agree = np.mean(np.asarray(probs.tokens) == np.asarray(logits.tokens))
+    # softmax(log p) rounds differently from p: a rare draw flips, then its row diverges.
+    assert agree > 0.5
+    log_space = es.Verifier(
+        es.RatioTest(log_space=True),
+        residual_sampler=es.ResidualSampler(log_space=True),
+    )
+    logged = es.speculative_decode(
+        draft, target, tokens, lengths, 32, key, verifier=log_space
+    )
+    assert logged.tokens.shape == (4, 32)
+    assert int(logged.tokens.min()) >= 0
+
+
+def test_statistics_are_consistent_and_match_the_theory():
+    draft, target = es.builtin_models()
+    tokens, lengths = _prompts(64)
+    gamma, num_tokens = 4, 128
+    result = es.speculative_decode(
+        draft, target, tokens, lengths, num_tokens, jax.random.key(1), gamma=gamma
+    )
+    hist = np.asarray(result.accepted_histogram)
+    calls = np.asarray(result.target_calls)
+    np.testing.assert_array_equal(hist.sum(-1), calls)
+    committed = (hist * np.arange(1, gamma + 2)).sum(-1)
+    assert np.all(committed >= num_tokens) and np.all(
+        committed < num_tokens + gamma + 1
+    )
+    assert np.all(calls >= -(-num_tokens // (gamma + 1))) and np.all(
+        calls <= num_tokens
+    )
+    # The observed tokens per call and its theory differ only by the acceptance noise
+    # (about 0.013 standard error over ~8,600 steps).
+    assert abs(result.tokens_per_call() - result.theoretical_tokens_per_call()) < 0.06
+    observed = result.accepted_length_distribution()
+    theory = result.theoretical_accepted_length_distribution()
+    assert np.abs(observed - theory).max() < 0.03
+    np.testing.assert_allclose(theory.sum(), 1.0, atol=1e-6)
+    rates = result.acceptance_rate()
+    assert rates.shape == (gamma,) and np.all((rates > 0.2) & (rates < 0.9))
+    # Block verification accepts at least as much as the standard rule's theory.
+    block = es.speculative_decode(
+        draft,
+        target,
+        tokens,
+        lengths,
+        num_tokens,
+        jax.random.key(1),
+        gamma=gamma,
+        verifier=es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()),
+    )
+    assert block.theory == "lower bound"
+    assert block.tokens_per_call() > result.theoretical_tokens_per_call()
+
+
+def test_rows_do_not_depend_on_the_batch():
+    """Row b draws from fold_in(key, b) only: the first rows of a batch come out the
+    same alone, or next to other prompts."""
+    draft, target = es.builtin_models()
+    tokens, lengths = _prompts(8)
+    key = jax.random.key(5)
+    full = es.speculative_decode(draft, target, tokens, lengths, 40, key)
+    first = es.speculative_decode(draft, target, tokens[:3], lengths[:3], 40, key)
+    np.testing.assert_array_equal(first.tokens, full.tokens[:3])
+    np.testing.assert_array_equal(first.target_calls, full.target_calls[:3])
+    others = np.concatenate([tokens[:3], tokens[3:][::-1]])
+    mixed = es.speculative_decode(
+        draft, target, others, np.concatenate([lengths[:3], lengths[3:][::-1]]), 40, key
+    )
+    np.testing.assert_array_equal(mixed.tokens[:3], full.tokens[:3])
+    # Same inputs, bit-identical outputs; another key, other tokens.
+    again = es.speculative_decode(draft, target, tokens, lengths, 40, key)
+    np.testing.assert_array_equal(again.tokens, full.tokens)
+    other = es.speculative_decode(draft, target, tokens, lengths, 40, jax.random.key(6))
+    assert not np.array_equal(other.tokens, full.tokens)
+
+
+def test_the_loop_compiles_once_and_runs_under_jit():
+    draft, target = es.builtin_models()
+    traces = []
+
+    def counting_target(tokens, positions):
+        traces.append(None)  # runs at trace time only
+        return target(tokens, positions)
+
+    tokens, lengths = _prompts(4)
+    first = es.speculative_decode(
+        draft, counting_target, tokens, lengths, 24, jax.random.key(0)
+    )
+    count = len(traces)
+    shifted = np.roll(tokens, 1, axis=0), np.roll(lengths, 1)
+    es.speculative_decode(draft, counting_target, *shifted, 24, jax.random.key(1))
+    assert len(traces) == count  # new prompts and key: no new trace
+
+    @jax.jit
+    def run(draft, target, tokens, lengths, key):  # every input traced
+        return es.speculative_decode(draft, target, tokens, lengths, 24, key).tokens
+
+    np.testing.assert_array_equal(
+        run(draft, target, tokens, lengths, jax.random.key(0)), first.tokens
+    )
+
+
+def test_ngram_model_reads_its_context():
+    rng = np.random.default_rng(0)
+    vocab, order = 5, 3
+    probs = rng.dirichlet(np.ones(vocab), size=vocab ** (order - 1))
+    model = es.NGramModel(jnp.asarray(probs, jnp.float32), order)
+    tokens = rng.integers(0, vocab, size=20)
+    out = np.asarray(model(jnp.asarray(tokens), jnp.arange(20)))
+    for t in range(20):
+        previous = [
+            tokens[t - back] if t - back >= 0 else 0 for back in range(order - 1)
+        ]
+        context = sum(int(c) * vocab**back for back, c in enumerate(previous))
+        np.testing.assert_allclose(out[t], probs[context], rtol=1e-6)
+
+
+def test_fit_ngram_estimates():
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 4, size=500)
+    unigram = es.fit_ngram(tokens, 4, 1)
+    counts = np.bincount(tokens, minlength=4)
+    np.testing.assert_allclose(unigram.probs[0], (counts + 1) / (500 + 4), rtol=1e-6)
+    for order in (2, 3):
+        model = es.fit_ngram(tokens, 4, order)
+        probs = np.asarray(model.probs, np.float64)
+        assert probs.shape == (4 ** (order - 1), 4)
+        np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
+        assert probs.min() > 0
+    # A deterministic sequence is learnt: after "0 1" comes 2.
+    cyclic = np.tile([0, 1, 2], 200)
+    model = es.fit_ngram(cyclic, 3, 3)
+    assert float(model(jnp.asarray([0, 1]), jnp.asarray([1]))[0, 2]) > 0.99
+    # The built-in pair: the target predicts the shipped text better than the draft.
+    draft, target = es.builtin_models()
+    text = jnp.asarray(es.builtin_corpus())
+    positions = jnp.arange(text.shape[0] - 1)
+
+    def nats(model):
+        probs = model(text, positions)[positions, text[1:]]
+        return float(-jnp.log(probs).mean())
+
+    assert nats(target) < nats(draft) - 0.5
+    assert es.decode(es.encode("We hold, these!")) == "we hold, these "
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(gamma=0), ValueError, "`gamma` must be a Python int >= 1"),
+        (dict(num_tokens=0), ValueError, "`num_tokens` must be a Python int >= 1"),
+        (dict(drafting="top-k"), ValueError, "`drafting` must be"),
+        (dict(outputs="log"), ValueError, "`outputs` must be"),
+        (
+            dict(prompt_lengths=np.array([0, 4])),
+            ValueError,
+            r"`prompt_lengths` must lie in \[1, 4\]",
+        ),
+        (
+            dict(prompt_lengths=np.array([1])),
+            ValueError,
+            r"`prompt_lengths` must have shape \(B,\)",
+        ),
+        (
+            dict(prompt_tokens=np.zeros((2, 4), np.float32)),
+            TypeError,
+            "`prompt_tokens` must be integer",
+        ),
+        (
+            dict(prompt_tokens=np.zeros((4,), np.int32)),
+            ValueError,
+            r"`prompt_tokens` must have shape \(B, P\)",
+        ),
+        (
+            dict(verifier="standard"),
+            TypeError,
+            "`verifier` must be an eqx_specdec.Verifier",
+        ),
+        (
+            dict(target_model=lambda t, p: jnp.ones((3,))),
+            ValueError,
+            "`target_model` must return one distribution per position",
+        ),
+        (
+            dict(draft_model=lambda t, p: jnp.ones((1, 7)) / 7),
+            ValueError,
+            r"`draft_model` must return .* \(1, 33\)",
+        ),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, error, match):
+    draft, target = es.builtin_models()
+    arguments = dict(
+        draft_model=draft,
+        target_model=target,
+        prompt_tokens=np.zeros((2, 4), np.int32),
+        prompt_lengths=np.array([1, 4]),
+        num_tokens=8,
+        key=jax.random.key(0),
+    )
+    arguments.update(kwargs)
+    with pytest.raises(error, match=match):
+        es.speculative_decode(**arguments)
