@@ -359,6 +359,10 @@ def speculative_decode(
     Slots of `tokens` after the current position hold scratch values a causal model
     never reads.
 
+    The verifier is called without the run-time value checks of
+    [`eqx_specdec.speculative_accept`][]: the models are trusted to return valid
+    distributions.
+
     Randomness comes from `key` only: row $b$ at step $t$ uses
     `fold_in(fold_in(key, b), t)`, so a row's tokens do not depend on the batch.
 

@@ -352,3 +352,23 @@ def test_bad_arguments_are_named(kwargs, error, match):
     arguments.update(kwargs)
     with pytest.raises(error, match=match):
         es.speculative_decode(**arguments)
+
+
+def test_progress_is_reported_from_inside_the_loop():
+    draft, target = es.builtin_models()
+    tokens, lengths = _prompts(4)
+    seen = []
+    result = es.speculative_decode(
+        draft,
+        target,
+        tokens,
+        lengths,
+        30,
+        jax.random.key(0),
+        progress=lambda done, total: seen.append((int(done), int(total))),
+    )
+    jax.effects_barrier()
+    assert len(seen) == int(result.target_calls.max())  # one report per step
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == 4 * 30
+    assert {t for _, t in seen} == {4 * 30}
