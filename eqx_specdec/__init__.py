@@ -32,6 +32,7 @@ from ._models import (
     NGramModel as NGramModel,
     VOCABULARY as VOCABULARY,
 )
+from ._sharding import ShardedVerifier as ShardedVerifier
 from ._stages.assemblers import (
     AbstractTokenAssembler as AbstractTokenAssembler,
     TokenAssembler as TokenAssembler,

@@ -1,6 +1,7 @@
 """Run-time checks of the values given to `speculative_accept`, inside `jax.jit` too."""
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from ._misc import compute_dtype
@@ -68,12 +69,23 @@ def uniform_problems(name, uniforms):
     return [(_per_row(outside), f"`{name}` holds a value outside [0, 1)")]
 
 
-def raise_first_problem(outputs, problems):
+# Messages of deferred checks, by registry id: the compiled program returns the id and
+# the index of the problem found, and the entry point raises from Python.
+_DEFERRED_MESSAGES: list[list[str]] = []
+
+
+def raise_first_problem(outputs, problems, *, deferred: bool = False):
     """Returns `outputs` unchanged, raising at run time if any problem flag is set.
 
     `problems` is a list of `(flags, message)` with `flags` boolean of shape `(B,)`. The
     error names the first problem in the list that occurs and its first offending row.
     Under `jax.jit` it surfaces as a `RuntimeError` carrying the message.
+
+    With `deferred=True` (programs spread over several devices, where an error raised
+    from inside the program on one device would leave the others waiting in a
+    collective), the outputs instead gain `"_problem"` (the index of the message, or -1)
+    and `"_messages"` (the registry id of the messages), and the entry point raises
+    after the program has finished (see `jit_entry_point`).
     """
     flags = jnp.stack([flag for flag, _ in problems])  # (problems, batch)
     batch = flags.shape[1]
@@ -88,4 +100,33 @@ def raise_first_problem(outputs, problems):
         for _, message in problems
         for row in range(batch)
     ]
+    if deferred:
+        if messages not in _DEFERRED_MESSAGES:
+            _DEFERRED_MESSAGES.append(messages)
+        registry_id = _DEFERRED_MESSAGES.index(messages)
+        return {
+            **outputs,
+            "_problem": jnp.where(any_problem, index, -1).astype(jnp.int32),
+            "_messages": jnp.asarray(registry_id, jnp.int32),
+        }
     return eqx.branched_error_if(outputs, any_problem, index, messages)
+
+
+def raise_deferred_problem(outputs: dict) -> dict:
+    """Raises the problem a deferred check found (see `raise_first_problem`), and
+    returns the outputs without the check's entries."""
+    if "_problem" not in outputs:
+        return outputs
+    outputs = dict(outputs)
+    problem, registry_id = outputs.pop("_problem"), outputs.pop("_messages")
+    if isinstance(problem, jax.core.Tracer):
+        raise TypeError(
+            "A ShardedVerifier cannot check input values at run time inside a `jax.jit` "
+            "of yours: an error raised on one device would leave the others waiting. "
+            "Call the entry point outside `jax.jit` (it compiles itself) to have the "
+            "values checked, or pass `check_inputs=False`."
+        )
+    problem = int(problem)
+    if problem >= 0:
+        raise RuntimeError(_DEFERRED_MESSAGES[int(registry_id)][problem])
+    return outputs

@@ -282,9 +282,12 @@ def _decode(
 def _check_decode_arguments(
     prompt_tokens, prompt_lengths, num_tokens, gamma, drafting, outputs, verifier
 ):
-    if not isinstance(verifier, Verifier):
+    from ._sharding import ShardedVerifier
+
+    if not isinstance(verifier, (Verifier, ShardedVerifier)):
         raise TypeError(
-            f"`verifier` must be an eqx_specdec.Verifier, got {type(verifier).__name__}."
+            "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier), got "
+            f"{type(verifier).__name__}."
         )
     for name, value, low in (("num_tokens", num_tokens, 1), ("gamma", gamma, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:

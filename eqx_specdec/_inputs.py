@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from ._checks import (
     distribution_problems,
     logit_problems,
+    raise_deferred_problem,
     token_problems,
     uniform_problems,
 )
@@ -121,11 +122,13 @@ def prepare_inputs(
         "sample_uniforms",
     ),
 ) -> PreparedInputs:
+    from ._sharding import ShardedVerifier
     from ._verifier import Verifier
 
-    if not isinstance(verifier, Verifier):
+    if not isinstance(verifier, (Verifier, ShardedVerifier)):
         raise TypeError(
-            f"`verifier` must be an eqx_specdec.Verifier, got {type(verifier).__name__}."
+            "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier), got "
+            f"{type(verifier).__name__}."
         )
     _check_stage_spaces(entry_point, verifier, log_space)
     arrays = tuple(None if x is None else jnp.asarray(x) for x in arrays)
@@ -174,9 +177,17 @@ def prepare_inputs(
     )
 
 
+def is_sharded(verifier) -> bool:
+    """Whether `verifier` runs over several devices (its value checks are deferred)."""
+    from ._sharding import ShardedVerifier
+
+    return isinstance(verifier, ShardedVerifier)
+
+
 def jit_entry_point(fn):
     """Compiles an entry point with `jax.jit`, `check_inputs` static.
 
+    A deferred value check (a sharded verifier's) raises after the compiled call.
     A plain Python check of `check_inputs` runs first, so that a traced value (the entry
     point called inside a user's `jax.jit` with `check_inputs` as an argument) gets a
     message saying how to fix it rather than JAX's error about unhashable arguments.
@@ -196,6 +207,6 @@ def jit_entry_point(fn):
                 f"{type(check_inputs).__name__}. Under `jax.jit`, mark it static: "
                 f'`jax.jit({fn.__name__}, static_argnames="check_inputs")`.'
             )
-        return jitted[check_inputs](*args, **kwargs)
+        return raise_deferred_problem(jitted[check_inputs](*args, **kwargs))
 
     return entry_point

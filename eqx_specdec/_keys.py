@@ -73,7 +73,9 @@ def speculative_accept_from_key(
     """
     batch, gamma = jnp.shape(draft_tokens)
     accept, sample = uniforms_from_key(key, batch, gamma, verifier=verifier)
-    return speculative_accept(
+    # The undecorated function: traced inline, so that a deferred value check reaches
+    # this entry point's own wrapper.
+    return speculative_accept.__wrapped__(
         draft_tokens,
         draft_probs,
         target_probs,

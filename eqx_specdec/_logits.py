@@ -5,7 +5,7 @@ from jaxtyping import Array, Float, Int
 
 from ._checks import raise_first_problem
 from ._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
-from ._inputs import jit_entry_point, prepare_inputs
+from ._inputs import is_sharded, jit_entry_point, prepare_inputs
 from ._misc import check_hyperparameter, compute_dtype
 from ._stages.assemblers import TokenAssembler
 from ._stages.prefix_counters import PrefixCounter
@@ -197,5 +197,5 @@ def speculative_accept_logits(
         problems += _warp_problems("target_warp", target_warp, batch)
         if draft_logits is not None:
             problems += _warp_problems("draft_warp", draft_warp, batch)
-        outputs = raise_first_problem(outputs, problems)
+        outputs = raise_first_problem(outputs, problems, deferred=is_sharded(verifier))
     return outputs

@@ -17,7 +17,7 @@ from ._custom_types import (
     TargetProbs,
     TargetProbsRow,
 )
-from ._inputs import jit_entry_point, prepare_inputs
+from ._inputs import is_sharded, jit_entry_point, prepare_inputs
 from ._stages.assemblers import AbstractTokenAssembler, TokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter, PrefixCounter
 from ._stages.ratio_tests import AbstractRatioTest, RatioTest
@@ -286,5 +286,7 @@ def speculative_accept(
     )
     outputs = verifier(*inputs.arrays)
     if check_inputs:
-        outputs = raise_first_problem(outputs, inputs.value_problems())
+        outputs = raise_first_problem(
+            outputs, inputs.value_problems(), deferred=is_sharded(verifier)
+        )
     return outputs

@@ -33,7 +33,7 @@ def test_the_public_api_is_what_the_docs_list():
         "LastSuccessCounter", "AbstractNodeRule", "IIDCandidates",
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
-        "DecodeResult", "NGramModel",
+        "DecodeResult", "NGramModel", "ShardedVerifier",
     }  # fmt: skip
     assert callable(eqx_specdec.speculative_accept)
     assert isinstance(eqx_specdec.__version__, str)

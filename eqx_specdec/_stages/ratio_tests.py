@@ -256,6 +256,35 @@ class TypicalRatioTest(AbstractRatioTest):
 _LOG_RATIO_CAP = 1e4
 
 
+def block_cumulative(p_x, q_x, log_space):
+    """Block verification's clipped cumulative ratios $P_0, \\dots, P_G$ of one row, from
+    $p_i(x_i)$ and $q_i(x_i)$: $\\log P_k = S_k - \\max(0, \\max_{j \\le k} S_j)$."""
+    dtype = p_x.dtype
+    if log_space:
+        log_p, log_q = p_x, q_x
+    else:
+        log_p, log_q = jnp.log(p_x), jnp.log(q_x)
+    dead = jnp.cumsum(log_p == -jnp.inf) > 0  # some p(x) = 0 so far: P = 0 from here
+    log_ratio = jnp.where(
+        log_q == -jnp.inf,
+        _LOG_RATIO_CAP,
+        jnp.maximum(log_p - log_q, -_LOG_RATIO_CAP),
+    )
+    running = jnp.cumsum(log_ratio)
+    log_cum = running - jnp.maximum(0.0, jax.lax.cummax(running))
+    cum = jnp.where(dead, 0.0, jnp.exp(log_cum)).astype(dtype)
+    return jnp.concatenate([jnp.ones((1,), dtype), cum])
+
+
+def block_h(cum, z):
+    """The pass thresholds $h_1, \\dots, h_G$ from $P_0..P_G$ and the lookahead masses
+    $Z_1, \\dots, Z_{G-1}$ (`z`); $h_G = P_G$."""
+    gamma = cum.shape[0] - 1
+    denominator = z + 1 - cum[1:gamma]
+    h = jnp.where(denominator > 0, z / jnp.where(denominator > 0, denominator, 1), 1)
+    return jnp.concatenate([h, cum[gamma:]])
+
+
 class BlockRatioTest(AbstractRatioTest):
     """Block verification (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh;
     ICLR 2025): the test that, with [`eqx_specdec.LastSuccessCounter`][] and the standard
@@ -311,34 +340,14 @@ class BlockRatioTest(AbstractRatioTest):
         p_x, q_x = gather_draft_probs(
             draft_tokens, draft_probs, target_probs, log_space=self.log_space
         )
-        dtype = p_x.dtype
-        if self.log_space:
-            log_p, log_q = p_x, q_x
-        else:
-            log_p, log_q = jnp.log(p_x), jnp.log(q_x)
-        dead = (
-            jnp.cumsum(log_p == -jnp.inf) > 0
-        )  # some p(x) = 0 so far: P = 0 from here
-        log_ratio = jnp.where(
-            log_q == -jnp.inf,
-            _LOG_RATIO_CAP,
-            jnp.maximum(log_p - log_q, -_LOG_RATIO_CAP),
-        )
-        running = jnp.cumsum(log_ratio)
-        log_cum = running - jnp.maximum(0.0, jax.lax.cummax(running))
-        cum = jnp.where(dead, 0.0, jnp.exp(log_cum)).astype(dtype)
-        cum = jnp.concatenate([jnp.ones((1,), dtype), cum])  # P_0 .. P_G
+        cum = block_cumulative(p_x, q_x, self.log_space)
         # Z_k for k = 1 .. G-1 reads rows k of p and q.
-        p_rows = target_probs[1:gamma].astype(dtype)
-        q_rows = draft_probs[1:gamma].astype(dtype)
+        p_rows = target_probs[1:gamma].astype(cum.dtype)
+        q_rows = draft_probs[1:gamma].astype(cum.dtype)
         if self.log_space:
             p_rows, q_rows = jnp.exp(p_rows), jnp.exp(q_rows)
         z = jnp.sum(jnp.maximum(cum[1:gamma, None] * p_rows - q_rows, 0), axis=-1)
-        denominator = z + 1 - cum[1:gamma]
-        h = jnp.where(
-            denominator > 0, z / jnp.where(denominator > 0, denominator, 1), 1
-        )
-        return cum, jnp.concatenate([h, cum[gamma:]])
+        return cum, block_h(cum, z)
 
     @jaxtyped(typechecker=beartype)
     def __call__(

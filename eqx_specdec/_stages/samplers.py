@@ -54,8 +54,9 @@ def _last_positive_at_or_before(positive, index):
 def two_level_search(
     totals: Float[Array, " blocks"],
     window: Callable[[Int[Array, ""]], Float[Array, " size"]],
-    uniform: Float[Array, ""],
+    uniform: Float[Array, ""] | None,
     vocab: int,
+    threshold: Float[Array, ""] | None = None,
 ) -> Int[Array, ""]:
     """Inverse CDF in two levels: find the block whose cumulative total first exceeds
     `uniform * total`, then the token inside it.
@@ -65,14 +66,16 @@ def two_level_search(
     block is read a second time, and the scans run over `blocks` and `size` entries rather
     than `vocab`: a full-length cumulative sum is slow on XLA CPU.
 
-    Returns the smallest token whose cumulative weight exceeds `uniform * total`. If
+    Returns the smallest token whose cumulative weight exceeds `uniform * total` (or
+    `threshold`, when given instead of `uniform`: a search inside one shard). If
     rounding points past the end or at a zero-weight token, returns the last
     positive-weight token before that point: never `vocab` and never a zero-weight token
     (unless every weight is zero, when it returns a token of the first block).
     """
     num_blocks = totals.shape[0]
     cumulative = jnp.cumsum(totals)
-    threshold = uniform.astype(totals.dtype) * cumulative[-1]
+    if threshold is None:
+        threshold = uniform.astype(totals.dtype) * cumulative[-1]
     block = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
     clipped = jnp.minimum(block, num_blocks - 1)
     positive_blocks = totals > 0
@@ -101,13 +104,16 @@ def two_level_search(
 
 
 def flat_search(
-    weights: Float[Array, " vocab"], uniform: Float[Array, ""]
+    weights: Float[Array, " vocab"],
+    uniform: Float[Array, ""] | None,
+    threshold: Float[Array, ""] | None = None,
 ) -> Int[Array, ""]:
     """Inverse CDF with one full-length cumulative sum: fewer operations than
     `two_level_search`, so faster for small vocabularies. Same guard: never `vocab`, never
-    a zero-weight token."""
+    a zero-weight token. Same `threshold` option."""
     cumulative = jnp.cumsum(weights)
-    threshold = uniform.astype(weights.dtype) * cumulative[-1]
+    if threshold is None:
+        threshold = uniform.astype(weights.dtype) * cumulative[-1]
     vocab = weights.shape[0]
     token = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
     clipped = jnp.minimum(token, vocab - 1)
@@ -124,25 +130,30 @@ FLAT_SEARCH_MAX_VOCAB = 32
 
 
 def inverse_cdf(
-    weights: Float[Array, " vocab"], uniform: Float[Array, ""]
+    weights: Float[Array, " vocab"],
+    uniform: Float[Array, ""] | None,
+    threshold: Float[Array, ""] | None = None,
 ) -> Int[Array, ""]:
     """Draws from `weights / sum(weights)` with one uniform: the smallest $v$ whose
     cumulative sum exceeds `uniform * sum(weights)`, by `two_level_search`.
 
     If rounding leaves every cumulative sum at or below that threshold (a uniform just
     under 1), returns the last token with positive weight, never `vocab` and never a
-    zero-weight token. `weights` must be non-negative with a positive sum.
+    zero-weight token. `weights` must be non-negative with a positive sum. With
+    `threshold` instead of `uniform`, the smallest $v$ whose cumulative sum exceeds it.
     """
     vocab = weights.shape[0]
     if vocab <= FLAT_SEARCH_MAX_VOCAB:
-        return flat_search(weights, uniform)
+        return flat_search(weights, uniform, threshold)
     size = block_size(vocab)
 
     def window(block):
         start = window_start(block, size, vocab)
         return jax.lax.dynamic_slice_in_dim(weights, start, size)
 
-    return two_level_search(block_totals(weights, size), window, uniform, vocab)
+    return two_level_search(
+        block_totals(weights, size), window, uniform, vocab, threshold
+    )
 
 
 def residual_parts(

@@ -1,0 +1,253 @@
+"""Sharded verification on 8 host CPU devices (conftest sets
+`--xla_force_host_platform_device_count=8`): batch, vocabulary and combined meshes give
+the single-device tokens, and no (B, V)-sized array crosses devices."""
+
+import jax
+import numpy as np
+import pytest
+from helpers import float_dtypes, random_case
+from jax.sharding import NamedSharding, PartitionSpec
+from user_stages import ArgminPrefixCounter, ScatterTokenAssembler, SearchsortedSampler
+
+import eqx_specdec as es
+from eqx_specdec.bench_sharding import collectives, gathering_verifier
+
+
+pytestmark = pytest.mark.skipif(
+    jax.device_count() < 8, reason="needs 8 devices: XLA_FLAGS is set in conftest.py"
+)
+
+# (mesh shape, axis names, batch axis, vocabulary axis)
+MESHES = {
+    "vocab 8": ((8,), ("vocab",), None, "vocab"),
+    "batch 2 x vocab 4": ((2, 4), ("batch", "vocab"), "batch", "vocab"),
+    "batch 4 x vocab 2": ((4, 2), ("batch", "vocab"), "batch", "vocab"),
+    "batch 8": ((8,), ("batch",), "batch", None),
+}
+
+VOCAB_VERIFIERS = {
+    "standard": es.Verifier(),
+    "lenient 0.5": es.Verifier(es.LenientRatioTest(0.5)),
+    "greedy": es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler()),
+    "block": es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()),
+    "user counter and assembler": es.Verifier(
+        prefix_counter=ArgminPrefixCounter(), token_assembler=ScatterTokenAssembler()
+    ),
+}
+
+BATCH_ONLY_VERIFIERS = {
+    "typical": es.Verifier(es.TypicalRatioTest(), residual_sampler=es.TypicalSampler()),
+    "user sampler": es.Verifier(residual_sampler=SearchsortedSampler()),
+}
+
+
+def _mesh(name):
+    shape, names, batch_axis, vocab_axis = MESHES[name]
+    return jax.make_mesh(shape, names), batch_axis, vocab_axis
+
+
+def _case(seed, batch, gamma, vocab, dtype, greedy_drafts=False):
+    x, q, p, u, s = random_case(seed, batch, gamma, vocab, dtype=dtype)
+    if greedy_drafts:  # drafts that often match the target's argmax
+        best = p[:, :gamma].argmax(-1)
+        keep = np.random.default_rng(seed).random(x.shape) < 0.8
+        x = np.where(keep, best, x).astype(np.int32)
+    return x, q, p, u, s
+
+
+# Shards of 12 tokens (the flat search) and of 128 to 512 (the two-level search).
+MESH_VOCABS = [
+    ("vocab 8", 96),
+    ("vocab 8", 1024),
+    ("batch 2 x vocab 4", 1024),
+    ("batch 4 x vocab 2", 96),
+    ("batch 8", 1024),
+]
+
+
+@pytest.mark.parametrize("mesh_name, vocab", MESH_VOCABS)
+@pytest.mark.parametrize("name", list(VOCAB_VERIFIERS))
+def test_sharded_equals_single_device(name, mesh_name, vocab):
+    dtype = float_dtypes()[-1]  # float32, and float64 in 64-bit mode
+    verifier = VOCAB_VERIFIERS[name]
+    mesh, batch_axis, vocab_axis = _mesh(mesh_name)
+    sharded = es.ShardedVerifier(verifier, mesh, batch_axis, vocab_axis)
+    x, q, p, u, s = _case(vocab, 16, 4, vocab, dtype, greedy_drafts=name == "greedy")
+    drafts = [q] if name == "block" else [q, None]  # None: one-hot drafts
+    for draft in drafts:
+        expected = es.speculative_accept(x, draft, p, u, s, verifier=verifier)
+        got = es.speculative_accept(x, draft, p, u, s, verifier=sharded)
+        np.testing.assert_array_equal(got["num_accepted"], expected["num_accepted"])
+        np.testing.assert_array_equal(got["tokens"], expected["tokens"])
+        if draft is not None:  # the case holds rejections and bonus tokens
+            counts = np.asarray(expected["num_accepted"])
+            assert counts.min() == 0 and counts.max() == 4
+
+
+@pytest.mark.parametrize("name", list(BATCH_ONLY_VERIFIERS) + ["gumbel"])
+def test_batch_sharding_runs_any_verifier(name):
+    mesh, _, _ = _mesh("batch 8")
+    x, q, p, u, s = _case(3, 16, 3, 200, np.float32)
+    if name == "gumbel":
+        verifier = es.Verifier(residual_sampler=es.GumbelSampler())
+        s = jax.random.split(jax.random.key(0), 16)
+    else:
+        verifier = BATCH_ONLY_VERIFIERS[name]
+    sharded = es.ShardedVerifier(verifier, mesh, batch_axis="batch")
+    expected = es.speculative_accept(x, q, p, u, s, verifier=verifier)
+    got = es.speculative_accept(x, q, p, u, s, verifier=sharded)
+    np.testing.assert_array_equal(got["tokens"], expected["tokens"])
+
+
+def test_sharded_verifier_under_jit_vmap_free_and_with_sharded_inputs():
+    mesh, batch_axis, vocab_axis = _mesh("batch 2 x vocab 4")
+    sharded = es.ShardedVerifier(es.Verifier(), mesh, batch_axis, vocab_axis)
+    x, q, p, u, s = _case(5, 16, 4, 512, np.float32)
+    spec = {
+        3: PartitionSpec(batch_axis, None, vocab_axis),
+        2: PartitionSpec(batch_axis, None),
+        1: PartitionSpec(batch_axis),
+    }
+    placed = [
+        jax.device_put(a, NamedSharding(mesh, spec[a.ndim])) for a in (x, q, p, u, s)
+    ]
+    run = jax.jit(es.speculative_accept, static_argnames="check_inputs")
+    got = run(*placed, verifier=sharded, check_inputs=False)
+    expected = es.speculative_accept(x, q, p, u, s)
+    np.testing.assert_array_equal(got["tokens"], expected["tokens"])
+    # Outputs stay sharded over the batch.
+    assert got["tokens"].sharding.spec[0] == batch_axis
+
+
+def _collectives(compiled_text):
+    """(op, element count, shape) of every cross-device collective in compiled HLO."""
+    return [
+        (op, int(np.prod(shape)), shape) for op, shape, _ in collectives(compiled_text)
+    ]
+
+
+@pytest.mark.parametrize("check_inputs", [False, True])
+@pytest.mark.parametrize("mesh_name", ["vocab 8", "batch 2 x vocab 4", "batch 8"])
+def test_no_row_crosses_devices(mesh_name, check_inputs):
+    batch, gamma, vocab = 64, 5, 4096
+    mesh, batch_axis, vocab_axis = _mesh(mesh_name)
+    sharded = es.ShardedVerifier(es.Verifier(), mesh, batch_axis, vocab_axis)
+    x, q, p, u, s = _case(9, batch, gamma, vocab, np.float32)
+    spec = {
+        3: PartitionSpec(batch_axis, None, vocab_axis),
+        2: PartitionSpec(batch_axis, None),
+        1: PartitionSpec(batch_axis),
+    }
+    placed = [
+        jax.device_put(a, NamedSharding(mesh, spec[a.ndim])) for a in (x, q, p, u, s)
+    ]
+    # The compiled program of the entry point (its own jit; `__wrapped__` is the
+    # function it compiles).
+    run = jax.jit(
+        lambda *a: es.speculative_accept.__wrapped__(
+            *a, verifier=sharded, check_inputs=check_inputs
+        )
+    )
+    text = run.lower(*placed).compile().as_text()
+    collectives = _collectives(text)
+    largest = max((c[1] for c in collectives), default=0)
+    # Per-row scalars only: at most a few values per row, position and shard.
+    assert largest <= batch * (gamma + 1) * 8, collectives
+    if vocab_axis is None and not check_inputs:
+        assert collectives == []  # batch sharding: nothing crosses devices
+    if vocab_axis is not None:
+        assert collectives  # the scheme does communicate, and the parser sees it
+    # The naive alternative (gather the rows, then verify) really does move rows, and
+    # gives the same tokens.
+    if vocab_axis is not None:
+        naive = jax.jit(gathering_verifier(mesh, batch_axis, vocab_axis))
+        naive_text = naive.lower(*placed).compile().as_text()
+        assert max(c[1] for c in _collectives(naive_text)) >= batch * vocab // 2
+        np.testing.assert_array_equal(naive(*placed)["tokens"], run(*placed)["tokens"])
+
+
+def test_inside_the_decoding_loop():
+    mesh, batch_axis, vocab_axis = _mesh("batch 2 x vocab 4")
+    # The built-in text, over a vocabulary padded to 40 so that it splits over 4 shards.
+    draft = es.fit_ngram(es.builtin_corpus(), 40, 2)
+    target = es.fit_ngram(es.builtin_corpus(), 40, 3)
+    tokens = np.zeros((8, 4), np.int32)
+    for i, text in enumerate(es.BUILTIN_PROMPTS):
+        tokens[i] = es.encode(text[:4])
+    key = jax.random.key(0)
+    for verifier, drafting in [
+        (es.Verifier(), "sample"),
+        (es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()), "sample"),
+        (
+            es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler()),
+            "argmax",
+        ),
+    ]:
+        sharded = es.ShardedVerifier(verifier, mesh, batch_axis, vocab_axis)
+        expected = es.speculative_decode(
+            draft, target, tokens, None, 48, key, verifier=verifier, drafting=drafting
+        )
+        got = es.speculative_decode(
+            draft, target, tokens, None, 48, key, verifier=sharded, drafting=drafting
+        )
+        np.testing.assert_array_equal(got.tokens, expected.tokens)
+        np.testing.assert_array_equal(
+            got.accepted_histogram, expected.accepted_histogram
+        )
+
+
+@pytest.mark.parametrize(
+    "build, error, match",
+    [
+        (lambda m: es.ShardedVerifier(es.Verifier(es.TypicalRatioTest(), residual_sampler=es.ArgmaxSampler()), m, vocab_axis="vocab"),
+         TypeError, "TypicalRatioTest has no vocabulary-parallel form.*`vocab_axis=None`"),
+        (lambda m: es.ShardedVerifier(es.Verifier(residual_sampler=es.GumbelSampler()), m, vocab_axis="vocab"),
+         TypeError, "GumbelSampler has no vocabulary-parallel form"),
+        (lambda m: es.ShardedVerifier(es.Verifier(es.RatioTest(log_space=True)), m, vocab_axis="vocab"),
+         TypeError, r"RatioTest\(log_space=True\) has no vocabulary-parallel form"),
+        (lambda m: es.ShardedVerifier(es.Verifier(residual_sampler=SearchsortedSampler()), m, vocab_axis="vocab"),
+         TypeError, "SearchsortedSampler has no vocabulary-parallel form"),
+        (lambda m: es.ShardedVerifier(es.Verifier(), m, vocab_axis="model"),
+         ValueError, r"`vocab_axis`='model'\): the mesh has axes \('batch', 'vocab'\)"),
+        (lambda m: es.ShardedVerifier(es.Verifier(), m, batch_axis="vocab", vocab_axis="vocab"),
+         ValueError, "must be different axes"),
+        (lambda m: es.ShardedVerifier(es.Verifier(), "mesh", vocab_axis="vocab"),
+         TypeError, "must be a jax.sharding.Mesh"),
+    ],
+)  # fmt: skip
+def test_unshardable_settings_are_clear_errors(build, error, match):
+    mesh, _, _ = _mesh("batch 2 x vocab 4")
+    with pytest.raises(error, match=match):
+        build(mesh)
+
+
+def test_uneven_splits_are_clear_errors():
+    mesh, batch_axis, vocab_axis = _mesh("batch 2 x vocab 4")
+    sharded = es.ShardedVerifier(es.Verifier(), mesh, batch_axis, vocab_axis)
+    x, q, p, u, s = _case(1, 4, 2, 30, np.float32)
+    with pytest.raises(
+        ValueError, match="vocabulary V = 30 does not split evenly over the 4 devices"
+    ):
+        es.speculative_accept(x, q, p, u, s, verifier=sharded)
+    x, q, p, u, s = _case(1, 3, 2, 32, np.float32)
+    with pytest.raises(
+        ValueError, match="batch B = 3 does not split evenly over the 2 devices"
+    ):
+        es.speculative_accept(x, q, p, u, s, verifier=sharded)
+    # The run-time value checks still run on sharded inputs.
+    x, q, p, u, s = _case(1, 4, 2, 32, np.float32)
+    p = p.copy()
+    p[2, 1, 5] = -0.5
+    with pytest.raises(RuntimeError, match=r"negative probability \(first in row 2\)"):
+        es.speculative_accept(x, q, p, u, s, verifier=sharded)
+    key = jax.random.key(0)
+    with pytest.raises(RuntimeError, match=r"negative probability \(first in row 2\)"):
+        es.speculative_accept_from_key(key, x, q, p, verifier=sharded)
+    # Inside a jit of the caller's, a value error could not be raised from one device
+    # without hanging the others: said at trace time.
+    with pytest.raises(TypeError, match="cannot check input values at run time inside"):
+        jax.jit(lambda *a: es.speculative_accept(*a, verifier=sharded))(x, q, p, u, s)
+    out = jax.jit(
+        lambda *a: es.speculative_accept(*a, verifier=sharded, check_inputs=False)
+    )(x, q, p, u, s)
+    assert out["tokens"].shape == (4, 3)
