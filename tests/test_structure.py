@@ -84,3 +84,13 @@ def test_ci_runs_the_readme_test_command():
     assert len(test_commands) == 1
     ci_lines = (root / ".ci" / "run").read_text().splitlines()
     assert test_commands[0] in ci_lines
+
+
+def test_docs_snippet_includes_are_well_formed():
+    """Every `--8<--` include names a file that exists (a formatter once broke them)."""
+    root = pathlib.Path(__file__).parent.parent
+    for page in (root / "docs").rglob("*.md"):
+        text = page.read_text()
+        assert "--8 <" not in text, page
+        for target in re.findall(r'^--8<-- "(.*)"$', text, re.M):
+            assert (root / target).is_file(), (page, target)
