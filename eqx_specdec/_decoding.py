@@ -149,6 +149,13 @@ def _row_keys(key, step, batch):
     )
 
 
+def _token_buffer(prompt_tokens, room: int):
+    """The prompts, left-aligned, followed by `room` free slots per row."""
+    batch, width = prompt_tokens.shape
+    buffer = jnp.zeros((batch, width + room), jnp.int32)
+    return buffer.at[:, :width].set(prompt_tokens.astype(jnp.int32))
+
+
 @eqx.filter_jit
 def _decode(
     draft_model,
@@ -163,11 +170,8 @@ def _decode(
     outputs,
     progress,
 ):
-    batch, prompt_width = prompt_tokens.shape
-    vocab = None
-    width = prompt_width + num_tokens + gamma + 1
-    buffer = jnp.zeros((batch, width), jnp.int32)
-    buffer = buffer.at[:, :prompt_width].set(prompt_tokens.astype(jnp.int32))
+    batch = prompt_tokens.shape[0]
+    buffer = _token_buffer(prompt_tokens, num_tokens + gamma + 1)
     lengths = prompt_lengths.astype(jnp.int32)
     log_space = getattr(verifier.ratio_test, "log_space", False)
     sampler = verifier.residual_sampler
@@ -415,9 +419,8 @@ def speculative_decode(
 def _autoregressive(
     model, prompt_tokens, prompt_lengths, key, num_tokens, greedy, outputs
 ):
-    batch, prompt_width = prompt_tokens.shape
-    buffer = jnp.zeros((batch, prompt_width + num_tokens), jnp.int32)
-    buffer = buffer.at[:, :prompt_width].set(prompt_tokens.astype(jnp.int32))
+    batch = prompt_tokens.shape[0]
+    buffer = _token_buffer(prompt_tokens, num_tokens)
 
     def step(buffer, t):
         def row(tokens, length, b):

@@ -46,6 +46,16 @@ def _mesh(name):
     return jax.make_mesh(shape, names), batch_axis, vocab_axis
 
 
+def _place(mesh, batch_axis, vocab_axis, arrays):
+    """Lays the inputs out over the mesh as a sharded model would hand them over."""
+    spec = {
+        3: PartitionSpec(batch_axis, None, vocab_axis),
+        2: PartitionSpec(batch_axis, None),
+        1: PartitionSpec(batch_axis),
+    }
+    return [jax.device_put(a, NamedSharding(mesh, spec[a.ndim])) for a in arrays]
+
+
 def _case(seed, batch, gamma, vocab, dtype, greedy_drafts=False):
     x, q, p, u, s = random_case(seed, batch, gamma, vocab, dtype=dtype)
     if greedy_drafts:  # drafts that often match the target's argmax
@@ -103,14 +113,7 @@ def test_sharded_verifier_under_jit_vmap_free_and_with_sharded_inputs():
     mesh, batch_axis, vocab_axis = _mesh("batch 2 x vocab 4")
     sharded = es.ShardedVerifier(es.Verifier(), mesh, batch_axis, vocab_axis)
     x, q, p, u, s = _case(5, 16, 4, 512, np.float32)
-    spec = {
-        3: PartitionSpec(batch_axis, None, vocab_axis),
-        2: PartitionSpec(batch_axis, None),
-        1: PartitionSpec(batch_axis),
-    }
-    placed = [
-        jax.device_put(a, NamedSharding(mesh, spec[a.ndim])) for a in (x, q, p, u, s)
-    ]
+    placed = _place(mesh, batch_axis, vocab_axis, (x, q, p, u, s))
     run = jax.jit(es.speculative_accept, static_argnames="check_inputs")
     got = run(*placed, verifier=sharded, check_inputs=False)
     expected = es.speculative_accept(x, q, p, u, s)
@@ -133,14 +136,7 @@ def test_no_row_crosses_devices(mesh_name, check_inputs):
     mesh, batch_axis, vocab_axis = _mesh(mesh_name)
     sharded = es.ShardedVerifier(es.Verifier(), mesh, batch_axis, vocab_axis)
     x, q, p, u, s = _case(9, batch, gamma, vocab, np.float32)
-    spec = {
-        3: PartitionSpec(batch_axis, None, vocab_axis),
-        2: PartitionSpec(batch_axis, None),
-        1: PartitionSpec(batch_axis),
-    }
-    placed = [
-        jax.device_put(a, NamedSharding(mesh, spec[a.ndim])) for a in (x, q, p, u, s)
-    ]
+    placed = _place(mesh, batch_axis, vocab_axis, (x, q, p, u, s))
     # The compiled program of the entry point (its own jit; `__wrapped__` is the
     # function it compiles).
     run = jax.jit(
