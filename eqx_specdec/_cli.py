@@ -21,11 +21,12 @@ from ._stages.ratio_tests import (
     TypicalRatioTest,
 )
 from ._stages.samplers import ArgmaxSampler, GumbelSampler, TypicalSampler
+from ._tree import IIDCandidates, TreeVerifier
 from ._verifier import Verifier
 
 
 def _verifiers(lenience: float) -> dict:
-    """name -> (verifier, drafting, description)."""
+    """name -> (verifier, drafting, description); a tree's drafting is its shape."""
     return {
         "standard": (Verifier(), "sample", "standard rule, sampled drafts"),
         "one-hot": (Verifier(), "argmax", "standard rule, argmax drafter (one-hot)"),
@@ -59,11 +60,22 @@ def _verifiers(lenience: float) -> dict:
             "sample",
             "standard rule, Gumbel-max correction",
         ),
+        "tree": (
+            TreeVerifier(IIDCandidates()),
+            DEMO_TREE,
+            "2 i.i.d. candidates at the root, each continued to depth 4",
+        ),
     }
 
 
+# Two branches of depth 4: 8 draft tokens, at most 4 accepted per step.
+DEMO_TREE = (-1, 0, 1, 2, -1, 4, 5, 6)
+
+
 VERIFIER_NAMES = tuple(_verifiers(0.5))
-DEMO_DEFAULT = ("standard", "one-hot", "block", "greedy", "typical")
+# `evaluate` measures one verification step of a chain.
+CHAIN_NAMES = tuple(n for n, v in _verifiers(0.5).items() if isinstance(v[1], str))
+DEMO_DEFAULT = ("standard", "one-hot", "block", "tree", "greedy", "typical")
 
 
 class _ProgressBar:
@@ -156,6 +168,10 @@ def run_demo(args) -> dict:
     results = {}
     for name in args.verifiers:
         verifier, drafting, _ = table[name]
+        if isinstance(drafting, tuple):
+            options = dict(tree=drafting)
+        else:
+            options = dict(gamma=args.gamma, drafting=drafting)
         bar.start(name)
         start = time.perf_counter()
         result = speculative_decode(
@@ -165,10 +181,9 @@ def run_demo(args) -> dict:
             lengths,
             args.tokens,
             key,
-            gamma=args.gamma,
             verifier=verifier,
-            drafting=drafting,
             progress=bar.update if bar.enabled else None,
+            **options,
         )
         jax.block_until_ready(result.tokens)
         results[name] = (result, time.perf_counter() - start)
@@ -205,6 +220,8 @@ def run_demo(args) -> dict:
             "n/a" if result.theory == "none" else f"{marks[result.theory]}{theory:.3f}"
         )
         drafting = table[name][1]
+        if isinstance(drafting, tuple):
+            drafting = "tree 2 x 4"
         print(
             f"| {name} | {drafting} | {result.tokens_per_call():.3f} | {shown_theory} | "
             f"{_format_rates(result.acceptance_rate())} | "
@@ -227,12 +244,12 @@ def run_demo(args) -> dict:
             f"{'yes' if same else 'NO'}"
         )
     if args.plot:
-        _plot(results, args.plot, args.gamma)
+        _plot(results, args.plot)
         print(f"figure written to {args.plot}")
     return results
 
 
-def _plot(results, path, gamma):
+def _plot(results, path):
     try:
         import matplotlib
 
@@ -247,9 +264,9 @@ def _plot(results, path, gamma):
     fig, axes = plt.subplots(
         1, len(names), figsize=(3.2 * len(names), 3.0), sharey=True, squeeze=False
     )
-    ks = np.arange(gamma + 1)
     for ax, name in zip(axes[0], names):
         result = results[name][0]
+        ks = np.arange(result.accepted_histogram.shape[1])
         ax.bar(
             ks, result.accepted_length_distribution(), color="#7aa6d6", label="observed"
         )
@@ -400,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--verifier",
-        choices=VERIFIER_NAMES,
+        choices=CHAIN_NAMES,
         default="standard",
         help="(default standard)",
     )

@@ -17,6 +17,12 @@ from ._stages.ratio_tests import (
     typical_threshold,
     TypicalRatioTest,
 )
+from ._tree import (
+    DeterministicCandidates,
+    IIDCandidates,
+    TreeVerifier,
+    WithoutReplacementCandidates,
+)
 from ._verifier import Verifier
 
 
@@ -124,6 +130,26 @@ def _reached_probabilities(passes, draft_law, draft_tokens):
     return jnp.concatenate([jnp.ones((1,), beta.dtype), before * beta])
 
 
+_TREE_POLICIES = {
+    IIDCandidates: "iid",
+    WithoutReplacementCandidates: "without-replacement",
+    DeterministicCandidates: "top-k",
+}
+
+
+class _UniformSampler:
+    """The tree verifier draws its correction with one uniform per row."""
+
+    randomness = "uniform"
+
+
+def _tree_depths(tree) -> list[int]:
+    depths = []
+    for parent in tree:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
 def _as_probs(x, outputs):
     x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     return jax.nn.softmax(x, axis=-1) if outputs == "logits" else x
@@ -169,25 +195,80 @@ def _decode(
     drafting,
     outputs,
     progress,
+    tree,
 ):
     batch = prompt_tokens.shape[0]
-    buffer = _token_buffer(prompt_tokens, num_tokens + gamma + 1)
+    if tree is None:
+        room, hist_size, probe_positions = gamma + 1, gamma + 1, gamma + 1
+        sampler = verifier.residual_sampler
+        log_space = getattr(verifier.ratio_test, "log_space", False)
+        theory_kind = _theory_kind(verifier.ratio_test)
+    else:
+        depths = _tree_depths(tree)
+        room, hist_size, probe_positions = len(tree) + 1, max(depths) + 1, 1
+        sampler, log_space, theory_kind = _UniformSampler(), False, "none"
+        tree_policy = drafting
+    buffer = _token_buffer(prompt_tokens, num_tokens + room)
     lengths = prompt_lengths.astype(jnp.int32)
-    log_space = getattr(verifier.ratio_test, "log_space", False)
-    sampler = verifier.residual_sampler
 
     # Trace the models once to learn V and check what they return.
     probe = jax.eval_shape(
-        target_model, buffer[0], jnp.arange(gamma + 1, dtype=jnp.int32)
+        target_model, buffer[0], jnp.arange(probe_positions, dtype=jnp.int32)
     )
     vocab = probe.shape[-1] if hasattr(probe, "shape") and probe.ndim == 2 else -1
-    _checked_output("target_model", probe, (gamma + 1, vocab))
+    _checked_output("target_model", probe, (probe_positions, vocab))
     _checked_output(
         "draft_model",
         jax.eval_shape(draft_model, buffer[0], jnp.zeros((1,), jnp.int32)),
         (1, vocab),
     )
-    theory_kind = _theory_kind(verifier.ratio_test)
+
+    def tree_row(tokens, length, key):
+        """Drafts one tree in depth-first order (children of a node drawn from the
+        draft's distribution after it: i.i.d., without replacement, or its top-k), then
+        scores the root and every node with the target (one branch buffer each)."""
+        keys = jax.random.split(key, len(tree))
+        node_tokens = []
+
+        def context(node):  # the row's buffer with the path to `node` written in
+            path, buf = [], tokens
+            while node >= 0:
+                path.append(node)
+                node = tree[node]
+            for a in path:
+                buf = buf.at[length + depths[a] - 1].set(node_tokens[a])
+            return buf
+
+        def position(node):
+            return length - 1 + (0 if node < 0 else depths[node])
+
+        laws, remaining = {}, {}
+        for i, parent in enumerate(tree):
+            if parent not in laws:
+                buf = context(parent)
+                q = _as_probs(draft_model(buf, position(parent)[None])[0], outputs)
+                laws[parent] = remaining[parent] = q
+            law = remaining[parent]
+            if tree_policy == "top-k":
+                x = jnp.argmax(law)
+            elif tree_policy == "iid":
+                x = jax.random.categorical(keys[i], jnp.log(laws[parent]))
+            else:
+                x = jax.random.categorical(keys[i], jnp.log(law))
+            x = x.astype(jnp.int32)
+            if tree_policy != "iid":  # siblings are distinct
+                remaining[parent] = jnp.where(
+                    jnp.arange(vocab) == x, -1.0 if tree_policy == "top-k" else 0.0, law
+                )
+            node_tokens.append(x)
+        contexts = [-1] + list(range(len(tree)))
+        buffers = jnp.stack([context(c) for c in contexts])
+        positions = jnp.stack([position(c) for c in contexts])
+        p = jax.vmap(lambda b, pos: target_model(b, pos[None])[0])(buffers, positions)
+        p = _as_probs(p, outputs)
+        zeros = jnp.zeros((vocab,), p.dtype)
+        q = jnp.stack([laws.get(c, zeros).astype(p.dtype) for c in contexts])
+        return jnp.stack(node_tokens), q, p
 
     def draft_row(tokens, length, key):
         def one(tokens, i_key):
@@ -209,21 +290,19 @@ def _decode(
         )
         return xs, qs, p
 
-    def step(state):
-        t, buffer, lengths, calls, hist, theory = state
-        active = lengths - prompt_lengths < num_tokens
-        row_keys = _row_keys(key, t, batch)
-        split = jax.vmap(lambda k: jax.random.split(k, 4))(row_keys)
-        xs, qs, p = jax.vmap(draft_row)(buffer, lengths, split[:, 0])
-        accept = jax.vmap(lambda k: jax.random.uniform(k, (gamma,), jnp.float32))(
+    def accept_and_sample_randomness(split, count):
+        accept = jax.vmap(lambda k: jax.random.uniform(k, (count,), jnp.float32))(
             split[:, 1]
         )
         if sampler.randomness == "key":
-            sample = split[:, 2]
-        else:
-            sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(
-                split[:, 2]
-            )
+            return accept, split[:, 2]
+        sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(split[:, 2])
+        return accept, sample
+
+    def propose_chain(buffer, lengths, split):
+        """Drafts a chain, scores it, verifies it: `(n, tokens, P(n >= k))`."""
+        xs, qs, p = jax.vmap(draft_row)(buffer, lengths, split[:, 0])
+        accept, sample = accept_and_sample_randomness(split, gamma)
         if drafting == "argmax":
             law = jax.nn.one_hot(xs, vocab, dtype=qs.dtype)
             given = None
@@ -237,7 +316,6 @@ def _decode(
             accept,
             sample,
         )
-        n, new = out["num_accepted"], out["tokens"]
         passes = jax.vmap(
             lambda law, p: _pass_probabilities(verifier.ratio_test, law, p)
         )
@@ -247,8 +325,29 @@ def _decode(
             reached = jax.vmap(_reached_probabilities)(
                 passes(law, p[:, :gamma]), law, xs
             ).astype(jnp.float32)
+        return out["num_accepted"], out["tokens"], reached
+
+    def propose_tree(buffer, lengths, split):
+        """Drafts a tree, scores every node, walks it with the tree verifier."""
+        nodes, dq, p = jax.vmap(tree_row)(buffer, lengths, split[:, 0])
+        accept, sample = accept_and_sample_randomness(split, len(tree))
+        parents = jnp.broadcast_to(jnp.asarray(tree, jnp.int32), nodes.shape)
+        deterministic = isinstance(verifier.node_rule, DeterministicCandidates)
+        draft_rows = None if deterministic else dq
+        out = verifier(nodes, parents, draft_rows, p, accept, sample)
+        reached = jnp.full((batch, hist_size), jnp.nan, jnp.float32)
+        return out["num_accepted"], out["tokens"], reached
+
+    propose = propose_chain if tree is None else propose_tree
+
+    def step(state):
+        t, buffer, lengths, calls, hist, theory = state
+        active = lengths - prompt_lengths < num_tokens
+        row_keys = _row_keys(key, t, batch)
+        split = jax.vmap(lambda k: jax.random.split(k, 4))(row_keys)
+        n, new, reached = propose(buffer, lengths, split)
         # Commit: accepted tokens and the correction; the slots after it are scratch.
-        index = lengths[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
+        index = lengths[:, None] + jnp.arange(room, dtype=jnp.int32)[None]
         written = jax.vmap(lambda b, i, v: b.at[i].set(v))(
             buffer, index, jnp.maximum(new, 0)
         )
@@ -256,7 +355,7 @@ def _decode(
         lengths = jnp.where(active, lengths + n + 1, lengths)
         calls = calls + active.astype(jnp.int32)
         hist = hist + active[:, None].astype(jnp.int32) * jax.nn.one_hot(
-            n, gamma + 1, dtype=jnp.int32
+            n, hist_size, dtype=jnp.int32
         )
         theory = theory + jnp.where(active[:, None], reached, 0.0)
         if progress is not None:
@@ -272,8 +371,8 @@ def _decode(
         buffer,
         lengths,
         jnp.zeros((batch,), jnp.int32),
-        jnp.zeros((batch, gamma + 1), jnp.int32),
-        jnp.zeros((batch, gamma + 1), jnp.float32),
+        jnp.zeros((batch, hist_size), jnp.int32),
+        jnp.zeros((batch, hist_size), jnp.float32),
     )
     _, buffer, lengths, calls, hist, theory = jax.lax.while_loop(
         unfinished, step, state
@@ -283,15 +382,55 @@ def _decode(
     return DecodeResult(tokens, calls, hist, theory, theory_kind)
 
 
+def _check_tree(tree, verifier, drafting):
+    if tree is None:
+        if isinstance(verifier, TreeVerifier):
+            raise TypeError(
+                "A TreeVerifier needs the tree's shape: pass `tree=` the parent of each "
+                "node in depth-first order, e.g. `tree=(-1, 0, -1, 2)` for two "
+                "candidates at the root with one child each."
+            )
+        return None, "sample" if drafting is None else drafting
+    if not isinstance(verifier, TreeVerifier):
+        raise TypeError(
+            "`tree` is given, so `verifier` must be an eqx_specdec.TreeVerifier; got "
+            f"{type(verifier).__name__}."
+        )
+    if drafting is None:
+        if type(verifier.node_rule) not in _TREE_POLICIES:
+            raise TypeError(
+                f"{type(verifier.node_rule).__name__} is not one of the library's node "
+                'rules, so say how its siblings are drafted: `drafting=` "iid", '
+                '"without-replacement" or "top-k".'
+            )
+        drafting = _TREE_POLICIES[type(verifier.node_rule)]
+    if drafting not in _TREE_POLICIES.values():
+        raise ValueError(
+            '`drafting` for a tree must be "iid", "without-replacement" or "top-k", got '
+            f"{drafting!r}."
+        )
+    tree = tuple(tree)
+    valid = len(tree) > 0 and all(
+        isinstance(p, int) and -1 <= p < i for i, p in enumerate(tree)
+    )
+    if not valid:
+        raise ValueError(
+            "`tree` must be a non-empty tuple of Python ints, the parent of each node in "
+            "depth-first order: -1 for a child of the root, else an earlier node's "
+            f"index; got {tree!r}."
+        )
+    return tree, drafting
+
+
 def _check_decode_arguments(
     prompt_tokens, prompt_lengths, num_tokens, gamma, drafting, outputs, verifier
 ):
     from ._sharding import ShardedVerifier
 
-    if not isinstance(verifier, (Verifier, ShardedVerifier)):
+    if not isinstance(verifier, (Verifier, ShardedVerifier, TreeVerifier)):
         raise TypeError(
-            "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier), got "
-            f"{type(verifier).__name__}."
+            "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier, or "
+            f"TreeVerifier with `tree`), got {type(verifier).__name__}."
         )
     for name, value, low in (("num_tokens", num_tokens, 1), ("gamma", gamma, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -343,9 +482,10 @@ def speculative_decode(
     *,
     gamma: int = 4,
     verifier: Verifier = Verifier(),
-    drafting: str = "sample",
+    drafting: str | None = None,
     outputs: str = "probs",
     progress: Callable | None = None,
+    tree: tuple[int, ...] | None = None,
 ) -> DecodeResult:
     """Generates `num_tokens` tokens for each of a batch of prompts by speculative
     decoding, in one compiled `jax.lax.while_loop`.
@@ -385,20 +525,38 @@ def speculative_decode(
     - `gamma`: $G$, the number of draft tokens per step. Default 4.
     - `verifier`: the [`eqx_specdec.Verifier`][] to run. Its stages receive
         probabilities, or log-probabilities when its ratio test has `log_space=True`.
-    - `drafting`: `"sample"` (default): draft tokens $x_i \\sim q_i$, and the verifier
-        sees $q$; `"argmax"`: $x_i = \\arg\\max_v q_i(v)$, passed to the verifier as one-hot
+    - `drafting`: `"sample"` (the default for chains): draft tokens $x_i \\sim q_i$,
+        and the verifier sees $q$; `"argmax"`: $x_i = \\arg\\max_v q_i(v)$, passed to the verifier as one-hot
         drafts (`draft_probs=None`). Greedy speculative decoding is `"argmax"` with the
         greedy verifier.
     - `outputs`: `"probs"` (default) or `"logits"`: what the models return.
     - `progress`: `None`, or a function `progress(done, total)` called from the host
         after every step with the number of tokens generated so far over the batch.
+    - `tree`: with a [`eqx_specdec.TreeVerifier`][] as `verifier`, the shape of the
+        draft tree: the parent of each node in depth-first order (-1 for the root's
+        children), a tuple of Python ints. Each step drafts the tree (children of a node
+        drawn from the draft after it: i.i.d. for [`eqx_specdec.IIDCandidates`][],
+        without replacement for [`eqx_specdec.WithoutReplacementCandidates`][], its
+        top-$k$ for [`eqx_specdec.DeterministicCandidates`][]), scores the root and every
+        node with the target (one call per node here, vmapped; a transformer would use
+        a tree attention mask), and commits the accepted path and the correction.
+        `drafting` may override how siblings are drawn (`"iid"`,
+        `"without-replacement"`, `"top-k"`; required for a node rule of your own);
+        `gamma` is unused, and `DecodeResult.theory` is `"none"`.
 
     **Returns:**
 
     A [`eqx_specdec.DecodeResult`][]: the tokens and the run's statistics.
     """
+    tree, drafting = _check_tree(tree, verifier, drafting)
     prompt_lengths = _check_decode_arguments(
-        prompt_tokens, prompt_lengths, num_tokens, gamma, drafting, outputs, verifier
+        prompt_tokens,
+        prompt_lengths,
+        num_tokens,
+        gamma,
+        "sample" if tree is not None else drafting,
+        outputs,
+        verifier,
     )
     return _decode(
         draft_model,
@@ -412,6 +570,7 @@ def speculative_decode(
         drafting,
         outputs,
         progress,
+        tree,
     )
 
 

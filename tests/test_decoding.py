@@ -39,21 +39,32 @@ def _sequence_probabilities(target, prompt_token, length):
     return out
 
 
+# Two candidates at the root, each with one child: a tree of depth 2.
+TREE = (-1, 0, -1, 2)
+
 LOOP_VERIFIERS = {
-    "standard": (es.Verifier(), "sample"),
-    "one-hot": (es.Verifier(), "argmax"),
-    "block": (es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()), "sample"),
-    "Gumbel sampler": (es.Verifier(residual_sampler=es.GumbelSampler()), "sample"),
+    "standard": (es.Verifier(), {}),
+    "one-hot": (es.Verifier(), dict(drafting="argmax")),
+    "block": (es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()), {}),
+    "Gumbel sampler": (es.Verifier(residual_sampler=es.GumbelSampler()), {}),
+    "tree, i.i.d.": (es.TreeVerifier(es.IIDCandidates()), dict(tree=TREE)),
+    "tree, without replacement": (
+        es.TreeVerifier(es.WithoutReplacementCandidates()),
+        dict(tree=TREE),
+    ),
+    "tree, top-k": (es.TreeVerifier(es.DeterministicCandidates()), dict(tree=TREE)),
 }
 
 NUM_ROWS = 24_000
 LENGTH = 3
 
 
-def _chi_square_of_loop(verifier, drafting, gamma=2, seed=0):
+def _chi_square_of_loop(verifier, options, seed=0):
     draft, target = _tiny_models()
     vocab = target.vocab_size
     prompt = jnp.full((NUM_ROWS, 1), 1, jnp.int32)
+    if "tree" not in options:
+        options = dict(gamma=2, **options)
     result = es.speculative_decode(
         draft,
         target,
@@ -61,9 +72,8 @@ def _chi_square_of_loop(verifier, drafting, gamma=2, seed=0):
         None,
         LENGTH,
         jax.random.key(seed),
-        gamma=gamma,
         verifier=verifier,
-        drafting=drafting,
+        **options,
     )
     tokens = np.asarray(result.tokens)
     codes = (tokens * vocab ** np.arange(LENGTH)[::-1]).sum(-1)
@@ -82,23 +92,31 @@ def _chi_square_of_loop(verifier, drafting, gamma=2, seed=0):
 
 @pytest.mark.parametrize("name", list(LOOP_VERIFIERS))
 def test_the_whole_loop_is_lossless(name):
-    verifier, drafting = LOOP_VERIFIERS[name]
-    statistic, threshold, result = _chi_square_of_loop(verifier, drafting)
+    verifier, options = LOOP_VERIFIERS[name]
+    statistic, threshold, result = _chi_square_of_loop(verifier, options)
     assert statistic < threshold, (name, statistic, threshold)
     # And the drafts were really used: some steps accepted draft tokens.
     assert np.asarray(result.accepted_histogram)[:, 1:].sum() > 0
 
 
 @pytest.mark.parametrize(
-    "verifier",
+    "verifier, options",
     [
-        es.Verifier(es.LenientRatioTest(0.3)),
-        es.Verifier(es.BlockRatioTest(), es.PrefixCounter()),
+        (es.Verifier(es.LenientRatioTest(0.3)), {}),
+        (es.Verifier(es.BlockRatioTest(), es.PrefixCounter()), {}),
+        (
+            es.TreeVerifier(es.IIDCandidates()),
+            dict(tree=TREE, drafting="without-replacement"),
+        ),
     ],
-    ids=["lenience 0.3", "block weights, first-failure count"],
+    ids=[
+        "lenience 0.3",
+        "block weights, first-failure count",
+        "siblings drawn without replacement, verified as i.i.d.",
+    ],
 )
-def test_the_whole_loop_catches_a_lossy_verifier(verifier):
-    statistic, threshold, _ = _chi_square_of_loop(verifier, "sample")
+def test_the_whole_loop_catches_a_lossy_verifier(verifier, options):
+    statistic, threshold, _ = _chi_square_of_loop(verifier, options)
     assert statistic > 3 * threshold
 
 
@@ -372,3 +390,54 @@ def test_progress_is_reported_from_inside_the_loop():
     done = [d for d, _ in seen]
     assert done == sorted(done) and done[-1] == 4 * 30
     assert {t for _, t in seen} == {4 * 30}
+
+
+class _UserRule(es.AbstractNodeRule):
+    """A user's node rule: the i.i.d. rule, written out."""
+
+    def test(self, residual, mass, draft, token, uniform):
+        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
+
+    def reject(self, residual, mass, draft, token):
+        return es.IIDCandidates().reject(residual, mass, draft, token)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(verifier=es.TreeVerifier()), TypeError, "A TreeVerifier needs the tree's shape"),
+        (dict(tree=(-1, 0)), TypeError, "`tree` is given, so `verifier` must be an eqx_specdec.TreeVerifier"),
+        (dict(verifier=es.TreeVerifier(), tree=(-1, 1)), ValueError, "depth-first order"),
+        (dict(verifier=es.TreeVerifier(), tree=()), ValueError, "non-empty tuple"),
+        (dict(verifier=es.TreeVerifier(), tree=(-1,), drafting="argmax"), ValueError, "`drafting` for a tree must be"),
+        (dict(verifier=es.TreeVerifier(_UserRule()), tree=(-1,)), TypeError, 'say how its siblings are drafted: `drafting=` "iid"'),
+    ],
+)  # fmt: skip
+def test_bad_tree_arguments_are_named(kwargs, error, match):
+    draft, target = es.builtin_models()
+    with pytest.raises(error, match=match):
+        es.speculative_decode(
+            draft,
+            target,
+            np.zeros((2, 3), np.int32),
+            None,
+            8,
+            jax.random.key(0),
+            **kwargs,
+        )
+
+
+def test_a_user_node_rule_runs_with_explicit_drafting():
+    draft, target = es.builtin_models()
+    tokens, lengths = _prompts(4)
+    tree = (-1, 0, -1, 2)
+    expected = es.speculative_decode(
+        draft, target, tokens, lengths, 32, jax.random.key(2),
+        verifier=es.TreeVerifier(es.IIDCandidates()), tree=tree,
+    )  # fmt: skip
+    got = es.speculative_decode(
+        draft, target, tokens, lengths, 32, jax.random.key(2),
+        verifier=es.TreeVerifier(_UserRule()), tree=tree, drafting="iid",
+    )  # fmt: skip
+    np.testing.assert_array_equal(got.tokens, expected.tokens)
+    assert got.theory == "none" and got.accepted_histogram.shape == (4, 3)
