@@ -181,10 +181,10 @@ def test_inside_the_decoding_loop():
     ]:
         sharded = es.ShardedVerifier(verifier, mesh, batch_axis, vocab_axis)
         expected = es.speculative_decode(
-            draft, target, tokens, None, 48, key, verifier=verifier, drafting=drafting
+            draft, target, tokens, None, 24, key, verifier=verifier, drafting=drafting
         )
         got = es.speculative_decode(
-            draft, target, tokens, None, 48, key, verifier=sharded, drafting=drafting
+            draft, target, tokens, None, 24, key, verifier=sharded, drafting=drafting
         )
         np.testing.assert_array_equal(got.tokens, expected.tokens)
         np.testing.assert_array_equal(
