@@ -258,7 +258,9 @@ def _decode(
             x = x.astype(jnp.int32)
             if tree_policy != "iid":  # siblings are distinct
                 remaining[parent] = jnp.where(
-                    jnp.arange(vocab) == x, -1.0 if tree_policy == "top-k" else 0.0, law
+                    jnp.arange(vocab, dtype=jnp.int32) == x,
+                    -1.0 if tree_policy == "top-k" else 0.0,
+                    law,
                 )
             node_tokens.append(x)
         contexts = [-1] + list(range(len(tree)))
