@@ -8,7 +8,15 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jaxtyping import Array, Int
 
+from ._custom_types import (
+    AcceptUniforms,
+    DraftProbs,
+    DraftTokens,
+    SampleRandomnessBatch,
+    TargetProbs,
+)
 from ._misc import compute_dtype
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
@@ -159,8 +167,13 @@ class ShardedVerifier(eqx.Module):
         return self.verifier.token_assembler
 
     def __call__(
-        self, draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
-    ):
+        self,
+        draft_tokens: DraftTokens,
+        draft_probs: DraftProbs | None,
+        target_probs: TargetProbs,
+        accept_uniforms: AcceptUniforms,
+        sample_uniforms: SampleRandomnessBatch,
+    ) -> dict[str, Int[Array, "..."]]:
         """Verifies a sharded batch. Arguments and return value as for
         [`eqx_specdec.Verifier.__call__`][]; `B` must divide evenly over `batch_axis` and
         `V` over `vocab_axis`. Inputs not yet laid out that way are resharded first."""
