@@ -31,9 +31,9 @@ from ._stages.ratio_tests import (
     RatioTest,
 )
 from ._stages.samplers import (
-    _last_positive_at_or_before,
     AbstractResidualSampler,
     ArgmaxSampler,
+    guarded_search,
     has_mass,
     inverse_cdf,
     ResidualSampler,
@@ -271,8 +271,8 @@ def _vocab_parallel(verifier: Verifier, axis: str, local: dict) -> dict:
     draft, target = local.get("draft_probs"), local["target_probs"]
     accept, sample = local["accept_uniforms"], local["sample_uniforms"]
     gamma, width = tokens.shape[1], target.shape[-1]
-    offset = jax.lax.axis_index(axis).astype(jnp.int32) * width
     shard = jax.lax.axis_index(axis).astype(jnp.int32)
+    offset = shard * width
     dtypes = [target.dtype] + ([] if draft is None else [draft.dtype])
     dtype = compute_dtype(*dtypes)
 
@@ -361,18 +361,10 @@ def _sharded_residual_draw(
     weights = jnp.where(use_residual[:, None], weights, p_part)
 
     def owner(masses, uniform):
-        """The shard holding uniform * total, with the guards of the one-device search:
-        never a shard without mass, never past the last shard."""
+        """The shard holding uniform * total, with the one-device search's guards."""
         cumulative = jnp.cumsum(masses)
         threshold = uniform.astype(masses.dtype) * cumulative[-1]
-        which = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
-        clipped = jnp.minimum(which, masses.shape[0] - 1)
-        positive = masses > 0
-        which = jnp.where(
-            (which < masses.shape[0]) & positive[clipped],
-            which,
-            _last_positive_at_or_before(positive, clipped),
-        )
+        which = guarded_search(cumulative, masses > 0, threshold)
         before = jnp.where(which > 0, cumulative[jnp.maximum(which - 1, 0)], 0)
         return which, threshold - before
 

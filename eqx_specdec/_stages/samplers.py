@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, Float, Int, jaxtyped, Key
+from jaxtyping import Array, Bool, Float, Int, jaxtyped, Key
 
 from .._custom_types import (
     DraftProbsRow,
@@ -51,6 +51,23 @@ def _last_positive_at_or_before(positive, index):
     return jnp.where(before >= 0, before, jnp.argmax(positive).astype(jnp.int32))
 
 
+def guarded_search(
+    cumulative: Float[Array, " n"], positive: Bool[Array, " n"], threshold
+) -> Int[Array, ""]:
+    """The first index whose cumulative weight exceeds `threshold`. If rounding points
+    past the end or at a zero-weight entry, the last positive entry before that point
+    instead: never `n`, never an entry without weight (the inverse CDF's guard, shared by
+    every level of every search, sharded ones included)."""
+    n = cumulative.shape[0]
+    index = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
+    clipped = jnp.minimum(index, n - 1)
+    return jnp.where(
+        (index < n) & positive[clipped],
+        index,
+        _last_positive_at_or_before(positive, clipped),
+    )
+
+
 def two_level_search(
     totals: Float[Array, " blocks"],
     window: Callable[[Int[Array, ""]], Float[Array, " size"]],
@@ -72,18 +89,10 @@ def two_level_search(
     positive-weight token before that point: never `vocab` and never a zero-weight token
     (unless every weight is zero, when it returns a token of the first block).
     """
-    num_blocks = totals.shape[0]
     cumulative = jnp.cumsum(totals)
     if threshold is None:
         threshold = uniform.astype(totals.dtype) * cumulative[-1]
-    block = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
-    clipped = jnp.minimum(block, num_blocks - 1)
-    positive_blocks = totals > 0
-    block = jnp.where(
-        (block < num_blocks) & positive_blocks[clipped],
-        block,
-        _last_positive_at_or_before(positive_blocks, clipped),
-    )
+    block = guarded_search(cumulative, totals > 0, threshold)
     before = jnp.where(block > 0, cumulative[jnp.maximum(block - 1, 0)], 0)
     weights = window(block)
     size = weights.shape[0]
@@ -92,15 +101,7 @@ def two_level_search(
     ids = start + jnp.arange(size, dtype=jnp.int32)
     # Drop the overlap of a shifted window with the previous block.
     weights = jnp.where(ids >= first, weights, 0)
-    inner = jnp.sum(before + jnp.cumsum(weights) <= threshold, dtype=jnp.int32)
-    clipped = jnp.minimum(inner, size - 1)
-    positive = weights > 0
-    inner = jnp.where(
-        (inner < size) & positive[clipped],
-        inner,
-        _last_positive_at_or_before(positive, clipped),
-    )
-    return start + inner
+    return start + guarded_search(before + jnp.cumsum(weights), weights > 0, threshold)
 
 
 def flat_search(
@@ -114,15 +115,7 @@ def flat_search(
     cumulative = jnp.cumsum(weights)
     if threshold is None:
         threshold = uniform.astype(weights.dtype) * cumulative[-1]
-    vocab = weights.shape[0]
-    token = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
-    clipped = jnp.minimum(token, vocab - 1)
-    positive = weights > 0
-    return jnp.where(
-        (token < vocab) & positive[clipped],
-        token,
-        _last_positive_at_or_before(positive, clipped),
-    )
+    return guarded_search(cumulative, weights > 0, threshold)
 
 
 # Below this vocabulary size a single cumulative sum beats the two-level search.
