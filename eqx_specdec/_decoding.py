@@ -137,12 +137,6 @@ _TREE_POLICIES = {
 }
 
 
-class _UniformSampler:
-    """The tree verifier draws its correction with one uniform per row."""
-
-    randomness = "uniform"
-
-
 def _tree_depths(tree) -> list[int]:
     depths = []
     for parent in tree:
@@ -200,13 +194,14 @@ def _decode(
     batch = prompt_tokens.shape[0]
     if tree is None:
         room, hist_size, probe_positions = gamma + 1, gamma + 1, gamma + 1
-        sampler = verifier.residual_sampler
+        key_sampler = verifier.residual_sampler.randomness == "key"
         log_space = getattr(verifier.ratio_test, "log_space", False)
         theory_kind = _theory_kind(verifier.ratio_test)
     else:
         depths = _tree_depths(tree)
         room, hist_size, probe_positions = len(tree) + 1, max(depths) + 1, 1
-        sampler, log_space, theory_kind = _UniformSampler(), False, "none"
+        # The tree verifier draws its correction with one uniform per row.
+        key_sampler, log_space, theory_kind = False, False, "none"
         tree_policy = drafting
     buffer = _token_buffer(prompt_tokens, num_tokens + room)
     lengths = prompt_lengths.astype(jnp.int32)
@@ -296,7 +291,7 @@ def _decode(
         accept = jax.vmap(lambda k: jax.random.uniform(k, (count,), jnp.float32))(
             split[:, 1]
         )
-        if sampler.randomness == "key":
+        if key_sampler:
             return accept, split[:, 2]
         sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(split[:, 2])
         return accept, sample
@@ -384,7 +379,9 @@ def _decode(
     return DecodeResult(tokens, calls, hist, theory, theory_kind)
 
 
-def _check_tree(tree, verifier, drafting):
+def _check_drafting(tree, verifier, drafting):
+    """Checks `tree` against the verifier and resolves `drafting`: for a chain,
+    "sample" or "argmax"; for a tree, how siblings are drawn."""
     if tree is None:
         if isinstance(verifier, TreeVerifier):
             raise TypeError(
@@ -392,7 +389,13 @@ def _check_tree(tree, verifier, drafting):
                 "node in depth-first order, e.g. `tree=(-1, 0, -1, 2)` for two "
                 "candidates at the root with one child each."
             )
-        return None, "sample" if drafting is None else drafting
+        drafting = "sample" if drafting is None else drafting
+        if drafting not in ("sample", "argmax"):
+            raise ValueError(
+                f'`drafting` must be "sample" (draft tokens x ~ q) or "argmax" (one-hot '
+                f"drafts), got {drafting!r}."
+            )
+        return None, drafting
     if not isinstance(verifier, TreeVerifier):
         raise TypeError(
             "`tree` is given, so `verifier` must be an eqx_specdec.TreeVerifier; got "
@@ -425,7 +428,7 @@ def _check_tree(tree, verifier, drafting):
 
 
 def _check_decode_arguments(
-    prompt_tokens, prompt_lengths, num_tokens, gamma, drafting, outputs, verifier
+    prompt_tokens, prompt_lengths, num_tokens, gamma, outputs, verifier
 ):
     from ._sharding import ShardedVerifier
 
@@ -437,11 +440,6 @@ def _check_decode_arguments(
     for name, value, low in (("num_tokens", num_tokens, 1), ("gamma", gamma, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"`{name}` must be a Python int >= {low}, got {value!r}.")
-    if drafting not in ("sample", "argmax"):
-        raise ValueError(
-            f'`drafting` must be "sample" (draft tokens x ~ q) or "argmax" (one-hot '
-            f"drafts), got {drafting!r}."
-        )
     if outputs not in ("probs", "logits"):
         raise ValueError(f'`outputs` must be "probs" or "logits", got {outputs!r}.')
     if jnp.ndim(prompt_tokens) != 2:
@@ -550,15 +548,9 @@ def speculative_decode(
 
     A [`eqx_specdec.DecodeResult`][]: the tokens and the run's statistics.
     """
-    tree, drafting = _check_tree(tree, verifier, drafting)
+    tree, drafting = _check_drafting(tree, verifier, drafting)
     prompt_lengths = _check_decode_arguments(
-        prompt_tokens,
-        prompt_lengths,
-        num_tokens,
-        gamma,
-        "sample" if tree is not None else drafting,
-        outputs,
-        verifier,
+        prompt_tokens, prompt_lengths, num_tokens, gamma, outputs, verifier
     )
     return _decode(
         draft_model,
@@ -626,7 +618,7 @@ def autoregressive_decode(
     int32 of shape `(B, L)`, the generated tokens.
     """
     prompt_lengths = _check_decode_arguments(
-        prompt_tokens, prompt_lengths, num_tokens, 1, "sample", outputs, Verifier()
+        prompt_tokens, prompt_lengths, num_tokens, 1, outputs, Verifier()
     )
     greedy = key is None
     return _autoregressive(
