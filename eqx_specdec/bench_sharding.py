@@ -23,6 +23,21 @@ from ._verifier import speculative_accept, Verifier
 _COLLECTIVES = "all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute"
 
 
+_HLO_DTYPES = {
+    "f16": "f2",
+    "bf16": "f2",
+    "f32": "f4",
+    "f64": "f8",
+    "s32": "i4",
+    "u32": "u4",
+    "s64": "i8",
+    "u64": "u8",
+    "pred": "b1",
+    "s8": "i1",
+    "u8": "u1",
+}
+
+
 def _group_size(line: str) -> int:
     """The number of devices in each replica group of an HLO collective."""
     iota = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)
@@ -60,21 +75,6 @@ def collectives(compiled_text: str) -> list[tuple[str, tuple[int, ...], int]]:
                 received = size
             found.append((op, shape, int(received)))
     return found
-
-
-_HLO_DTYPES = {
-    "f16": "f2",
-    "bf16": "f2",
-    "f32": "f4",
-    "f64": "f8",
-    "s32": "i4",
-    "u32": "u4",
-    "s64": "i8",
-    "u64": "u8",
-    "pred": "b1",
-    "s8": "i1",
-    "u8": "u1",
-}
 
 
 def gathering_verifier(mesh, batch_axis, vocab_axis, verifier=Verifier()):
