@@ -1,10 +1,12 @@
 import importlib.metadata
 
+from ._abstract_verifier import AbstractVerifier as AbstractVerifier
+from ._decode_result import DecodeResult as DecodeResult
 from ._decoding import (
     autoregressive_decode as autoregressive_decode,
-    DecodeResult as DecodeResult,
     speculative_decode as speculative_decode,
 )
+from ._errors import MissingCapabilityError as MissingCapabilityError
 from ._evaluate import (
     evaluate_verifier as evaluate_verifier,
     synthetic_distributions as synthetic_distributions,
@@ -32,11 +34,18 @@ from ._models import (
     NGramModel as NGramModel,
     VOCABULARY as VOCABULARY,
 )
+from ._node_rules import (
+    AbstractNodeRule as AbstractNodeRule,
+    DeterministicCandidates as DeterministicCandidates,
+    IIDCandidates as IIDCandidates,
+    WithoutReplacementCandidates as WithoutReplacementCandidates,
+)
 from ._sharding import ShardedVerifier as ShardedVerifier
 from ._stages.assemblers import (
     AbstractTokenAssembler as AbstractTokenAssembler,
     TokenAssembler as TokenAssembler,
 )
+from ._stages.block import BlockRatioTest as BlockRatioTest
 from ._stages.prefix_counters import (
     AbstractPrefixCounter as AbstractPrefixCounter,
     LastSuccessCounter as LastSuccessCounter,
@@ -44,29 +53,25 @@ from ._stages.prefix_counters import (
 )
 from ._stages.ratio_tests import (
     AbstractRatioTest as AbstractRatioTest,
-    BlockRatioTest as BlockRatioTest,
+    gather_draft_probs as gather_draft_probs,
     GreedyRatioTest as GreedyRatioTest,
     LenientRatioTest as LenientRatioTest,
     RatioTest as RatioTest,
-    TypicalRatioTest as TypicalRatioTest,
 )
 from ._stages.samplers import (
     AbstractResidualSampler as AbstractResidualSampler,
     ArgmaxSampler as ArgmaxSampler,
     GumbelSampler as GumbelSampler,
     ResidualSampler as ResidualSampler,
+)
+from ._stages.typical import (
+    TypicalRatioTest as TypicalRatioTest,
     TypicalSampler as TypicalSampler,
 )
 from ._stages.verdict import Verdict as Verdict
-from ._tree import (
-    AbstractNodeRule as AbstractNodeRule,
-    DeterministicCandidates as DeterministicCandidates,
-    IIDCandidates as IIDCandidates,
-    tree_accept as tree_accept,
-    TreeVerifier as TreeVerifier,
-    WithoutReplacementCandidates as WithoutReplacementCandidates,
-)
+from ._tree import tree_accept as tree_accept, TreeVerifier as TreeVerifier
 from ._verifier import speculative_accept as speculative_accept, Verifier as Verifier
+from ._vocab_shard import VocabShard as VocabShard
 
 
 __version__ = importlib.metadata.version("eqx_specdec")

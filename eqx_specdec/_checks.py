@@ -3,6 +3,7 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Int
 
 from ._misc import compute_dtype
 
@@ -69,9 +70,39 @@ def uniform_problems(name, uniforms):
     return [(_per_row(outside), f"`{name}` holds a value outside [0, 1)")]
 
 
-# Messages of deferred checks, by registry id: the compiled program returns the id and
-# the index of the problem found, and the entry point raises from Python.
-_DEFERRED_MESSAGES: list[list[str]] = []
+def _message(problem: str, row) -> str:
+    return (
+        f"{problem} (first in row {row}). Fix the input (probabilities must be finite, "
+        "non-negative and normalised over the vocabulary), or pass "
+        "`check_inputs=False` to skip these checks."
+    )
+
+
+class DeferredCheck(eqx.Module):
+    """What a program over several devices returns in place of raising from inside: the
+    outputs, and the index of the first problem found (or -1). The entry point raises
+    it after the program has finished (an error raised on one device would leave the
+    others waiting in a collective)."""
+
+    outputs: dict
+    index: Int[Array, ""]
+    problems: tuple[str, ...] = eqx.field(static=True)
+    batch: int = eqx.field(static=True)
+
+    def resolve(self) -> dict:
+        """The outputs, or the `RuntimeError` for the problem found."""
+        if isinstance(self.index, jax.core.Tracer):
+            raise TypeError(
+                "A ShardedVerifier cannot check input values at run time inside a "
+                "`jax.jit` of yours: an error raised on one device would leave the "
+                "others waiting. Call the entry point outside `jax.jit` (it compiles "
+                "itself) to have the values checked, or pass `check_inputs=False`."
+            )
+        index = int(self.index)
+        if index >= 0:
+            problem, row = divmod(index, self.batch)
+            raise RuntimeError(_message(self.problems[problem], row))
+        return self.outputs
 
 
 def raise_first_problem(outputs, problems, *, deferred: bool = False):
@@ -81,11 +112,9 @@ def raise_first_problem(outputs, problems, *, deferred: bool = False):
     error names the first problem in the list that occurs and its first offending row.
     Under `jax.jit` it surfaces as a `RuntimeError` carrying the message.
 
-    With `deferred=True` (programs spread over several devices, where an error raised
-    from inside the program on one device would leave the others waiting in a
-    collective), the outputs instead gain `"_problem"` (the index of the message, or -1)
-    and `"_messages"` (the registry id of the messages), and the entry point raises
-    after the program has finished (see `jit_entry_point`).
+    With `deferred=True` (programs spread over several devices), returns a
+    [`DeferredCheck`][eqx_specdec._checks.DeferredCheck] for the entry point to resolve
+    after the program has finished.
     """
     flags = jnp.stack([flag for flag, _ in problems])  # (problems, batch)
     batch = flags.shape[1]
@@ -93,40 +122,10 @@ def raise_first_problem(outputs, problems, *, deferred: bool = False):
     first_problem = jnp.argmax(jnp.any(flags, axis=1))
     first_row = jnp.argmax(flags[first_problem])
     index = first_problem * batch + first_row
-    messages = [
-        f"{message} (first in row {row}). Fix the input (probabilities must be finite, "
-        "non-negative and normalised over the vocabulary), or pass "
-        "`check_inputs=False` to skip these checks."
-        for _, message in problems
-        for row in range(batch)
-    ]
     if deferred:
-        if messages not in _DEFERRED_MESSAGES:
-            _DEFERRED_MESSAGES.append(messages)
-        registry_id = _DEFERRED_MESSAGES.index(messages)
-        return {
-            **outputs,
-            "_problem": jnp.where(any_problem, index, -1).astype(jnp.int32),
-            "_messages": jnp.asarray(registry_id, jnp.int32),
-        }
+        index = jnp.where(any_problem, index, -1).astype(jnp.int32)
+        return DeferredCheck(outputs, index, tuple(m for _, m in problems), batch)
+    messages = [
+        _message(message, row) for _, message in problems for row in range(batch)
+    ]
     return eqx.branched_error_if(outputs, any_problem, index, messages)
-
-
-def raise_deferred_problem(outputs: dict) -> dict:
-    """Raises the problem a deferred check found (see `raise_first_problem`), and
-    returns the outputs without the check's entries."""
-    if "_problem" not in outputs:
-        return outputs
-    outputs = dict(outputs)
-    problem, registry_id = outputs.pop("_problem"), outputs.pop("_messages")
-    if isinstance(problem, jax.core.Tracer):
-        raise TypeError(
-            "A ShardedVerifier cannot check input values at run time inside a `jax.jit` "
-            "of yours: an error raised on one device would leave the others waiting. "
-            "Call the entry point outside `jax.jit` (it compiles itself) to have the "
-            "values checked, or pass `check_inputs=False`."
-        )
-    problem = int(problem)
-    if problem >= 0:
-        raise RuntimeError(_DEFERRED_MESSAGES[int(registry_id)][problem])
-    return outputs

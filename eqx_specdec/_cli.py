@@ -3,116 +3,15 @@
 
 import argparse
 import json
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._decoding import autoregressive_decode, speculative_decode
+from ._cli_choices import CHAIN_NAMES, DEMO_DEFAULT, fail, VERIFIER_NAMES, verifiers
+from ._cli_demo import run_demo
 from ._evaluate import evaluate_verifier, synthetic_distributions, SYNTHETIC_KINDS
-from ._models import builtin_models, BUILTIN_PROMPTS, decode, encode
-from ._stages.prefix_counters import LastSuccessCounter
-from ._stages.ratio_tests import (
-    BlockRatioTest,
-    GreedyRatioTest,
-    LenientRatioTest,
-    TypicalRatioTest,
-)
-from ._stages.samplers import ArgmaxSampler, GumbelSampler, TypicalSampler
-from ._tree import IIDCandidates, TreeVerifier
-from ._verifier import Verifier
-
-
-def _verifiers(lenience: float) -> dict:
-    """name -> (verifier, drafting, description); a tree's drafting is its shape."""
-    return {
-        "standard": (Verifier(), "sample", "standard rule, sampled drafts"),
-        "one-hot": (Verifier(), "argmax", "standard rule, argmax drafter (one-hot)"),
-        "block": (
-            Verifier(BlockRatioTest(), LastSuccessCounter()),
-            "sample",
-            "block verification",
-        ),
-        "greedy": (
-            Verifier(GreedyRatioTest(), residual_sampler=ArgmaxSampler()),
-            "argmax",
-            "greedy (temperature 0)",
-        ),
-        "lenient": (
-            Verifier(LenientRatioTest(lenience)),
-            "sample",
-            f"lenience {lenience} (lossy)",
-        ),
-        "typical": (
-            Verifier(TypicalRatioTest(), residual_sampler=ArgmaxSampler()),
-            "sample",
-            "typical acceptance (lossy)",
-        ),
-        "typical-sampled": (
-            Verifier(TypicalRatioTest(), residual_sampler=TypicalSampler()),
-            "sample",
-            "typical, sampled correction (lossy)",
-        ),
-        "gumbel": (
-            Verifier(residual_sampler=GumbelSampler()),
-            "sample",
-            "standard rule, Gumbel-max correction",
-        ),
-        "tree": (
-            TreeVerifier(IIDCandidates()),
-            DEMO_TREE,
-            "2 i.i.d. candidates at the root, each continued to depth 4",
-        ),
-    }
-
-
-# Two branches of depth 4: 8 draft tokens, at most 4 accepted per step.
-DEMO_TREE = (-1, 0, 1, 2, -1, 4, 5, 6)
-
-
-VERIFIER_NAMES = tuple(_verifiers(0.5))
-# `evaluate` measures one verification step of a chain.
-CHAIN_NAMES = tuple(n for n, v in _verifiers(0.5).items() if isinstance(v[1], str))
-DEMO_DEFAULT = ("standard", "one-hot", "block", "tree", "greedy", "typical")
-
-
-class _ProgressBar:
-    """A one-line progress bar on stderr, drawn only on a terminal."""
-
-    def __init__(self, total_tasks: int, stream=None):
-        self.stream = sys.stderr if stream is None else stream
-        self.enabled = self.stream.isatty()
-        self.total_tasks = total_tasks
-        self.task = 0
-        self.label = ""
-
-    def start(self, label: str):
-        self.label = label
-        self.update(0, 1)
-
-    def update(self, done, total):
-        if not self.enabled:
-            return
-        fraction = (self.task + int(done) / max(int(total), 1)) / self.total_tasks
-        filled = int(30 * fraction)
-        self.stream.write(
-            f"\r[{'#' * filled}{'.' * (30 - filled)}] {100 * fraction:5.1f}%  "
-            f"{self.label:<16}"
-        )
-        self.stream.flush()
-
-    def finish_task(self):
-        self.task += 1
-        if self.enabled and self.task == self.total_tasks:
-            self.stream.write("\r" + " " * 60 + "\r")
-            self.stream.flush()
-
-
-def _fail(message: str):
-    print(f"eqx-specdec: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+from ._models import builtin_models, encode
 
 
 def _names(text: str) -> list[str]:
@@ -146,149 +45,6 @@ def _lenience(text):
     return value
 
 
-def _prompt_batch(batch: int):
-    prompts = [encode(BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)]) for i in range(batch)]
-    width = max(len(p) for p in prompts)
-    tokens = np.zeros((batch, width), np.int32)
-    for i, p in enumerate(prompts):
-        tokens[i, : len(p)] = p
-    return tokens, np.asarray([len(p) for p in prompts], np.int32)
-
-
-def _format_rates(rates) -> str:
-    return " ".join("-" if np.isnan(r) else f"{r:.2f}" for r in rates)
-
-
-def run_demo(args) -> dict:
-    draft, target = builtin_models()
-    tokens, lengths = _prompt_batch(args.batch)
-    table = _verifiers(args.lenience)
-    bar = _ProgressBar(len(args.verifiers))
-    key = jax.random.key(args.seed)
-    results = {}
-    for name in args.verifiers:
-        verifier, drafting, _ = table[name]
-        if isinstance(drafting, tuple):
-            options = dict(tree=drafting)
-        else:
-            options = dict(gamma=args.gamma, drafting=drafting)
-        bar.start(name)
-        start = time.perf_counter()
-        result = speculative_decode(
-            draft,
-            target,
-            tokens,
-            lengths,
-            args.tokens,
-            key,
-            verifier=verifier,
-            progress=bar.update if bar.enabled else None,
-            **options,
-        )
-        jax.block_until_ready(result.tokens)
-        results[name] = (result, time.perf_counter() - start)
-        bar.finish_task()
-
-    print(
-        f"Built-in models: character {target.order}-gram target and "
-        f"{draft.order}-gram draft over {target.vocab_size} symbols, fit on the "
-        "text shipped with the package."
-    )
-    print(
-        f"Batch {args.batch}, {args.tokens} new tokens per row, gamma = {args.gamma}, "
-        f"seed {args.seed}.\n"
-    )
-    shown = min(args.samples, args.batch)
-    if shown:
-        first = args.verifiers[0]
-        print(f"Samples ({first}):")
-        for i in range(shown):
-            prompt = decode(tokens[i, : lengths[i]])
-            text = decode(results[first][0].tokens[i])
-            print(f"  {prompt!r} -> {text!r}")
-        print()
-    print(
-        "| verifier | drafts | tokens per target call | theory | "
-        "acceptance rate by position | target calls | seconds |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name in args.verifiers:
-        result, seconds = results[name]
-        theory = result.theoretical_tokens_per_call()
-        marks = {"exact": "", "lower bound": ">= ", "none": ""}
-        shown_theory = (
-            "n/a" if result.theory == "none" else f"{marks[result.theory]}{theory:.3f}"
-        )
-        drafting = table[name][1]
-        if isinstance(drafting, tuple):
-            drafting = "tree 2 x 4"
-        print(
-            f"| {name} | {drafting} | {result.tokens_per_call():.3f} | {shown_theory} | "
-            f"{_format_rates(result.acceptance_rate())} | "
-            f"{int(np.asarray(result.target_calls).sum())} | {seconds:.2f} |"
-        )
-    print(
-        f"| autoregressive target (baseline) | - | 1.000 | 1.000 | - | "
-        f"{args.batch * args.tokens} | - |"
-    )
-    print(
-        "\ntheory: 1 + sum_k E[P(n >= k | prefix)], from the models' distributions at "
-        "every step (standard rule: 1 + sum_k E[prod_{j<k} beta_j]); '>=' marks the "
-        "standard rule's value, a lower bound for block verification."
-    )
-    if "greedy" in results:
-        greedy = autoregressive_decode(target, tokens, lengths, args.tokens)
-        same = bool(jnp.all(greedy == results["greedy"][0].tokens))
-        print(
-            "greedy speculative decoding equals greedy decoding of the target: "
-            f"{'yes' if same else 'NO'}"
-        )
-    if args.plot:
-        _plot(results, args.plot)
-        print(f"figure written to {args.plot}")
-    return results
-
-
-def _plot(results, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        _fail(
-            "--plot needs matplotlib: python -m pip install 'eqx_specdec[plot]' "
-            "(or matplotlib)."
-        )
-    names = list(results)
-    fig, axes = plt.subplots(
-        1, len(names), figsize=(3.2 * len(names), 3.0), sharey=True, squeeze=False
-    )
-    for ax, name in zip(axes[0], names):
-        result = results[name][0]
-        ks = np.arange(result.accepted_histogram.shape[1])
-        ax.bar(
-            ks, result.accepted_length_distribution(), color="#7aa6d6", label="observed"
-        )
-        if result.theory != "none":
-            label = "theory" if result.theory == "exact" else "standard rule"
-            ax.plot(
-                ks,
-                result.theoretical_accepted_length_distribution(),
-                "o-",
-                color="#c0392b",
-                label=label,
-            )
-        ax.set_title(f"{name}: {result.tokens_per_call():.2f} tok/call", fontsize=10)
-        ax.set_xlabel("accepted draft tokens n")
-        ax.set_xticks(ks)
-        ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("fraction of steps")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _case(args):
     if args.case == "ngram":
         draft, target = builtin_models()
@@ -305,10 +61,11 @@ def _case(args):
 
 
 def run_evaluate(args) -> dict:
-    verifier, drafting, description = _verifiers(args.lenience)[args.verifier]
+    choice = verifiers(args.lenience)[args.verifier]
+    verifier, drafting, description = choice.verifier, choice.drafts, choice.description
     q, p = _case(args)
     law = q
-    if drafting == "argmax":
+    if choice.drafting == "argmax":
         q = None
         law = np.eye(p.shape[1])[np.argmax(law, -1)]
     try:
@@ -322,7 +79,7 @@ def run_evaluate(args) -> dict:
             key=jax.random.key(args.seed),
         )
     except ValueError as error:
-        _fail(str(error))
+        fail(str(error))
     result = {"verifier": args.verifier, "case": args.case, **result}
     if args.json:
         print(json.dumps(result, indent=2))

@@ -2,25 +2,19 @@
 rate and tokens per step, by exact quadrature where it applies and Monte Carlo
 otherwise. Behind the `evaluate` command."""
 
-import itertools
+from typing import Literal
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from ._lossless import emission_by_monte_carlo, emission_by_quadrature
-from ._stages.ratio_tests import (
-    BlockRatioTest,
-    GreedyRatioTest,
-    LenientRatioTest,
-    RatioTest,
-    TypicalRatioTest,
+from ._errors import MissingCapabilityError
+from ._lossless import (
+    emission_by_monte_carlo,
+    emission_by_quadrature,
+    stage_breakpoints,
 )
-from ._stages.samplers import (
-    ArgmaxSampler,
-    ResidualSampler,
-    TypicalSampler,
-)
+from ._tree import TreeVerifier
+from ._tree_evaluation import tree_quadrature_applies
 from ._verifier import Verifier
 
 
@@ -114,54 +108,18 @@ def synthetic_distributions(kind: str, gamma: int, vocab: int, seed: int):
     return q, p, q
 
 
-def typical_masked(p, epsilon=0.09, delta=0.3):
-    """p with the tokens at or under the typical threshold zeroed (NumPy)."""
-    entropy = -np.sum(p * np.log(p + 1e-5), axis=-1, keepdims=True)
-    return np.where(p > np.minimum(epsilon, delta * np.exp(-entropy)), p, 0)
-
-
-def block_breakpoints(draft_probs, target_probs) -> dict:
-    """Where block verification's outcome can change, over every draft sequence: each
-    $h_k$ (in $u$), and the cumulative sums of each residual
-    $\\operatorname{norm}((P_n p_n - q_n)_+)$ (in $s$). For
-    [`eqx_specdec.emission_by_quadrature`][]; enumerates all $V^G$ drafts."""
-    q, p = np.asarray(draft_probs), np.asarray(target_probs)
-    gamma, vocab = q.shape
-    sequences = list(itertools.product(range(vocab), repeat=gamma))
-    weights = jax.vmap(BlockRatioTest().weights, in_axes=(0, None, None))
-    cum, h = weights(
-        jnp.asarray(sequences, jnp.int32),
-        jnp.asarray(q, jnp.float32),
-        jnp.asarray(p, jnp.float32),
-    )
-    cum = np.asarray(cum, np.float64)
-    residuals = np.maximum(cum[:, :gamma, None] * p[None, :gamma] - q[None], 0)
-    totals = residuals.sum(-1, keepdims=True)
-    cdfs = np.cumsum(residuals, -1) / np.where(totals > 0, totals, 1)
-    return dict(accept_breakpoints=np.asarray(h).T, sample_breakpoints=cdfs.ravel())
-
-
-def _quadrature_breakpoints(verifier, q, p):
-    """The breakpoints that make quadrature exact for the library's rules, or None."""
-    test, sampler = verifier.ratio_test, verifier.residual_sampler
+def _quadrature_problem(verifier, q, p, tree) -> str | None:
+    """Why exact quadrature does not apply, or None."""
+    vocab = p.shape[1]
+    if isinstance(verifier, TreeVerifier):
+        return tree_quadrature_applies(verifier, tree, vocab)
     gamma = p.shape[0] - 1
-    if type(sampler) not in (ResidualSampler, ArgmaxSampler, TypicalSampler):
-        return None
-    if isinstance(sampler, ResidualSampler) and sampler.log_space:
-        return None
-    if type(test) is RatioTest and not test.log_space:
-        return {}
-    if type(test) is GreedyRatioTest:
-        return {}
-    if type(test) is LenientRatioTest and not test.log_space and q is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return dict(accept_breakpoints=p[:gamma] / (float(test.lenience) * q))
-    if type(test) is TypicalRatioTest and not test.log_space:
-        masked = typical_masked(p, float(test.epsilon), float(test.delta))
-        cdfs = np.cumsum(masked, -1) / masked.sum(-1, keepdims=True)
-        return dict(sample_breakpoints=cdfs.ravel())
-    if type(test) is BlockRatioTest and not test.log_space and q is not None:
-        return block_breakpoints(q, p)
+    if vocab**gamma > 256:
+        return f"V^G = {vocab}^{gamma} > 256"
+    try:
+        stage_breakpoints(verifier, q, p)
+    except MissingCapabilityError as error:
+        return str(error)
     return None
 
 
@@ -170,32 +128,38 @@ def _total_variation(a, b):
 
 
 def evaluate_verifier(
-    verifier: Verifier,
+    verifier: Verifier | TreeVerifier,
     draft_probs,
     target_probs,
     *,
     draft_law=None,
-    method: str = "auto",
+    method: Literal["auto", "quadrature", "monte-carlo"] = "auto",
     num_draws: int = 200_000,
     key=None,
+    tree: tuple[int, ...] | None = None,
 ) -> dict:
     """Measures one verifier on one row of fixed distributions: how far the tokens it
     emits are from its target, its acceptance rate and its tokens per step.
 
-    The target is $p$, or greedy decoding of $p$ (the one-hot of its argmax) for
-    [`eqx_specdec.GreedyRatioTest`][].
+    The tokens are measured against the ratio test's
+    [`eqx_specdec.AbstractRatioTest.emission_target`][]: $p$, or greedy decoding of $p$
+    (the one-hot of its argmax) for [`eqx_specdec.GreedyRatioTest`][].
 
     **Arguments:**
 
-    - `verifier`: the [`eqx_specdec.Verifier`][].
-    - `draft_probs`: `(G, V)`, or `None` for one-hot drafts.
-    - `target_probs`: `(G + 1, V)`.
+    - `verifier`: the [`eqx_specdec.Verifier`][], or a [`eqx_specdec.TreeVerifier`][]
+        with `tree`.
+    - `draft_probs`: `(G, V)`, or `None` for one-hot drafts (for a tree, `(N + 1, V)`:
+        see [`eqx_specdec.emission_by_quadrature`][]).
+    - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`).
     - `draft_law`: the law of the draft tokens; defaults to `draft_probs`.
-    - `method`: `"quadrature"` (exact; the library's rules on probabilities, for
-        $V^G \\le 256$), `"monte-carlo"`, or `"auto"` (the default: quadrature where it
-        applies, Monte Carlo otherwise).
+    - `method`: `"quadrature"` (exact: for $V^G \\le 256$ and stages that implement
+        `quadrature_breakpoints`; for trees of up to a few nodes whose node rule
+        implements `pass_threshold`), `"monte-carlo"`, or `"auto"` (the default:
+        quadrature where it applies, Monte Carlo otherwise).
     - `num_draws`: Monte Carlo draws.
     - `key`: the Monte Carlo key; default `jax.random.key(0)`.
+    - `tree`: with a `TreeVerifier`, the parent of each node in depth-first order.
 
     **Returns:**
 
@@ -203,7 +167,9 @@ def evaluate_verifier(
     reached, total variation distance between the emitted token's conditional
     distribution and the target's); `distance_per_position`; `acceptance_rate` (accepted
     draft tokens over drafted, $E[n] / G$); `tokens_per_step` ($1 + E[n]$);
-    `reached` ($P(n \\ge k)$, $k = 0..G$); with Monte Carlo also `draws` and
+    `reached` ($P(n \\ge k)$, $k = 0..G$, or up to the tree's depth; for a tree the
+    positions of `distance_per_position` are its contexts, root first); with Monte Carlo
+    also `draws` and
     `chi_square` (per position the statistic, degrees of freedom and tail threshold
     $\\mathrm{df} + 10\\sqrt{2\\,\\mathrm{df}}$ of
     [`eqx_specdec.EmissionEstimate.chi_square`][], and `passed`: every statistic under
@@ -215,45 +181,42 @@ def evaluate_verifier(
         )
     p = np.asarray(target_probs, np.float64)
     q = None if draft_probs is None else np.asarray(draft_probs, np.float64)
-    gamma, vocab = p.shape[0] - 1, p.shape[1]
-    breakpoints = _quadrature_breakpoints(verifier, q, p)
-    small = vocab**gamma <= 256
-    if method == "quadrature" and (breakpoints is None or not small):
-        why = (
-            f"V^G = {vocab}^{gamma} > 256"
-            if not small
-            else "quadrature is exact only for the library's rules on probabilities"
-        )
-        raise ValueError(f'`method="quadrature"` does not apply here: {why}.')
+    vocab = p.shape[1]
+    problem = _quadrature_problem(verifier, q, p, tree)
+    if method == "quadrature" and problem is not None:
+        raise ValueError(f'`method="quadrature"` does not apply here: {problem}')
     if method == "auto":
-        method = "quadrature" if breakpoints is not None and small else "monte-carlo"
+        method = "quadrature" if problem is None else "monte-carlo"
     if method == "quadrature":
         estimate = emission_by_quadrature(
-            verifier, q, p, draft_law=draft_law, **breakpoints
+            verifier, q, p, draft_law=draft_law, tree=tree
         )
-        reached = estimate.reached
+        accepted_law = estimate.accepted_distribution()
     else:
         key = jax.random.key(0) if key is None else key
         estimate = emission_by_monte_carlo(
-            verifier, q, p, key, num_draws, draft_law=draft_law
+            verifier, q, p, key, num_draws, draft_law=draft_law, tree=tree
         )
-        reached = estimate.reached / num_draws
-    target = p
-    if isinstance(verifier.ratio_test, GreedyRatioTest):
-        target = np.eye(vocab)[p.argmax(-1)]
+        accepted_law = estimate.accepted_distribution()
+    reached = accepted_law[::-1].cumsum()[::-1]  # P(n >= k)
+    if isinstance(verifier, TreeVerifier):
+        target, depth = p, len(accepted_law) - 1
+    else:
+        target, depth = verifier.ratio_test.emission_target(p), p.shape[0] - 1
+    positions = estimate.reached > 0
     conditional = estimate.conditional()
     distances = [
-        _total_variation(conditional[k], target[k]) if reached[k] > 0 else None
-        for k in range(gamma + 1)
+        _total_variation(conditional[k], target[k]) if positions[k] else None
+        for k in range(len(positions))
     ]
     accepted = float(reached[1:].sum())
     result = {
         "method": method,
-        "gamma": gamma,
+        "gamma": depth,
         "vocab": vocab,
         "distance": max(d for d in distances if d is not None),
         "distance_per_position": distances,
-        "acceptance_rate": accepted / gamma,
+        "acceptance_rate": accepted / depth,
         "tokens_per_step": 1.0 + accepted,
         "reached": [float(r) for r in reached],
     }
@@ -265,6 +228,6 @@ def evaluate_verifier(
             for name, values in chi.items()
         }
         result["chi_square"]["passed"] = bool(
-            np.all((chi["statistic"] < chi["threshold"])[reached > 0])
+            np.all((chi["statistic"] < chi["threshold"])[positions])
         )
     return result

@@ -1,16 +1,17 @@
 """What every entry point does with its inputs before verifying: convert, check shapes
 and dtypes at trace time, fill in unused randomness, and list the run-time checks."""
 
-import functools
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Float, Integer, Key
 
+from ._abstract_verifier import AbstractVerifier
 from ._checks import (
     distribution_problems,
     logit_problems,
-    raise_deferred_problem,
     token_problems,
     uniform_problems,
 )
@@ -24,126 +25,158 @@ def _is_key(x) -> bool:
     return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-class PreparedInputs(eqx.Module):
-    """Validated inputs, in the order `Verifier.__call__` takes them."""
+class StepArguments(NamedTuple):
+    """The five arguments of one verification step by name: their values, or what an
+    entry point calls them (for messages)."""
 
-    arrays: tuple
-    distribution_names: tuple[str, str] = eqx.field(static=True)
+    draft_tokens: str = "draft_tokens"
+    draft: str = "draft_probs"
+    target: str = "target_probs"
+    accept: str = "accept_uniforms"
+    sample: str = "sample_uniforms"
+
+
+LOGIT_NAMES = StepArguments(draft="draft_logits", target="target_logits")
+
+
+class PreparedInputs(eqx.Module):
+    """Validated inputs of one verification step, as `AbstractVerifier.__call__` takes
+    them (`arrays()`), with what the run-time checks need to know."""
+
+    draft_tokens: Integer[Array, "batch gamma"]
+    draft: Float[Array, "batch gamma vocab"] | None
+    target: Float[Array, "batch gamma+1 vocab"]
+    accept: Float[Array, "batch gamma"]
+    sample: Float[Array, " batch"] | Key[Array, " batch"]
+    names: StepArguments = eqx.field(static=True)
     log_space: bool = eqx.field(static=True)
     check_accept: bool = eqx.field(static=True)
     check_sample: bool = eqx.field(static=True)
 
+    def arrays(self) -> tuple:
+        """The five arguments of `AbstractVerifier.__call__`, in order."""
+        return self.draft_tokens, self.draft, self.target, self.accept, self.sample
+
     def value_problems(self) -> list:
-        draft_tokens, draft, target, accept, sample = self.arrays
         problems_of = logit_problems if self.log_space else distribution_problems
-        problems = token_problems(draft_tokens, target.shape[-1])
-        draft_name, target_name = self.distribution_names
-        if draft is not None:
-            problems += problems_of(draft_name, draft)
-        problems += problems_of(target_name, target)
+        problems = token_problems(self.draft_tokens, self.target.shape[-1])
+        if self.draft is not None:
+            problems += problems_of(self.names.draft, self.draft)
+        problems += problems_of(self.names.target, self.target)
         if self.check_accept:
-            problems += uniform_problems("accept_uniforms", accept)
+            problems += uniform_problems(self.names.accept, self.accept)
         if self.check_sample:
-            problems += uniform_problems("sample_uniforms", sample)
+            problems += uniform_problems(self.names.sample, self.sample)
         return problems
 
 
 def _check_stage_spaces(entry_point, verifier, log_space):
     for name in ("ratio_test", "residual_sampler"):
         stage = getattr(verifier, name)
-        stage_log_space = getattr(stage, "log_space", None)
-        if stage_log_space is not None and stage_log_space != log_space:
+        if stage.log_space is not None and stage.log_space != log_space:
             reads = "log-probabilities" if log_space else "probabilities"
             raise TypeError(
                 f"{entry_point} passes {reads} to the verifier, but its `{name}` "
-                f"{type(stage).__name__} has log_space={stage_log_space}. Build it with "
-                f"{type(stage).__name__}(log_space={log_space})."
+                f"{type(stage).__name__} has log_space={stage.log_space}. Build it with "
+                f"log_space={log_space}."
             )
 
 
-def _validate(arrays, names):
+class _Layout(NamedTuple):
+    rank: int
+    text: str
+
+
+_LAYOUTS = StepArguments(
+    _Layout(2, "(B, G)"),
+    _Layout(3, "(B, G, V)"),
+    _Layout(3, "(B, G+1, V)"),
+    _Layout(2, "(B, G)"),
+    _Layout(1, "(B,)"),
+)
+
+
+def _validate(arrays: StepArguments, names: StepArguments):
     """Trace-time checks of ranks, shapes and dtypes, with messages naming the argument."""
-    layouts = ["(B, G)", "(B, G, V)", "(B, G+1, V)", "(B, G)", "(B,)"]
-    ranks = [2, 3, 3, 2, 1]
-    for x, name, rank, layout in zip(arrays, names, ranks, layouts):
-        if x is not None and x.ndim != rank:
+    for x, name, layout in zip(arrays, names, _LAYOUTS):
+        if x is not None and x.ndim != layout.rank:
             raise ValueError(
-                f"`{name}` must have rank {rank}, shape {layout}; got shape {_shape(x)}."
+                f"`{name}` must have rank {layout.rank}, shape {layout.text}; got shape "
+                f"{_shape(x)}."
             )
-    for i, (x, name) in enumerate(zip(arrays, names)):
-        if x is None or (i == 4 and _is_key(x)):
-            continue
-        if i == 0:
-            if not jnp.issubdtype(x.dtype, jnp.integer):
-                raise TypeError(
-                    f"`{name}` must have an integer dtype (token ids), got "
-                    f"{x.dtype}. Cast with `.astype(jnp.int32)`."
-                )
-        elif not jnp.issubdtype(x.dtype, jnp.floating):
+    if not jnp.issubdtype(arrays.draft_tokens.dtype, jnp.integer):
+        raise TypeError(
+            f"`{names.draft_tokens}` must have an integer dtype (token ids), got "
+            f"{arrays.draft_tokens.dtype}. Cast with `.astype(jnp.int32)`."
+        )
+    floats = [
+        (arrays.draft, names.draft),
+        (arrays.target, names.target),
+        (arrays.accept, names.accept),
+    ]
+    if arrays.sample is not None and not _is_key(arrays.sample):
+        floats.append((arrays.sample, names.sample))
+    for x, name in floats:
+        if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(
                 f"`{name}` must have a floating dtype (float16, bfloat16, float32 or "
                 f"float64), got {x.dtype}."
             )
-    draft_tokens, _, target = arrays[:3]
-    batch, gamma = draft_tokens.shape
-    vocab = target.shape[2]
+    batch, gamma = arrays.draft_tokens.shape
+    vocab = arrays.target.shape[2]
     if gamma < 1:
         raise ValueError(
-            f"`{names[0]}` must hold at least one draft token per row; got shape "
-            f"{_shape(draft_tokens)}."
+            f"`{names.draft_tokens}` must hold at least one draft token per row; got "
+            f"shape {_shape(arrays.draft_tokens)}."
         )
     if vocab < 1:
-        raise ValueError(f"`{names[2]}` has an empty vocabulary: {_shape(target)}.")
-    expected = [None, (batch, gamma, vocab), (batch, gamma + 1, vocab), (batch, gamma)]
-    expected.append((batch,))
-    for x, name, shape, layout in zip(arrays, names, expected, layouts):
+        raise ValueError(
+            f"`{names.target}` has an empty vocabulary: {_shape(arrays.target)}."
+        )
+    expected = StepArguments(
+        None, (batch, gamma, vocab), (batch, gamma + 1, vocab), (batch, gamma), (batch,)
+    )
+    for x, name, shape, layout in zip(arrays, names, expected, _LAYOUTS):
         if x is None or shape is None or tuple(x.shape) == shape:
             continue
-        why = f" (one row more than `{names[1]}`, for the bonus token)"
+        why = f" (one row more than `{names.draft}`, for the bonus token)"
         raise ValueError(
-            f"`{name}` must have shape {layout} = {shape} to match `{names[0]}` "
-            f"{_shape(draft_tokens)} and `{names[2]}` vocabulary {vocab}"
-            f"{why if name == names[2] else ''}; got {_shape(x)}."
+            f"`{name}` must have shape {layout.text} = {shape} to match "
+            f"`{names.draft_tokens}` {_shape(arrays.draft_tokens)} and "
+            f"`{names.target}` vocabulary {vocab}"
+            f"{why if name == names.target else ''}; got {_shape(x)}."
         )
 
 
 def prepare_inputs(
     entry_point: str,
-    verifier,
-    check_inputs,
+    verifier: AbstractVerifier,
     arrays: tuple,
     *,
     log_space: bool,
-    names=(
-        "draft_tokens",
-        "draft_probs",
-        "target_probs",
-        "accept_uniforms",
-        "sample_uniforms",
-    ),
+    names: StepArguments = StepArguments(),
 ) -> PreparedInputs:
-    from ._sharding import ShardedVerifier
-    from ._verifier import Verifier
-
-    if not isinstance(verifier, (Verifier, ShardedVerifier)):
+    """Converts and checks (at trace time) the five arguments of one verification step,
+    and fills in the randomness the verifier's stages do not draw."""
+    if not isinstance(verifier, AbstractVerifier):
         raise TypeError(
-            "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier), got "
-            f"{type(verifier).__name__}."
+            "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier, or another "
+            f"AbstractVerifier), got {type(verifier).__name__}."
         )
     _check_stage_spaces(entry_point, verifier, log_space)
-    arrays = tuple(None if x is None else jnp.asarray(x) for x in arrays)
-    draft_tokens, draft, target, accept, sample = arrays
-    if target is None:
-        raise TypeError(f"`{names[2]}` is required.")
+    arrays = StepArguments(*(None if x is None else jnp.asarray(x) for x in arrays))
+    if arrays.target is None:
+        raise TypeError(f"`{names.target}` is required.")
     _validate(arrays, names)
-    batch, gamma = draft_tokens.shape
+    batch, gamma = arrays.draft_tokens.shape
+    accept, sample = arrays.accept, arrays.sample
 
     ratio_test, sampler = verifier.ratio_test, verifier.residual_sampler
     check_accept = accept is not None
     if accept is None:
         if ratio_test.uses_uniforms:
             raise TypeError(
-                f"`accept_uniforms` is None, but {type(ratio_test).__name__} draws "
+                f"`{names.accept}` is None, but {type(ratio_test).__name__} draws "
                 f"uniforms: pass a float array of shape (B, G) = {(batch, gamma)}."
             )
         accept = jnp.zeros((batch, gamma), jnp.float32)
@@ -152,61 +185,30 @@ def prepare_inputs(
         if sample is None or not _is_key(sample):
             raise TypeError(
                 f"{type(sampler).__name__} draws from one `jax.random` key per row: pass "
-                f"`sample_uniforms=jax.random.split(key, {batch})`, or call "
+                f"`{names.sample}=jax.random.split(key, {batch})`, or call "
                 "`speculative_accept_from_key`."
             )
         check_sample = False
     elif sample is None:
         if sampler.randomness != "none":
             raise TypeError(
-                f"`sample_uniforms` is None, but {type(sampler).__name__} draws a "
+                f"`{names.sample}` is None, but {type(sampler).__name__} draws a "
                 f"uniform per row: pass a float array of shape (B,) = ({batch},)."
             )
         sample = jnp.zeros((batch,), jnp.float32)
     elif _is_key(sample):
         raise TypeError(
-            f"`sample_uniforms` holds `jax.random` keys, but {type(sampler).__name__} "
+            f"`{names.sample}` holds `jax.random` keys, but {type(sampler).__name__} "
             "takes a float uniform per row."
         )
     return PreparedInputs(
-        (draft_tokens, draft, target, accept, sample),
-        (names[1], names[2]),
+        arrays.draft_tokens,
+        arrays.draft,
+        arrays.target,
+        accept,
+        sample,
+        names,
         log_space,
         check_accept,
         check_sample,
     )
-
-
-def is_sharded(verifier) -> bool:
-    """Whether `verifier` runs over several devices (its value checks are deferred)."""
-    from ._sharding import ShardedVerifier
-
-    return isinstance(verifier, ShardedVerifier)
-
-
-def jit_entry_point(fn):
-    """Compiles an entry point with `jax.jit`, `check_inputs` static.
-
-    A deferred value check (a sharded verifier's) raises after the compiled call.
-    A plain Python check of `check_inputs` runs first, so that a traced value (the entry
-    point called inside a user's `jax.jit` with `check_inputs` as an argument) gets a
-    message saying how to fix it rather than JAX's error about unhashable arguments.
-    """
-    # One compiled function per value of the flag, so that calls pass arrays only and
-    # take JAX's fast dispatch path.
-    jitted = {
-        flag: jax.jit(functools.partial(fn, check_inputs=flag))
-        for flag in (True, False)
-    }
-
-    @functools.wraps(fn)
-    def entry_point(*args, check_inputs: bool = True, **kwargs):
-        if not isinstance(check_inputs, bool):
-            raise TypeError(
-                "`check_inputs` must be a Python bool, got "
-                f"{type(check_inputs).__name__}. Under `jax.jit`, mark it static: "
-                f'`jax.jit({fn.__name__}, static_argnames="check_inputs")`.'
-            )
-        return raise_deferred_problem(jitted[check_inputs](*args, **kwargs))
-
-    return entry_point

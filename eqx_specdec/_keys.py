@@ -2,13 +2,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Key
 
+from ._abstract_verifier import AbstractVerifier
 from ._custom_types import DraftProbs, DraftTokens, TargetProbs
-from ._inputs import jit_entry_point
+from ._jit import entry_point
 from ._verifier import speculative_accept, Verifier
 
 
 def uniforms_from_key(
-    key: Key[Array, ""], batch: int, gamma: int, *, verifier: Verifier = Verifier()
+    key: Key[Array, ""],
+    batch: int,
+    gamma: int,
+    *,
+    verifier: AbstractVerifier = Verifier(),
 ) -> tuple[Float[Array, "batch gamma"], Float[Array, " batch"] | Key[Array, " batch"]]:
     """Draws the randomness of one verification step from a `jax.random` key.
 
@@ -47,14 +52,14 @@ def uniforms_from_key(
     return accept, sample
 
 
-@jit_entry_point
+@entry_point
 def speculative_accept_from_key(
     key: Key[Array, ""],
     draft_tokens: DraftTokens,
     draft_probs: DraftProbs | None,
     target_probs: TargetProbs,
     *,
-    verifier: Verifier = Verifier(),
+    verifier: AbstractVerifier = Verifier(),
     check_inputs: bool = True,
 ) -> dict[str, Int[Array, "..."]]:
     """[`eqx_specdec.speculative_accept`][] with its randomness drawn from a key, by

@@ -3,9 +3,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from ._abstract_verifier import AbstractVerifier
 from ._checks import raise_first_problem
 from ._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
-from ._inputs import is_sharded, jit_entry_point, prepare_inputs
+from ._inputs import LOGIT_NAMES, prepare_inputs
+from ._jit import entry_point
 from ._misc import check_hyperparameter, compute_dtype
 from ._stages.assemblers import TokenAssembler
 from ._stages.prefix_counters import PrefixCounter
@@ -125,7 +127,7 @@ LOGITS_VERIFIER = Verifier(
 )
 
 
-@jit_entry_point
+@entry_point
 def speculative_accept_logits(
     draft_tokens: DraftTokens,
     draft_logits: Float[Array, "batch gamma vocab"] | None,
@@ -135,7 +137,7 @@ def speculative_accept_logits(
     *,
     target_warp: Warp = Warp(),
     draft_warp: Warp = Warp(),
-    verifier: Verifier = LOGITS_VERIFIER,
+    verifier: AbstractVerifier = LOGITS_VERIFIER,
     check_inputs: bool = True,
 ) -> dict[str, Int[Array, "..."]]:
     """Runs one verification step on logits, with temperature, top-k and top-p.
@@ -176,18 +178,11 @@ def speculative_accept_logits(
     inputs = prepare_inputs(
         "speculative_accept_logits",
         verifier,
-        check_inputs,
         (draft_tokens, draft_logits, target_logits, accept_uniforms, sample_uniforms),
         log_space=True,
-        names=(
-            "draft_tokens",
-            "draft_logits",
-            "target_logits",
-            "accept_uniforms",
-            "sample_uniforms",
-        ),
+        names=LOGIT_NAMES,
     )
-    draft_tokens, draft_logits, target_logits, accept, sample = inputs.arrays
+    draft_tokens, draft_logits, target_logits, accept, sample = inputs.arrays()
     target_log_probs = target_warp(target_logits)
     draft_log_probs = None if draft_logits is None else draft_warp(draft_logits)
     outputs = verifier(draft_tokens, draft_log_probs, target_log_probs, accept, sample)
@@ -197,5 +192,7 @@ def speculative_accept_logits(
         problems += _warp_problems("target_warp", target_warp, batch)
         if draft_logits is not None:
             problems += _warp_problems("draft_warp", draft_warp, batch)
-        outputs = raise_first_problem(outputs, problems, deferred=is_sharded(verifier))
+        outputs = raise_first_problem(
+            outputs, problems, deferred=verifier.defers_value_checks
+        )
     return outputs

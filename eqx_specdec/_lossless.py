@@ -2,117 +2,15 @@
 
 import itertools
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._emission import accumulate, cells, EmissionEstimate
+from ._errors import MissingCapabilityError
+from ._tree import TreeVerifier
+from ._tree_evaluation import tree_emission_by_monte_carlo, tree_emission_by_quadrature
 from ._verifier import Verifier
-
-
-class EmissionEstimate(eqx.Module):
-    """How often a verifier emits each token at each output position.
-
-    Position $k$ of the output (`tokens[k]`) is *reached* when $n \\ge k$ (it holds a token,
-    not `-1`). A lossless verifier emits, at every reached position $k$, a token
-    distributed as $p_k$: `conditional()[k]` must equal `target_probs[k]`.
-
-    Produced by [`eqx_specdec.emission_by_quadrature`][] (probabilities, `num_draws` is
-    `None`) and [`eqx_specdec.emission_by_monte_carlo`][] (counts out of `num_draws`).
-
-    **Arguments:**
-
-    - `emitted`: float64 `(G + 1, V)`, the probability (quadrature) or count (Monte Carlo)
-        of `tokens[k] == v`.
-    - `reached`: float64 `(G + 1,)`, the probability or count of `tokens[k] != -1`,
-        that is of $n \\ge k$.
-    - `num_draws`: the number of Monte Carlo draws, or `None` for quadrature.
-    """
-
-    emitted: np.ndarray
-    reached: np.ndarray
-    num_draws: int | None = eqx.field(static=True, default=None)
-
-    def conditional(self) -> np.ndarray:
-        """The distribution of `tokens[k]` given that position $k$ is reached:
-        `emitted / reached`, float64 `(G + 1, V)`; rows never reached are NaN."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return self.emitted / self.reached[:, None]
-
-    def max_error(self, target_probs) -> float:
-        """The largest $|\\hat P(\\text{tokens}[k] = v \\mid n \\ge k) - p_k(v)|$ over
-        reached positions and all tokens.
-
-        **Arguments:**
-
-        - `target_probs`: `(G + 1, V)`, the target distributions $p_k$.
-
-        **Returns:**
-
-        A Python float.
-        """
-        target = np.asarray(target_probs, np.float64)
-        reached = self.reached > 0
-        return float(np.max(np.abs(self.conditional() - target)[reached]))
-
-    def chi_square(self, target_probs, min_expected: float = 5.0) -> dict:
-        """Pearson's chi-square statistic of the Monte Carlo counts against $p_k$, per
-        output position.
-
-        Bins whose expected count is below `min_expected` are merged (all of them into one
-        bin, which joins the smallest other bin if still below `min_expected`). A token
-        emitted where $p_k$ is zero makes the statistic infinite. The threshold is far in
-        the tail, $\\text{df} + 10\\sqrt{2\\,\\text{df}}$ (as vLLM's tests use): a correct
-        verifier exceeds it with negligible probability.
-
-        **Arguments:**
-
-        - `target_probs`: `(G + 1, V)`, the target distributions $p_k$.
-        - `min_expected`: the smallest expected count a bin may keep.
-
-        **Returns:**
-
-        A dict of float64 arrays of shape `(G + 1,)`: `"statistic"`, `"df"`,
-        `"threshold"` (NaN at positions never reached).
-
-        **Raises:**
-
-        - `ValueError`: for an estimate made by quadrature (no counts).
-        """
-        if self.num_draws is None:
-            raise ValueError("chi_square needs Monte Carlo counts, not quadrature.")
-        target = np.asarray(target_probs, np.float64)
-        out = {
-            k: np.full(len(self.reached), np.nan)
-            for k in ("statistic", "df", "threshold")
-        }
-        for k, total in enumerate(self.reached):
-            if total == 0:
-                continue
-            observed = self.emitted[k]
-            expected = total * target[k] / target[k].sum()
-            small = expected < min_expected
-            obs = list(observed[~small])
-            exp = list(expected[~small])
-            if small.any():
-                merged_obs, merged_exp = observed[small].sum(), expected[small].sum()
-                if merged_exp < min_expected and exp:
-                    i = int(np.argmin(exp))
-                    obs[i] += merged_obs
-                    exp[i] += merged_exp
-                else:
-                    obs.append(merged_obs)
-                    exp.append(merged_exp)
-            obs, exp = np.array(obs), np.array(exp)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                terms = np.where(
-                    exp > 0, (obs - exp) ** 2 / exp, np.where(obs > 0, np.inf, 0)
-                )
-            df = max(len(obs) - 1, 1)
-            out["statistic"][k] = terms.sum()
-            out["df"][k] = df
-            out["threshold"][k] = df + 10 * np.sqrt(2 * df)
-        return out
 
 
 def _checked(draft_probs, target_probs, draft_law):
@@ -142,18 +40,6 @@ def _checked(draft_probs, target_probs, draft_law):
     return draft, target, law / law.sum(-1, keepdims=True)
 
 
-def _cells(breakpoints, subdivisions):
-    """Midpoints and widths of the cells between sorted breakpoints in [0, 1], each cell
-    split into `subdivisions` equal parts."""
-    edges = np.unique(np.clip(np.concatenate([[0.0, 1.0], breakpoints]), 0, 1))
-    fractions = (np.arange(subdivisions) + 0.5) / subdivisions
-    lows, widths = edges[:-1], np.diff(edges)
-    keep = widths > 0
-    lows, widths = lows[keep], widths[keep]
-    mids = (lows[:, None] + widths[:, None] * fractions).ravel()
-    return mids, np.repeat(widths / subdivisions, subdivisions)
-
-
 def _residual_cdfs(target, draft_rows):
     """Cumulative sums of every distribution the standard sampler may draw from."""
     cdfs = []
@@ -166,17 +52,42 @@ def _residual_cdfs(target, draft_rows):
     return np.concatenate(cdfs)
 
 
+def stage_breakpoints(verifier: Verifier, draft_probs, target_probs) -> dict:
+    """The breakpoints the verifier's ratio test and sampler declare (their
+    `quadrature_breakpoints` capability), merged."""
+    found = {"accept_breakpoints": [], "sample_breakpoints": []}
+    for stage in (verifier.ratio_test, verifier.residual_sampler):
+        for name, value in stage.quadrature_breakpoints(
+            draft_probs, target_probs
+        ).items():
+            found[name].append(np.asarray(value, np.float64))
+    accept = found["accept_breakpoints"]
+    sample = found["sample_breakpoints"]
+    return dict(
+        accept_breakpoints=np.concatenate(accept, axis=1) if accept else None,
+        sample_breakpoints=np.concatenate([b.ravel() for b in sample])
+        if sample
+        else None,
+    )
+
+
+def _reads_logs(verifier: Verifier) -> bool:
+    stages = (verifier.ratio_test, verifier.residual_sampler)
+    return any(stage.log_space is True for stage in stages)
+
+
 def emission_by_quadrature(
-    verifier: Verifier,
+    verifier: Verifier | TreeVerifier,
     draft_probs,
     target_probs,
     *,
     draft_law=None,
-    log_inputs: bool = False,
+    log_inputs: bool | None = None,
     accept_breakpoints=None,
     sample_breakpoints=None,
     subdivisions: int = 2,
     chunk_size: int = 1 << 16,
+    tree: tuple[int, ...] | None = None,
 ) -> EmissionEstimate:
     """Computes, by deterministic quadrature over the uniforms, how often `verifier`
     emits each token at each position, for one row with fixed distributions.
@@ -185,36 +96,65 @@ def emission_by_quadrature(
     $(u_0, \\dots, u_{G-1}, s)$. This evaluates it on every draft sequence (weighted by its
     probability under `draft_law`) and on a stratified grid of uniforms (weighted by cell
     volume). The grid's cells in $u_i$ are bounded by the ratios $p_i(v) / q_i(v)$, and in
-    $s$ by the cumulative sums of every residual the standard rule may draw from, each
-    split into `subdivisions` parts: for the standard verifier the result is exact up to
-    float rounding; for other rules the error shrinks as `subdivisions` grows.
+    $s$ by the cumulative sums of every standard residual, and by the breakpoints the
+    verifier's stages declare (their `quadrature_breakpoints` capability, e.g.
+    $p_i(v) / (l\\, q_i(v))$ for a lenient test), each cell split into `subdivisions`
+    parts: the result is then exact up to float rounding. A stage that does not
+    implement `quadrature_breakpoints` raises [`eqx_specdec.MissingCapabilityError`][],
+    unless you pass the breakpoints yourself.
+
+    With a [`eqx_specdec.TreeVerifier`][] and `tree`, the draft is a tree: every
+    assignment of tokens to its nodes is enumerated (drawn by the node rule's
+    `candidate_law`), and the cells are cut at the node rule's `pass_threshold` at every
+    reachable state and at the cumulative sums of every final residual; positions are
+    then the tree's contexts (see [`eqx_specdec.EmissionEstimate`][]).
 
     Cost: $V^G \\cdot (\\#u\\text{ cells})^G \\cdot \\#s\\text{ cells}$ verifier rows, so for
-    small cases ($V \\le 8$, $G \\le 3$).
+    small cases ($V \\le 8$, $G \\le 3$; trees of a few nodes over $V \\le 4$).
 
     **Arguments:**
 
-    - `verifier`: the [`eqx_specdec.Verifier`][] to measure.
+    - `verifier`: the [`eqx_specdec.Verifier`][] (or [`eqx_specdec.TreeVerifier`][]) to
+        measure.
     - `draft_probs`: `(G, V)`, the draft distributions $q_i$ given to the verifier, or
-        `None` for one-hot drafts.
-    - `target_probs`: `(G + 1, V)`, the target distributions $p_i$.
+        `None` for one-hot drafts. For a tree, `(N + 1, V)`: row 0 at the root, row
+        $i + 1$ after node $i$ (the law node $i$'s children are drafted from).
+    - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`), the target
+        distributions.
     - `draft_law`: `(G, V)`, the law the draft tokens are drawn from. Defaults to
         `draft_probs`; required when `draft_probs` is `None`.
-    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier, for verifiers whose
+    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier. Default: whether its
         stages read log-probabilities (`log_space=True`).
     - `accept_breakpoints`: `(G, K)`, further values of $u_i$ where the verifier's
-        outcome may change (for a lenient test with lenience $l$, the ratios
-        $p_i(v) / (l\\, q_i(v))$). Cells are cut there too, which keeps the quadrature
-        exact for rules whose thresholds are not the standard ones.
+        outcome may change, beyond those its stages declare.
     - `sample_breakpoints`: `(K,)`, further values of $s$ where the sampled token may
-        change (the cumulative sums of a non-standard correction distribution).
+        change.
     - `subdivisions`: grid points per cell and axis.
     - `chunk_size`: verifier rows per compiled call.
+    - `tree`: with a `TreeVerifier`, the parent of each node in depth-first order.
 
     **Returns:**
 
     An [`eqx_specdec.EmissionEstimate`][] of probabilities.
     """
+    if isinstance(verifier, TreeVerifier):
+        return tree_emission_by_quadrature(
+            verifier, tree, draft_probs, target_probs, chunk_size=chunk_size
+        )
+    if log_inputs is None:
+        log_inputs = _reads_logs(verifier)
+    try:
+        declared = stage_breakpoints(
+            verifier,
+            None if draft_probs is None else np.asarray(draft_probs, np.float64),
+            np.asarray(target_probs, np.float64),
+        )
+    except MissingCapabilityError:
+        if accept_breakpoints is None and sample_breakpoints is None:
+            raise
+        declared = dict(accept_breakpoints=None, sample_breakpoints=None)
+    accept_breakpoints = _merge(accept_breakpoints, declared["accept_breakpoints"], 1)
+    sample_breakpoints = _merge(sample_breakpoints, declared["sample_breakpoints"], 0)
     draft, target, law = _checked(draft_probs, target_probs, draft_law)
     gamma, vocab = law.shape
     sequences = [
@@ -232,7 +172,7 @@ def emission_by_quadrature(
         if accept_breakpoints is not None:
             extra = np.asarray(accept_breakpoints, np.float64)[i]
             ratios = np.concatenate([ratios, extra[np.isfinite(extra)]])
-        u_cells.append(_cells(ratios, subdivisions))
+        u_cells.append(cells(ratios, subdivisions))
     if draft is None:
         s_breaks = np.concatenate(
             [_residual_cdfs(target, np.eye(vocab)[list(x)]) for x, _ in sequences]
@@ -241,7 +181,7 @@ def emission_by_quadrature(
         s_breaks = _residual_cdfs(target, draft)
     if sample_breakpoints is not None:
         s_breaks = np.concatenate([s_breaks, np.ravel(sample_breakpoints)])
-    s_mids, s_widths = _cells(s_breaks, subdivisions)
+    s_mids, s_widths = cells(s_breaks, subdivisions)
     grids = [c[0] for c in u_cells] + [s_mids]
     grid_weights = [c[1] for c in u_cells] + [s_widths]
     index = np.stack(
@@ -267,8 +207,17 @@ def emission_by_quadrature(
                 ]
             )
             w = weight * volume[start:stop]
-            _accumulate(emitted, reached, tokens, w, vocab)
+            accumulate(emitted, reached, tokens, w, vocab)
     return EmissionEstimate(emitted, reached)
+
+
+def _merge(given, declared, axis):
+    if given is None or declared is None:
+        return declared if given is None else given
+    given = np.asarray(given, np.float64)
+    if axis == 0:
+        return np.concatenate([given.ravel(), declared])
+    return np.concatenate([given, declared], axis=1)
 
 
 def _verifier_inputs(draft, target, log_inputs):
@@ -286,25 +235,17 @@ def _verifier_inputs(draft, target, log_inputs):
     return convert(draft), convert(target)
 
 
-def _accumulate(emitted, reached, tokens, weights, vocab):
-    for k in range(tokens.shape[1]):
-        valid = tokens[:, k] >= 0
-        emitted[k] += np.bincount(tokens[valid, k], weights[valid], minlength=vocab)[
-            :vocab
-        ]
-        reached[k] += weights[valid].sum()
-
-
 def emission_by_monte_carlo(
-    verifier: Verifier,
+    verifier: Verifier | TreeVerifier,
     draft_probs,
     target_probs,
     key,
     num_draws: int,
     *,
     draft_law=None,
-    log_inputs: bool = False,
+    log_inputs: bool | None = None,
     chunk_size: int = 16_384,
+    tree: tuple[int, ...] | None = None,
 ) -> EmissionEstimate:
     """Counts, over `num_draws` random steps, how often `verifier` emits each token at
     each position, for one row with fixed distributions.
@@ -321,13 +262,23 @@ def emission_by_monte_carlo(
     - `key`: a `jax.random` key.
     - `num_draws`: the number of verification steps to simulate.
     - `draft_law`: `(G, V)`, the law of the draft tokens; defaults to `draft_probs`.
-    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier.
+    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier. Default: whether its
+        stages read log-probabilities.
     - `chunk_size`: draws per compiled call.
+    - `tree`: with a [`eqx_specdec.TreeVerifier`][], the tree's shape; the distributions
+        are then `(N + 1, V)` as for [`eqx_specdec.emission_by_quadrature`][], and each
+        draw drafts the tree with the node rule's `candidate_law`.
 
     **Returns:**
 
     An [`eqx_specdec.EmissionEstimate`][] of counts.
     """
+    if isinstance(verifier, TreeVerifier):
+        return tree_emission_by_monte_carlo(
+            verifier, tree, draft_probs, target_probs, key, num_draws, chunk_size
+        )
+    if log_inputs is None:
+        log_inputs = _reads_logs(verifier)
     draft, target, law = _checked(draft_probs, target_probs, draft_law)
     gamma, vocab = law.shape
     q, p = _verifier_inputs(draft, target, log_inputs)
@@ -359,5 +310,5 @@ def emission_by_monte_carlo(
     for i, chunk_key in enumerate(jax.random.split(key, chunks)):
         tokens = np.asarray(step(chunk_key))
         rows = min(chunk_size, num_draws - i * chunk_size)
-        _accumulate(emitted, reached, tokens[:rows], np.ones(rows), vocab)
+        accumulate(emitted, reached, tokens[:rows], np.ones(rows), vocab)
     return EmissionEstimate(emitted, reached, num_draws)

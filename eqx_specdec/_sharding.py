@@ -3,6 +3,7 @@ vocabulary (tensor-parallel LM heads), or both, with `jax.shard_map`. Vocabulary
 exchange per-row scalars and per-shard partial sums only, never a row of p or q."""
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Int
 
+from ._abstract_verifier import AbstractVerifier, verify_row
 from ._custom_types import (
     AcceptUniforms,
     DraftProbs,
@@ -17,55 +19,30 @@ from ._custom_types import (
     SampleRandomnessBatch,
     TargetProbs,
 )
-from ._misc import compute_dtype
+from ._errors import implements, missing_capability
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
-from ._stages.ratio_tests import (
-    _ratio_test,
-    AbstractRatioTest,
-    block_cumulative,
-    block_h,
-    BlockRatioTest,
-    GreedyRatioTest,
-    LenientRatioTest,
-    RatioTest,
-)
-from ._stages.samplers import (
-    AbstractResidualSampler,
-    ArgmaxSampler,
-    guarded_search,
-    has_mass,
-    inverse_cdf,
-    ResidualSampler,
-)
-from ._stages.verdict import Verdict
+from ._stages.ratio_tests import AbstractRatioTest
+from ._stages.samplers import AbstractResidualSampler
 from ._verifier import Verifier
+from ._vocab_shard import VocabShard
 
 
-_VOCAB_RATIO_TESTS = (RatioTest, LenientRatioTest, GreedyRatioTest, BlockRatioTest)
-_VOCAB_SAMPLERS = (ResidualSampler, ArgmaxSampler)
-
-
-def _vocab_sharding_problem(verifier: Verifier) -> str | None:
-    """Why `verifier` cannot run on vocabulary-sharded inputs, or None."""
-    for stage, supported in (
-        (verifier.ratio_test, _VOCAB_RATIO_TESTS),
-        (verifier.residual_sampler, _VOCAB_SAMPLERS),
+def _check_vocab_parallel(verifier: Verifier):
+    """Every stage that reads the vocabulary must have a vocabulary-parallel form (the
+    prefix counter and token assembler see per-row values only)."""
+    for stage, base in (
+        (verifier.ratio_test, AbstractRatioTest),
+        (verifier.residual_sampler, AbstractResidualSampler),
     ):
-        names = ", ".join(c.__name__ for c in supported)
-        if type(stage) not in supported:
-            return (
-                f"{type(stage).__name__} has no vocabulary-parallel form: a sharded "
-                f"stage must say which per-shard partial results to exchange, and only "
-                f"{names} do. Shard over the batch only (`vocab_axis=None`), where every "
-                "stage runs unchanged."
+        if not implements(stage, base, "vocab_parallel"):
+            raise missing_capability(
+                stage,
+                "vocab_parallel",
+                "vocabulary sharding (ShardedVerifier with vocab_axis)",
+                "shard over the batch only (vocab_axis=None), where every stage runs "
+                "unchanged",
             )
-        if getattr(stage, "log_space", False):
-            return (
-                f"{type(stage).__name__}(log_space=True) has no vocabulary-parallel "
-                "form; pass probabilities (log_space=False)."
-            )
-    return None
 
 
 def _axis_size(mesh: Mesh, axes) -> int:
@@ -75,7 +52,7 @@ def _axis_size(mesh: Mesh, axes) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
-class ShardedVerifier(eqx.Module):
+class ShardedVerifier(AbstractVerifier):
     """A [`eqx_specdec.Verifier`][] that runs on inputs sharded across the devices of a
     mesh, with `jax.shard_map`: over the batch (`batch_axis`), over the vocabulary
     (`vocab_axis`), or both.
@@ -91,13 +68,16 @@ class ShardedVerifier(eqx.Module):
         the token comes back in one more `psum`. Per row, $O(G + D)$ scalars cross the
         devices, against $O(GV)$ for gathering the rows.
 
-    Vocabulary sharding supports [`eqx_specdec.RatioTest`][],
-    [`eqx_specdec.LenientRatioTest`][], [`eqx_specdec.GreedyRatioTest`][] and
-    [`eqx_specdec.BlockRatioTest`][] (its lookahead masses $Z_k$ are per-shard partial
-    sums), with [`eqx_specdec.ResidualSampler`][] or [`eqx_specdec.ArgmaxSampler`][],
-    on probabilities, with sampled or one-hot drafts, and any prefix counter and token
-    assembler (they see per-row values only). Other stages raise a `TypeError` at
-    construction.
+    Vocabulary sharding runs each stage's `vocab_parallel` method
+    ([`eqx_specdec.AbstractRatioTest.vocab_parallel`][],
+    [`eqx_specdec.AbstractResidualSampler.vocab_parallel`][]), written with the
+    collectives of an [`eqx_specdec.VocabShard`][]. The library's standard, lenient,
+    greedy and block tests (block's lookahead masses $Z_k$ are per-shard partial sums)
+    and its residual and argmax samplers have one, with sampled or one-hot drafts, on
+    probabilities or log-probabilities; any prefix counter and token assembler work
+    (they see per-row values only). A stage without one (typical acceptance, Gumbel, a
+    user's stage that does not implement it) raises
+    [`eqx_specdec.MissingCapabilityError`][] at construction.
 
     The tokens equal the single-device verifier's, except where the sampling uniform
     $s$ falls within float rounding of a boundary of the residual's CDF (or $u_i$ of
@@ -114,6 +94,7 @@ class ShardedVerifier(eqx.Module):
 
     verifier: Verifier
     mesh: Mesh = eqx.field(static=True)
+    defers_value_checks: ClassVar[bool] = True
     batch_axis: str | tuple[str, ...] | None = eqx.field(static=True, default=None)
     vocab_axis: str | None = eqx.field(static=True, default=None)
 
@@ -143,11 +124,7 @@ class ShardedVerifier(eqx.Module):
                 "ShardedVerifier: `batch_axis` and `vocab_axis` must be different axes."
             )
         if self.vocab_axis is not None:
-            problem = _vocab_sharding_problem(self.verifier)
-            if problem is not None:
-                raise TypeError(
-                    f"ShardedVerifier(vocab_axis={self.vocab_axis!r}): {problem}"
-                )
+            _check_vocab_parallel(self.verifier)
 
     # The stages, so that the entry points see this as the verifier it wraps.
     @property
@@ -253,122 +230,21 @@ class ShardedVerifier(eqx.Module):
         return outputs
 
 
-def _global_argmax(values, axis_name, offset):
-    """The argmax over the last axis of values sharded over `axis_name` (lowest id on
-    ties, as `jnp.argmax` on the whole row): a `pmax` of the shard maxima, then a `pmin`
-    of the ids that reach it. Two scalars per row cross the devices, not the rows."""
-    local_best = jnp.max(values, axis=-1)
-    local_id = jnp.argmax(values, axis=-1).astype(jnp.int32) + offset
-    best = jax.lax.pmax(local_best, axis_name)
-    big = jnp.iinfo(jnp.int32).max
-    return jax.lax.pmin(jnp.where(local_best == best, local_id, big), axis_name)
-
-
 def _vocab_parallel(verifier: Verifier, axis: str, local: dict) -> dict:
     """The vocabulary-parallel pipeline on one device's block: rows `(b,)`, vocabulary
-    slice `[offset, offset + v)`."""
-    tokens = local["draft_tokens"].astype(jnp.int32)
-    draft, target = local.get("draft_probs"), local["target_probs"]
-    accept, sample = local["accept_uniforms"], local["sample_uniforms"]
-    gamma, width = tokens.shape[1], target.shape[-1]
-    shard = jax.lax.axis_index(axis).astype(jnp.int32)
-    offset = shard * width
-    dtypes = [target.dtype] + ([] if draft is None else [draft.dtype])
-    dtype = compute_dtype(*dtypes)
+    slice `[offset, offset + width)`; each row through the stages' `vocab_parallel`."""
+    width = local["target_probs"].shape[-1]
+    shard = VocabShard(axis, jax.lax.axis_index(axis).astype(jnp.int32), width)
 
-    # p_i(x_i), q_i(x_i): one nonzero term per psum, so exact.
-    local_ids = tokens - offset
-    owned = (local_ids >= 0) & (local_ids < width)
-    index = jnp.clip(local_ids, 0, width - 1)[..., None]
-
-    def gather(x):
-        values = jnp.take_along_axis(x[:, :gamma], index, axis=-1)[..., 0]
-        return jax.lax.psum(jnp.where(owned, values.astype(dtype), 0), axis)
-
-    p_x = gather(target)
-    q_x = jnp.ones_like(p_x) if draft is None else gather(draft)
-
-    test = verifier.ratio_test
-    if isinstance(test, GreedyRatioTest):
-        best = _global_argmax(target[:, :gamma], axis, offset)
-        verdicts = jax.vmap(Verdict)(best == tokens)
-    elif isinstance(test, BlockRatioTest):
-        if draft is None:
-            raise ValueError(
-                "BlockRatioTest needs `draft_probs`: block verification uses the whole "
-                "draft distributions q_k, which one-hot drafts do not have."
-            )
-        cum = jax.vmap(block_cumulative, in_axes=(0, 0, None))(p_x, q_x, False)
-        rows = slice(1, gamma)
-        partial = jnp.sum(
-            jnp.maximum(
-                cum[:, rows, None] * target[:, rows].astype(dtype)
-                - draft[:, rows].astype(dtype),
-                0,
-            ),
-            axis=-1,
+    def row(draft_tokens, draft_probs, target_probs, accept, sample):
+        return verify_row(
+            verifier, draft_tokens, draft_probs, target_probs, accept, sample, shard
         )
-        h = jax.vmap(block_h)(cum, jax.lax.psum(partial, axis))
-        verdicts = jax.vmap(Verdict)(accept.astype(h.dtype) < h, cum[:, :-1])
-    else:
-        lenience = test.lenience if isinstance(test, LenientRatioTest) else None
-        passed = jax.vmap(_ratio_test, in_axes=(0, 0, 0, None, None))(
-            p_x, q_x, accept, lenience, False
-        )
-        verdicts = jax.vmap(Verdict)(passed)
-    n = jax.vmap(verifier.prefix_counter)(verdicts.passed).astype(jnp.int32)
 
-    rows = jnp.arange(tokens.shape[0])
-    p_n = target[rows, n]  # (b, v): this shard's part of row n
-    if isinstance(verifier.residual_sampler, ArgmaxSampler):
-        y = _global_argmax(p_n, axis, offset)
-    else:
-        y = _sharded_residual_draw(
-            verifier, axis, shard, offset, n, verdicts, tokens, draft, p_n, sample
-        )
-    out = jax.vmap(verifier.token_assembler)(n, tokens, y)
-    return {"num_accepted": n, "tokens": out.astype(jnp.int32)}
-
-
-def _sharded_residual_draw(
-    verifier, axis, shard, offset, n, verdicts, tokens, draft, p_n, sample
-):
-    """The standard residual draw with the vocabulary split over `axis`."""
-    gamma, width = tokens.shape[1], p_n.shape[-1]
-    rows = jnp.arange(tokens.shape[0])
-    dtypes = [p_n.dtype, verdicts.residual_scale.dtype]
-    if draft is not None:
-        dtypes.append(draft.dtype)
-    dtype = compute_dtype(*dtypes)
-    rejected = n < gamma
-    at = jnp.minimum(n, gamma - 1)
-    p_part = p_n.astype(dtype)
-    if draft is None:  # one-hot drafts
-        ids = offset + jnp.arange(width, dtype=jnp.int32)
-        q_part = (ids[None] == tokens[rows, at][:, None]).astype(dtype)
-    else:
-        q_part = draft[rows, at].astype(dtype)
-    scale = verdicts.residual_scale[rows, at].astype(dtype)
-    residual = jnp.maximum(scale[:, None] * p_part - q_part, 0)
-    weights = jnp.where(rejected[:, None], residual, p_part)
-    # One scalar per shard and row crosses the devices: the shard's mass of the residual
-    # (or of p_n, for the bonus token and the zero-mass fallback).
-    masses = jax.lax.all_gather(
-        jnp.stack([jnp.sum(weights, -1), jnp.sum(p_part, -1)]), axis
-    )  # (D, 2, b)
-    use_residual = rejected & has_mass(jnp.sum(masses[:, 0], 0), dtype)
-    shard_masses = jnp.where(use_residual[None], masses[:, 0], masses[:, 1])  # (D, b)
-    weights = jnp.where(use_residual[:, None], weights, p_part)
-
-    def owner(masses, uniform):
-        """The shard holding uniform * total, with the one-device search's guards."""
-        cumulative = jnp.cumsum(masses)
-        threshold = uniform.astype(masses.dtype) * cumulative[-1]
-        which = guarded_search(cumulative, masses > 0, threshold)
-        before = jnp.where(which > 0, cumulative[jnp.maximum(which - 1, 0)], 0)
-        return which, threshold - before
-
-    which, local_threshold = jax.vmap(owner, in_axes=(1, 0))(shard_masses, sample)
-    local = jax.vmap(lambda w, t: inverse_cdf(w, None, t))(weights, local_threshold)
-    mine = which == shard
-    return jax.lax.psum(jnp.where(mine, offset + local, 0), axis)
+    return jax.vmap(row)(
+        local["draft_tokens"],
+        local.get("draft_probs"),
+        local["target_probs"],
+        local["accept_uniforms"],
+        local["sample_uniforms"],
+    )

@@ -1,12 +1,10 @@
 """Tree (multi-candidate) verification: SpecInfer-style trees of draft tokens."""
 
-import abc
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, Bool, Float, Int, Integer, jaxtyped
+from jaxtyping import Array, Float, Int, Integer, jaxtyped
 
 from ._checks import (
     distribution_problems,
@@ -14,127 +12,10 @@ from ._checks import (
     token_problems,
     uniform_problems,
 )
-from ._inputs import jit_entry_point
+from ._jit import entry_point
 from ._misc import compute_dtype
-from ._stages.samplers import has_mass, inverse_cdf
-
-
-Row = Float[Array, " vocab"]
-Scalar = Float[Array, ""]
-
-
-class AbstractNodeRule(eqx.Module):
-    """How the candidate children of one tree node are tried, in order.
-
-    At a node with target $p$ the candidates $c_1, \\dots, c_K$ are tested one after the
-    other against an evolving target $p^{(k)}$ (and, for some rules, an evolving draft
-    $q^{(k)}$). The first to pass is accepted and the walk descends into it; if all fail,
-    the correction is drawn from the final $p^{(K+1)}$.
-
-    The evolving target is kept unnormalised, as `residual` with total `mass`:
-    $p^{(k)} = \\text{residual} / \\text{mass}$.
-    """
-
-    @abc.abstractmethod
-    def test(
-        self,
-        residual: Row,
-        mass: Scalar,
-        draft: Row,
-        token: Int[Array, ""],
-        uniform: Scalar,
-    ) -> Bool[Array, ""]:
-        """Whether candidate `token` passes, given the evolving state.
-
-        **Arguments:**
-
-        - `residual`, `mass`: the evolving target, $p^{(k)} = $ `residual / mass`.
-        - `draft`: the evolving draft $q^{(k)}$ (zeros for rules without one).
-        - `token`: the candidate $c_k$.
-        - `uniform`: its uniform $u_k$.
-
-        **Returns:**
-
-        A boolean scalar.
-        """
-
-    @abc.abstractmethod
-    def reject(
-        self, residual: Row, mass: Scalar, draft: Row, token: Int[Array, ""]
-    ) -> tuple[Row, Scalar, Row]:
-        """The state after candidate `token` failed: `(residual, mass, draft)`.
-
-        **Arguments:**
-
-        - as for `test`, without the uniform.
-
-        **Returns:**
-
-        The next `(residual, mass, draft)`.
-        """
-
-
-def _passes(residual, mass, draft, token, uniform):
-    """$u\\, q(c) < p^{(k)}(c)$, with $p^{(k)} = $ `residual / mass`."""
-    return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
-
-
-def _subtract(residual, mass, draft):
-    """`norm((p - q)_+)` kept unnormalised; unchanged if nothing would remain."""
-    new = jnp.maximum(residual - mass * draft, 0)
-    new_mass = jnp.sum(new)
-    keep = has_mass(new_mass, residual.dtype)
-    return jnp.where(keep, new, residual), jnp.where(keep, new_mass, mass)
-
-
-class IIDCandidates(AbstractNodeRule):
-    """Candidates drawn i.i.d. from the draft $q$ at the node (SpecInfer; Miao et al.
-    2024): accept $c_k$ if $u_k < p^{(k)}(c_k) / q(c_k)$; else
-    $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - q)_+)$. Lossless."""
-
-    def test(self, residual, mass, draft, token, uniform):
-        return _passes(residual, mass, draft, token, uniform)
-
-    def reject(self, residual, mass, draft, token):
-        residual, mass = _subtract(residual, mass, draft)
-        return residual, mass, draft
-
-
-class WithoutReplacementCandidates(AbstractNodeRule):
-    """Candidates drawn from $q$ without replacement (Jeon et al. 2024): as
-    [`eqx_specdec.IIDCandidates`][], with the draft updated after each rejection,
-    $q^{(k+1)}(v) = q^{(k)}(v)\\,[v \\ne c_k] / (1 - q^{(k)}(c_k))$. Lossless."""
-
-    def test(self, residual, mass, draft, token, uniform):
-        return _passes(residual, mass, draft, token, uniform)
-
-    def reject(self, residual, mass, draft, token):
-        residual, mass = _subtract(residual, mass, draft)
-        ids = jnp.arange(draft.shape[0], dtype=jnp.int32)
-        remaining = 1 - draft[token]
-        draft = jnp.where(
-            (ids == token) | (remaining <= 0),
-            0,
-            draft / jnp.where(remaining > 0, remaining, 1),
-        )
-        return residual, mass, draft
-
-
-class DeterministicCandidates(AbstractNodeRule):
-    """Distinct children chosen deterministically (top-$k$ trees, EAGLE-2-style; no $q$):
-    accept $c_k$ if $u_k < p^{(k)}(c_k)$; else zero $c_k$ in $p^{(k)}$. The probability
-    that some child is accepted is $\\sum_k p(c_k)$. Lossless."""
-
-    def test(self, residual, mass, draft, token, uniform):
-        return uniform.astype(residual.dtype) * mass < residual[token]
-
-    def reject(self, residual, mass, draft, token):
-        # (p - onehot(c))_+ is p with c zeroed: the i.i.d. update with q = onehot(c).
-        one_hot = (jnp.arange(residual.shape[0], dtype=jnp.int32) == token).astype(
-            residual.dtype
-        )
-        residual, mass = _subtract(residual, mass, one_hot)
-        return residual, mass, draft
+from ._node_rules import AbstractNodeRule, IIDCandidates
+from ._search import inverse_cdf
 
 
 class TreeVerifier(eqx.Module):
@@ -256,7 +137,7 @@ def _tree_problems(parents):
     ]
 
 
-@jit_entry_point
+@entry_point
 def tree_accept(
     node_tokens: Integer[Array, "batch nodes"],
     parents: Integer[Array, "batch nodes"],
@@ -310,12 +191,11 @@ def tree_accept(
                 f"`{name}` must have shape {shape} for `node_tokens` of shape "
                 f"{(batch, nodes)} and vocabulary {vocab}; got {tuple(array.shape)}."
             )
-    if draft_probs is None and not isinstance(
-        verifier.node_rule, DeterministicCandidates
-    ):
+    if draft_probs is None and verifier.node_rule.uses_draft_probs:
         raise TypeError(
-            f"{type(verifier.node_rule).__name__} needs `draft_probs`; only "
-            "DeterministicCandidates works without them."
+            f"{type(verifier.node_rule).__name__} reads the draft distributions: pass "
+            "`draft_probs`, float (B, N + 1, V) (only rules with "
+            "`uses_draft_probs = False`, such as DeterministicCandidates, take None)."
         )
     outputs = verifier(
         node_tokens,

@@ -1,9 +1,11 @@
+from typing import ClassVar, Literal
+
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Int, jaxtyped
 
+from ._abstract_verifier import AbstractVerifier, check_stages, verify_row
 from ._checks import raise_first_problem
 from ._custom_types import (
     AcceptUniforms,
@@ -17,42 +19,15 @@ from ._custom_types import (
     TargetProbs,
     TargetProbsRow,
 )
-from ._inputs import is_sharded, jit_entry_point, prepare_inputs
+from ._inputs import prepare_inputs
+from ._jit import entry_point
 from ._stages.assemblers import AbstractTokenAssembler, TokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter, PrefixCounter
 from ._stages.ratio_tests import AbstractRatioTest, RatioTest
 from ._stages.samplers import AbstractResidualSampler, ResidualSampler
-from ._stages.verdict import Verdict
 
 
-def _describe(value) -> str:
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"{value.dtype}{list(value.shape)}"
-    return type(value).__name__
-
-
-_KINDS = {
-    "boolean": lambda d: d == jnp.bool_,
-    "integer": lambda d: jnp.issubdtype(d, jnp.integer),
-    "floating": lambda d: jnp.issubdtype(d, jnp.floating),
-}
-
-
-def _check_stage_output(stage, base, what: str, value, shape: tuple, kind: str):
-    """Trace-time check of what a stage returned, so a faulty custom stage fails loudly
-    where it is, not as a wrong token later."""
-    if (
-        not hasattr(value, "shape")
-        or tuple(value.shape) != shape
-        or not _KINDS[kind](value.dtype)
-    ):
-        raise TypeError(
-            f"{type(stage).__name__} returned {_describe(value)} as {what}, but "
-            f"{base.__name__}.__call__ must return {'an' if kind == 'integer' else 'a'} {kind} array of shape {shape}."
-        )
-
-
-class Verifier(eqx.Module):
+class Verifier(AbstractVerifier):
     """The verification step of speculative decoding, composed from four stages.
 
     For one row, the stages run in this order:
@@ -90,7 +65,8 @@ class Verifier(eqx.Module):
     prefix_counter: AbstractPrefixCounter = PrefixCounter()
     residual_sampler: AbstractResidualSampler = ResidualSampler()
     token_assembler: AbstractTokenAssembler = TokenAssembler()
-    batching: str = eqx.field(static=True, default="auto")
+    batching: Literal["auto", "vmap", "map"] = eqx.field(static=True, default="auto")
+    defers_value_checks: ClassVar[bool] = False
 
     def __check_init__(self):
         if self.batching not in ("auto", "vmap", "map"):
@@ -98,19 +74,7 @@ class Verifier(eqx.Module):
                 f'Verifier(`batching`=...) must be "auto", "vmap" or "map", got '
                 f"{self.batching!r}."
             )
-        for name, base in (
-            ("ratio_test", AbstractRatioTest),
-            ("prefix_counter", AbstractPrefixCounter),
-            ("residual_sampler", AbstractResidualSampler),
-            ("token_assembler", AbstractTokenAssembler),
-        ):
-            stage = getattr(self, name)
-            if not isinstance(stage, base):
-                raise TypeError(
-                    f"Verifier(`{name}`=...) must be an instance of {base.__name__}, "
-                    f"got {type(stage).__name__}. Subclass {base.__name__} to write a "
-                    "custom stage."
-                )
+        check_stages("Verifier", vars(self))
 
     @jaxtyped(typechecker=beartype)
     def row(
@@ -136,58 +100,14 @@ class Verifier(eqx.Module):
 
         `{"num_accepted": int32 scalar, "tokens": int32 array of shape (gamma + 1,)}`.
         """
-        gamma = draft_tokens.shape[0]
-        verdict = self.ratio_test(
-            draft_tokens, draft_probs, target_probs, accept_uniforms
+        return verify_row(
+            self,
+            draft_tokens,
+            draft_probs,
+            target_probs,
+            accept_uniforms,
+            sample_uniform,
         )
-        if not isinstance(verdict, Verdict):
-            raise TypeError(
-                f"{type(self.ratio_test).__name__} returned {_describe(verdict)}, but "
-                "AbstractRatioTest.__call__ must return an eqx_specdec.Verdict."
-            )
-        _check_stage_output(
-            self.ratio_test,
-            AbstractRatioTest,
-            "Verdict.passed",
-            verdict.passed,
-            (gamma,),
-            "boolean",
-        )
-        _check_stage_output(
-            self.ratio_test,
-            AbstractRatioTest,
-            "Verdict.residual_scale",
-            verdict.residual_scale,
-            (gamma,),
-            "floating",
-        )
-        n = self.prefix_counter(verdict.passed)
-        _check_stage_output(
-            self.prefix_counter, AbstractPrefixCounter, "num_accepted", n, (), "integer"
-        )
-        n = n.astype(jnp.int32)
-        y = self.residual_sampler(
-            n, verdict, draft_tokens, draft_probs, target_probs, sample_uniform
-        )
-        _check_stage_output(
-            self.residual_sampler,
-            AbstractResidualSampler,
-            "the correction token",
-            y,
-            (),
-            "integer",
-        )
-        y = y.astype(jnp.int32)
-        tokens = self.token_assembler(n, draft_tokens, y)
-        _check_stage_output(
-            self.token_assembler,
-            AbstractTokenAssembler,
-            "tokens",
-            tokens,
-            (gamma + 1,),
-            "integer",
-        )
-        return {"num_accepted": n, "tokens": tokens.astype(jnp.int32)}
 
     def __call__(
         self,
@@ -213,7 +133,7 @@ class Verifier(eqx.Module):
         return jax.lax.map(lambda row: self.row(*row), inputs)
 
 
-@jit_entry_point
+@entry_point
 def speculative_accept(
     draft_tokens: DraftTokens,
     draft_probs: DraftProbs | None,
@@ -221,7 +141,7 @@ def speculative_accept(
     accept_uniforms: AcceptUniforms | None,
     sample_uniforms: SampleRandomnessBatch | None,
     *,
-    verifier: Verifier = Verifier(),
+    verifier: AbstractVerifier = Verifier(),
     check_inputs: bool = True,
 ) -> dict[str, Int[Array, "..."]]:
     """Runs one verification step of speculative decoding on a batch.
@@ -232,10 +152,13 @@ def speculative_accept(
     $\\operatorname{norm}((p_n - q_n)_+)$ (or from $p_\\gamma$ when $n = \\gamma$). Those are the
     default stages; `verifier` swaps them.
 
-    Compiled on first use for each set of shapes (it is wrapped in `eqx.filter_jit`), and
-    works as well inside `jax.jit` (every argument traced), `eqx.filter_jit` and `vmap`.
-    The only randomness is the supplied uniforms: the same inputs give bit-identical
-    outputs.
+    Compiled on first use with Equinox's filter semantics (as `eqx.filter_jit` does):
+    every array, the arrays inside `verifier`'s stages included, is traced; every other
+    value (a stage's Python `bool`, `int`, `float`, `str` or tuple fields) is static, so
+    stages may use such fields in Python control flow, and each new value compiles
+    once. Works as well inside `jax.jit`, `eqx.filter_jit`, `jax.vmap` and
+    `eqx.filter_vmap` (over a stacked verifier, say). The only randomness is the
+    supplied uniforms: the same inputs give bit-identical outputs.
 
     **Arguments:**
 
@@ -251,7 +174,9 @@ def speculative_accept(
         sampler driven by keys ([`eqx_specdec.GumbelSampler`][]), a `jax.random` key
         array of shape `(B,)`; `None` for a deterministic sampler
         ([`eqx_specdec.ArgmaxSampler`][]).
-    - `verifier`: the [`eqx_specdec.Verifier`][] to run. Default: the standard rule.
+    - `verifier`: the [`eqx_specdec.AbstractVerifier`][] to run (a
+        [`eqx_specdec.Verifier`][] or [`eqx_specdec.ShardedVerifier`][]). Default: the
+        standard rule.
     - `check_inputs`: a Python bool. If `True` (the default), check the input values at
         run time (inside `jax.jit` too): probabilities finite, non-negative, each
         distribution summing to 1 within `1e-3` (`1e-2` for float16 and bfloat16 inputs);
@@ -280,13 +205,12 @@ def speculative_accept(
     inputs = prepare_inputs(
         "speculative_accept",
         verifier,
-        check_inputs,
         (draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms),
         log_space=False,
     )
-    outputs = verifier(*inputs.arrays)
+    outputs = verifier(*inputs.arrays())
     if check_inputs:
         outputs = raise_first_problem(
-            outputs, inputs.value_problems(), deferred=is_sharded(verifier)
+            outputs, inputs.value_problems(), deferred=verifier.defers_value_checks
         )
     return outputs

@@ -1,35 +1,74 @@
-"""A new acceptance rule as one stage: lenient verification, accept if u * l * q(x) < p(x).
+"""A new acceptance rule as one stage, written from scratch: lenient verification,
+accept draft token x when u * l * q(x) < p(x).
 
 Lenience `l` in (0, 1] accepts more draft tokens than the standard rule (l = 1) at the
 cost of exactness. Only the ratio test changes; the rest of the pipeline is reused.
+
+Besides `__call__`, the stage implements the capabilities of its abstract base, so that
+everything the library does with its own rules works with this one too:
+
+- `pass_probabilities`: the decoding loop's theoretical acceptance;
+- `quadrature_breakpoints`: exact quadrature in `evaluate_verifier`;
+- `vocab_parallel`: vocabulary-sharded verification with `ShardedVerifier`.
 """
+
+from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Integer
 
 import eqx_specdec
 
 
-class LenientRatioTest(eqx_specdec.AbstractRatioTest):
-    lenience: Float[Array, ""]  # an array field: sweeping it does not recompile
+class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
+    lenience: Float[Array, ""] | float  # an array: sweeping it does not recompile
+    uses_uniforms: ClassVar[bool] = True  # it reads accept_uniforms
+    log_space: ClassVar[bool] = False  # it reads probabilities
 
     def __check_init__(self):
-        if not (0 < self.lenience <= 1):
+        if not isinstance(self.lenience, jax.core.Tracer) and not (
+            0 < self.lenience <= 1
+        ):
             raise ValueError(f"`lenience` must lie in (0, 1], got {self.lenience}.")
+
+    def _passes(self, p_x, q_x, accept_uniforms):
+        lenience = jnp.asarray(self.lenience, p_x.dtype)
+        return accept_uniforms.astype(p_x.dtype) * lenience * q_x < p_x
 
     def __call__(
         self,
         draft_tokens: Integer[Array, " gamma"],
-        draft_probs: Float[Array, "gamma vocab"],
+        draft_probs: Float[Array, "gamma vocab"] | None,
         target_probs: Float[Array, "gamma+1 vocab"],
         accept_uniforms: Float[Array, " gamma"],
     ) -> eqx_specdec.Verdict:
-        index = draft_tokens[:, None]
-        p_x = jnp.take_along_axis(target_probs[:-1], index, axis=1)[:, 0]
-        q_x = jnp.take_along_axis(draft_probs, index, axis=1)[:, 0]
-        return eqx_specdec.Verdict(accept_uniforms * self.lenience * q_x < p_x)
+        p_x, q_x = eqx_specdec.gather_draft_probs(
+            draft_tokens, draft_probs, target_probs
+        )
+        return eqx_specdec.Verdict(self._passes(p_x, q_x, accept_uniforms))
+
+    def pass_probabilities(self, draft_law, target_probs):
+        # The test passes a drafted v with probability min(1, p(v) / (l q(v))).
+        scaled = jnp.asarray(self.lenience, draft_law.dtype) * draft_law
+        ratio = target_probs / jnp.where(scaled > 0, scaled, 1)
+        return jnp.where(scaled > 0, jnp.minimum(1.0, ratio), 1), "exact"
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        # The outcome flips where u = p(v) / (l q(v)): the quadrature cuts there.
+        q = 1.0 if draft_probs is None else draft_probs
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = target_probs[:-1] / (float(self.lenience) * q)
+        return {"accept_breakpoints": ratios}
+
+    def vocab_parallel(
+        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
+    ):
+        # p(x) and q(x) from the shard that owns x: one value per position crosses.
+        p_x, q_x = shard.gather_draft_probs(draft_tokens, draft_probs, target_probs)
+        return eqx_specdec.Verdict(self._passes(p_x, q_x, accept_uniforms))
 
 
 @eqx.filter_jit
@@ -49,10 +88,20 @@ if __name__ == "__main__":
     # Check the new stage: at l = 1 it must reproduce the standard verifier exactly.
     standard = eqx_specdec.speculative_accept(*inputs)
     lenient = eqx_specdec.speculative_accept(
-        *inputs, verifier=eqx_specdec.Verifier(LenientRatioTest(jnp.asarray(1.0)))
+        *inputs, verifier=eqx_specdec.Verifier(MyLenientRatioTest(jnp.asarray(1.0)))
     )
     assert (standard["tokens"] == lenient["tokens"]).all()
     for lenience in (1.0, 0.5, 0.25):
-        ratio_test = LenientRatioTest(jnp.asarray(lenience))
+        ratio_test = MyLenientRatioTest(jnp.asarray(lenience))
         accepted = mean_accepted(eqx_specdec.Verifier(ratio_test=ratio_test), inputs)
         print(f"lenience {lenience:.2f}: {float(accepted):.3f} draft tokens accepted")
+    # Its capabilities at work: exact quadrature, as for the library's own rules.
+    q = np.asarray(draft_probs[0, :2, :3], np.float64)
+    p = np.asarray(target_probs[0, :3, :3], np.float64)
+    q, p = q / q.sum(-1, keepdims=True), p / p.sum(-1, keepdims=True)
+    verifier = eqx_specdec.Verifier(MyLenientRatioTest(0.5))
+    result = eqx_specdec.evaluate_verifier(verifier, q, p)
+    print(
+        f"lenience 0.50, G = 2, V = 3 ({result['method']}): distance from the target "
+        f"{result['distance']:.4f}, tokens per step {result['tokens_per_step']:.4f}"
+    )

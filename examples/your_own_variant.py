@@ -6,6 +6,8 @@ So a single uniform can be recycled down the draft. Reusing it *without* the res
 a subtle bug; the library's Monte Carlo check tells the two apart.
 """
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,8 @@ import eqx_specdec
 
 class RecycledUniformTest(eqx_specdec.AbstractRatioTest):
     rescale: bool = True  # False: the buggy version, the same u at every position
+    uses_uniforms: ClassVar[bool] = True
+    log_space: ClassVar[bool] = False
 
     def __call__(
         self,

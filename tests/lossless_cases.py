@@ -1,5 +1,7 @@
 """The (p, q) cases the losslessness tests and `report_losslessness.py` run on."""
 
+from typing import ClassVar
+
 import numpy as np
 
 import eqx_specdec
@@ -23,6 +25,9 @@ def acceptance_products(draft_probs, target_probs, draft_law):
 
 class TargetOnlySampler(eqx_specdec.AbstractResidualSampler):
     """A classic bug: the correction drawn from p_n rather than the residual."""
+
+    randomness: ClassVar[str] = "uniform"
+    log_space: ClassVar[bool] = False
 
     def __call__(
         self,

@@ -2,6 +2,7 @@
 once, batch-invariant, with statistics that agree with the models' own distributions."""
 
 import itertools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -108,15 +109,27 @@ def test_the_whole_loop_is_lossless(name):
     assert np.asarray(result.accepted_histogram)[:, 1:].sum() > 0
 
 
+class _IIDRuleDraftingWithoutReplacement(es.AbstractNodeRule):
+    """A lossy pairing: siblings drafted without replacement, verified as i.i.d."""
+
+    uses_draft_probs: ClassVar[bool] = True
+
+    def test(self, residual, mass, draft, token, uniform):
+        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
+
+    def reject(self, residual, mass, draft, token):
+        return es.IIDCandidates().reject(residual, mass, draft, token)
+
+    def candidate_law(self, draft, drafted):
+        return es.WithoutReplacementCandidates().candidate_law(draft, drafted)
+
+
 @pytest.mark.parametrize(
     "verifier, options",
     [
         (es.Verifier(es.LenientRatioTest(0.3)), {}),
         (es.Verifier(es.BlockRatioTest(), es.PrefixCounter()), {}),
-        (
-            es.TreeVerifier(es.IIDCandidates()),
-            dict(tree=TREE, drafting="without-replacement"),
-        ),
+        (es.TreeVerifier(_IIDRuleDraftingWithoutReplacement()), dict(tree=TREE)),
     ],
     ids=[
         "lenience 0.3",
@@ -314,6 +327,18 @@ def test_fit_ngram_estimates():
     assert es.decode(es.encode("We hold, these!")) == "we hold, these "
 
 
+class _RuleWithoutDrafting(es.AbstractNodeRule):
+    """A node rule that does not say how its children are drafted."""
+
+    uses_draft_probs: ClassVar[bool] = True
+
+    def test(self, residual, mass, draft, token, uniform):
+        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
+
+    def reject(self, residual, mass, draft, token):
+        return es.IIDCandidates().reject(residual, mass, draft, token)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
@@ -394,7 +419,25 @@ def test_progress_is_reported_from_inside_the_loop():
 
 
 class _UserRule(es.AbstractNodeRule):
-    """A user's node rule: the i.i.d. rule, written out."""
+    """A user's node rule: the i.i.d. rule, written out, drafting its children with
+    replacement."""
+
+    uses_draft_probs: ClassVar[bool] = True
+
+    def candidate_law(self, draft, drafted):
+        return draft
+
+    def test(self, residual, mass, draft, token, uniform):
+        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
+
+    def reject(self, residual, mass, draft, token):
+        return es.IIDCandidates().reject(residual, mass, draft, token)
+
+
+class _RuleWithoutDrafting(es.AbstractNodeRule):
+    """A node rule that does not say how its children are drafted."""
+
+    uses_draft_probs: ClassVar[bool] = True
 
     def test(self, residual, mass, draft, token, uniform):
         return es.IIDCandidates().test(residual, mass, draft, token, uniform)
@@ -410,8 +453,8 @@ class _UserRule(es.AbstractNodeRule):
         (dict(tree=(-1, 0)), TypeError, "`tree` is given, so `verifier` must be an eqx_specdec.TreeVerifier"),
         (dict(verifier=es.TreeVerifier(), tree=(-1, 1)), ValueError, "depth-first order"),
         (dict(verifier=es.TreeVerifier(), tree=()), ValueError, "non-empty tuple"),
-        (dict(verifier=es.TreeVerifier(), tree=(-1,), drafting="argmax"), ValueError, "`drafting` for a tree must be"),
-        (dict(verifier=es.TreeVerifier(_UserRule()), tree=(-1,)), TypeError, 'say how its siblings are drafted: `drafting=` "iid"'),
+        (dict(verifier=es.TreeVerifier(), tree=(-1,), drafting="argmax"), ValueError, "`drafting` is for chains"),
+        (dict(verifier=es.TreeVerifier(_RuleWithoutDrafting()), tree=(-1,)), es.MissingCapabilityError, "_RuleWithoutDrafting does not implement `candidate_law`"),
     ],
 )  # fmt: skip
 def test_bad_tree_arguments_are_named(kwargs, error, match):
@@ -428,7 +471,7 @@ def test_bad_tree_arguments_are_named(kwargs, error, match):
         )
 
 
-def test_a_user_node_rule_runs_with_explicit_drafting():
+def test_a_user_node_rule_drafts_with_its_candidate_law():
     draft, target = es.builtin_models()
     tokens, lengths = _prompts(4)
     tree = (-1, 0, -1, 2)
@@ -438,7 +481,7 @@ def test_a_user_node_rule_runs_with_explicit_drafting():
     )  # fmt: skip
     got = es.speculative_decode(
         draft, target, tokens, lengths, 32, jax.random.key(2),
-        verifier=es.TreeVerifier(_UserRule()), tree=tree, drafting="iid",
+        verifier=es.TreeVerifier(_UserRule()), tree=tree,
     )  # fmt: skip
     np.testing.assert_array_equal(got.tokens, expected.tokens)
     assert got.theory == "none" and got.accepted_histogram.shape == (4, 3)

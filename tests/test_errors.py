@@ -1,6 +1,7 @@
 """Wrong ranks, shapes and dtypes fail at trace time with messages naming the argument."""
 
 import re
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -187,6 +188,9 @@ class _WrongShapeCounter(eqx_specdec.AbstractPrefixCounter):
 
 
 class _WrongRecordRatioTest(eqx_specdec.AbstractRatioTest):
+    uses_uniforms: ClassVar[bool] = True
+    log_space: ClassVar[bool] = False
+
     def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
         return accept_uniforms < 0.5
 

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from user_stages import ArgminPrefixCounter, ScatterTokenAssembler, SearchsortedSampler
 
 import eqx_specdec as es
-from eqx_specdec.bench_sharding import collectives, gathering_verifier
+from benchmarks.bench_sharding import collectives, gathering_verifier
 
 
 pytestmark = pytest.mark.skipif(

@@ -1,5 +1,8 @@
-"""Every public class is abstract (cannot be instantiated) or final (never subclassed)."""
+"""The package's structure: every public class abstract or final, capabilities declared
+on the abstract bases, no import cycles, no module-level mutable state, no special cases
+of the library's own stages by name, files small enough to read in one sitting."""
 
+import ast
 import inspect
 import pathlib
 import re
@@ -13,8 +16,12 @@ import eqx_specdec
 PUBLIC_CLASSES = [
     obj
     for name, obj in vars(eqx_specdec).items()
-    if inspect.isclass(obj) and not name.startswith("_")
+    if inspect.isclass(obj)
+    and not name.startswith("_")
+    and not issubclass(obj, Exception)
 ]
+PACKAGE = pathlib.Path(eqx_specdec.__file__).parent
+MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
 def _is_abstract(cls) -> bool:
@@ -33,8 +40,10 @@ def test_the_public_api_is_what_the_docs_list():
         "LastSuccessCounter", "AbstractNodeRule", "IIDCandidates",
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
-        "DecodeResult", "NGramModel", "ShardedVerifier",
+        "DecodeResult", "NGramModel", "ShardedVerifier", "AbstractVerifier",
+        "VocabShard",
     }  # fmt: skip
+    assert issubclass(eqx_specdec.MissingCapabilityError, NotImplementedError)
     assert callable(eqx_specdec.speculative_accept)
     assert isinstance(eqx_specdec.__version__, str)
 
@@ -67,12 +76,135 @@ def test_abstract_or_final(cls):
     [c for c in PUBLIC_CLASSES if c.__name__.startswith("Abstract")],
     ids=lambda c: c.__name__,
 )
-def test_abstract_bases_declare_only_abstract_methods(abstract):
+def test_abstract_bases_declare_abstract_methods_and_capabilities(abstract):
+    """A base's methods are abstract, or capabilities: documented as such, with a
+    default that raises MissingCapabilityError (or, for `emission_target`, the
+    documented default)."""
     assert abstract.__abstractmethods__
     for name, member in vars(abstract).items():
         # Dunder methods (the generated dataclass `__init__`) are not stage methods.
-        if inspect.isfunction(member) and not name.startswith("__"):
-            assert getattr(member, "__isabstractmethod__", False), name
+        if not inspect.isfunction(member) or name.startswith("__"):
+            continue
+        if getattr(member, "__isabstractmethod__", False):
+            continue
+        doc = inspect.getdoc(member) or ""
+        source = inspect.getsource(member)
+        if name == "emission_target":
+            assert "default" in doc, name
+            continue
+        assert doc.startswith("Capability"), (abstract.__name__, name)
+        assert "raise missing_capability(" in source, (abstract.__name__, name)
+
+
+def _imports(path: pathlib.Path):
+    """(module-level?, imported eqx_specdec module) for each import in `path`."""
+    tree = ast.parse(path.read_text())
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    package = parts[:-1] if parts[-1] != "__init__" else parts
+    top_level = set(map(id, tree.body))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        base = package[: len(package) - node.level + 1]
+        target = ".".join(base + tuple(node.module.split(".") if node.module else ()))
+        yield id(node) in top_level, target
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_the_package_imports_have_no_cycle_and_no_function_level_imports():
+    graph = {}
+    for path in MODULES:
+        edges = set()
+        for top_level, target in _imports(path):
+            assert top_level, f"{path.name} imports {target} inside a function"
+            edges.add(target)
+        graph[_module_name(path)] = edges
+    # Depth-first search for a cycle among the package's own modules.
+    state = {}
+
+    def visit(module, trail):
+        state[module] = "open"
+        for target in graph.get(module, ()):
+            if target not in graph or target == "eqx_specdec":
+                continue
+            if state.get(target) == "open":
+                raise AssertionError(f"import cycle: {' -> '.join(trail + [target])}")
+            if target not in state:
+                visit(target, trail + [target])
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [module])
+
+
+def test_no_module_level_mutable_state():
+    for path in MODULES:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                value = node.value
+                mutable = isinstance(
+                    value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp)
+                )
+                call = isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                mutable |= call and value.func.id in ("list", "dict", "set")
+                assert not mutable, f"{path.name}:{node.lineno} {ast.unparse(node)}"
+
+
+def _concrete_library_stages() -> dict:
+    """Concrete stage classes, by name, with the file that defines each."""
+    bases = (
+        eqx_specdec.AbstractRatioTest,
+        eqx_specdec.AbstractPrefixCounter,
+        eqx_specdec.AbstractResidualSampler,
+        eqx_specdec.AbstractTokenAssembler,
+        eqx_specdec.AbstractNodeRule,
+    )
+    return {
+        cls.__name__: pathlib.Path(inspect.getfile(cls)).name
+        for cls in PUBLIC_CLASSES
+        if issubclass(cls, bases) and not cls.__name__.startswith("Abstract")
+    }
+
+
+def test_no_type_test_against_a_library_stage_outside_its_own_file():
+    """What the library knows about a stage is on the stage's class: no `isinstance`
+    or `type(...)` ladder over the library's own stages elsewhere."""
+    stages = _concrete_library_stages()
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = set()
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
+                "isinstance",
+                "issubclass",
+            ):
+                names = {
+                    n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)
+                }
+            if isinstance(node, ast.Compare) and any(
+                isinstance(n, ast.Call) and getattr(n.func, "id", "") == "type"
+                for n in ast.walk(node)
+            ):
+                names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            for name in names & set(stages):
+                assert stages[name] == path.name, (
+                    f"{path.name}:{node.lineno} tests against {name}"
+                )
+
+
+def test_modules_are_small_enough_to_read_in_one_sitting():
+    for path in MODULES:
+        lines = len(path.read_text().splitlines())
+        assert lines <= 420, f"{path.name} has {lines} lines"
+
+
+def test_benchmarks_live_outside_the_installed_package():
+    assert not list(PACKAGE.glob("bench*.py"))
+    assert (PACKAGE.parent / "benchmarks" / "bench.py").is_file()
 
 
 def test_ci_runs_the_readme_test_command():

@@ -1,6 +1,8 @@
 """Tree (multi-candidate) verification: chains equal the standard verifier, one-node
 acceptance rates match the rules exactly, and small trees are lossless (chi-square)."""
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,6 +168,8 @@ def test_lossy_tree_rule_is_caught():
     """Control: without replacement drafting checked as if i.i.d. fails the same test."""
 
     class WrongRule(eqx_specdec.AbstractNodeRule):
+        uses_draft_probs: ClassVar[bool] = True
+
         def test(self, residual, mass, draft, token, uniform):
             return eqx_specdec.IIDCandidates().test(
                 residual, mass, draft, token, uniform

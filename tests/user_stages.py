@@ -1,5 +1,9 @@
-"""Stages written the way a research user would: subclasses of the abstract bases."""
+"""Stages written the way a research user would: subclasses of the abstract bases, one
+(at least) for every base, some with Python fields used in Python control flow."""
 
+from typing import ClassVar
+
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
@@ -10,12 +14,38 @@ class LenientRatioTest(eqx_specdec.AbstractRatioTest):
     """Accept when `u * l * q(x) < p(x)`; `l = 1` is the standard rule."""
 
     lenience: Float[Array, ""] | float = 1.0
+    uses_uniforms: ClassVar[bool] = True
+    log_space: ClassVar[bool] = False
 
     def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
         p = jnp.take_along_axis(target_probs[:-1], draft_tokens[:, None], 1)[:, 0]
         q = jnp.take_along_axis(draft_probs, draft_tokens[:, None], 1)[:, 0]
         lenience = jnp.asarray(self.lenience, p.dtype)
         return eqx_specdec.Verdict(accept_uniforms.astype(p.dtype) * lenience * q < p)
+
+
+class SwitchedRatioTest(eqx_specdec.AbstractRatioTest):
+    """The standard test, with Python fields steering Python control flow: a `str`
+    mode, a `bool` flag and an `int` (a tuple of positions to force-reject)."""
+
+    mode: str = "ratio"  # "ratio": u q < p; "division": u < p / q
+    strict: bool = True
+    rejected_positions: tuple[int, ...] = ()
+    uses_uniforms: ClassVar[bool] = True
+    log_space: ClassVar[bool] = False
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
+        p, q = eqx_specdec.gather_draft_probs(draft_tokens, draft_probs, target_probs)
+        u = accept_uniforms.astype(p.dtype)
+        if self.mode == "ratio":
+            passed = u * q < p if self.strict else u * q <= p
+        elif self.mode == "division":
+            passed = u < jnp.where(q > 0, p / jnp.where(q > 0, q, 1), jnp.inf)
+        else:
+            raise ValueError(self.mode)
+        for position in self.rejected_positions:
+            passed = passed.at[position].set(False)
+        return eqx_specdec.Verdict(passed)
 
 
 class ArgminPrefixCounter(eqx_specdec.AbstractPrefixCounter):
@@ -28,6 +58,9 @@ class ArgminPrefixCounter(eqx_specdec.AbstractPrefixCounter):
 
 class SearchsortedSampler(eqx_specdec.AbstractResidualSampler):
     """The standard residual, normalised, searched with `jnp.searchsorted`."""
+
+    randomness: ClassVar[str] = "uniform"
+    log_space: ClassVar[bool] = False
 
     def __call__(
         self,
@@ -48,6 +81,27 @@ class SearchsortedSampler(eqx_specdec.AbstractResidualSampler):
         return jnp.minimum(token, p.shape[0] - 1).astype(jnp.int32)
 
 
+class TopKArgmaxSampler(eqx_specdec.AbstractResidualSampler):
+    """A deterministic correction through `jax.lax.top_k` with a Python `int` field:
+    the most likely of the target's top `k` tokens at row n (the argmax, for any k)."""
+
+    k: int = 3
+    randomness: ClassVar[str] = "none"
+    log_space: ClassVar[None] = None
+
+    def __call__(
+        self,
+        num_accepted,
+        verdict,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        sample_uniform,
+    ):
+        _, ids = jax.lax.top_k(target_probs[num_accepted], self.k)
+        return ids[0].astype(jnp.int32)
+
+
 class ScatterTokenAssembler(eqx_specdec.AbstractTokenAssembler):
     """Writes the output with `.at[].set()` scatters."""
 
@@ -57,3 +111,49 @@ class ScatterTokenAssembler(eqx_specdec.AbstractTokenAssembler):
         kept = jnp.where(position < num_accepted, draft_tokens.astype(jnp.int32), -1)
         tokens = jnp.append(kept, jnp.int32(-1))
         return tokens.at[num_accepted].set(correction)
+
+
+class UserIIDCandidates(eqx_specdec.AbstractNodeRule):
+    """SpecInfer's i.i.d. rule written out, with its drafting and threshold capability."""
+
+    uses_draft_probs: ClassVar[bool] = True
+
+    def test(self, residual, mass, draft, token, uniform):
+        return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
+
+    def reject(self, residual, mass, draft, token):
+        new = jnp.maximum(residual - mass * draft, 0)
+        new_mass = jnp.sum(new)
+        keep = new_mass > jnp.finfo(residual.dtype).tiny
+        return jnp.where(keep, new, residual), jnp.where(keep, new_mass, mass), draft
+
+    def candidate_law(self, draft, drafted):
+        return draft
+
+    def pass_threshold(self, residual, mass, draft, token):
+        denominator = mass * draft[token]
+        safe = jnp.where(denominator > 0, denominator, 1)
+        return jnp.where(denominator > 0, residual[token] / safe, jnp.inf)
+
+
+class MappedVerifier(eqx_specdec.AbstractVerifier):
+    """A verifier of one's own: the four stages mapped over the rows with `jax.vmap`,
+    written without the library's `Verifier`."""
+
+    ratio_test: eqx_specdec.AbstractRatioTest = eqx_specdec.RatioTest()
+    prefix_counter: eqx_specdec.AbstractPrefixCounter = eqx_specdec.PrefixCounter()
+    residual_sampler: eqx_specdec.AbstractResidualSampler = (
+        eqx_specdec.ResidualSampler()
+    )
+    token_assembler: eqx_specdec.AbstractTokenAssembler = eqx_specdec.TokenAssembler()
+    defers_value_checks: ClassVar[bool] = False
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, accept, sample):
+        def row(x, q, p, u, s):
+            verdict = self.ratio_test(x, q, p, u)
+            n = self.prefix_counter(verdict.passed).astype(jnp.int32)
+            y = self.residual_sampler(n, verdict, x, q, p, s).astype(jnp.int32)
+            tokens = self.token_assembler(n, x, y)
+            return {"num_accepted": n, "tokens": tokens.astype(jnp.int32)}
+
+        return jax.vmap(row)(draft_tokens, draft_probs, target_probs, accept, sample)

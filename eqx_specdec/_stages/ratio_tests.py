@@ -1,10 +1,12 @@
 import abc
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from beartype import beartype
+from equinox import AbstractClassVar, AbstractVar
 from jaxtyping import Array, Float, jaxtyped
 
 from .._custom_types import (
@@ -13,8 +15,14 @@ from .._custom_types import (
     DraftTokensRow,
     TargetProbsRow,
 )
+from .._errors import missing_capability
 from .._misc import check_hyperparameter, compute_dtype
+from .._vocab_shard import VocabShard
 from .verdict import Verdict
+
+
+PassProbabilities = Float[Array, "gamma vocab"]
+TheoryKind = Literal["exact", "lower bound"]
 
 
 def gather_draft_probs(
@@ -28,6 +36,15 @@ def gather_draft_probs(
 
     With `draft_probs=None` (one-hot drafts, $q_i = \\mathrm{onehot}(x_i)$), $q_i(x_i) = 1$
     (0 in log space). Both are returned in the row's compute dtype (at least float32).
+
+    **Arguments:**
+
+    - `draft_tokens`, `draft_probs`, `target_probs`: one row, as a ratio test gets them.
+    - `log_space`: whether the distributions are log-probabilities.
+
+    **Returns:**
+
+    `(p_x, q_x)`, two float arrays of shape `(gamma,)`.
     """
     index = draft_tokens[:, None]
     p_x = jnp.take_along_axis(target_probs[:-1], index, axis=1)[:, 0]
@@ -54,24 +71,45 @@ def _ratio_test(p_x, q_x, u, lenience, log_space):
     return u * q_x < p_x
 
 
+def clipped_ratio(p, q, scale=1.0):
+    """$\\min(1, p / (l q))$ elementwise, 1 where $l q = 0$: the probability that the
+    (lenient) ratio test passes a drafted token."""
+    scaled = scale * q
+    return jnp.where(
+        scaled > 0, jnp.minimum(1.0, p / jnp.where(scaled > 0, scaled, 1)), 1
+    )
+
+
 class AbstractRatioTest(eqx.Module):
     """Decides, for every draft position of one row, whether the draft token passes.
 
-    This is the extension point for acceptance rules. A subclass implements `__call__`;
-    everything else in the pipeline (counting the accepted prefix, drawing the correction
-    token, assembling the output) is done by the other stages of the
-    [`eqx_specdec.Verifier`][].
+    This is the extension point for acceptance rules. A subclass implements `__call__`
+    and declares two class attributes; everything else in the pipeline (counting the
+    accepted prefix, drawing the correction token, assembling the output) is done by the
+    other stages of the [`eqx_specdec.Verifier`][].
 
     For the verifier to stay lossless, the test at position $i$ must pass with
     probability $\\min(1, p_i(x_i) / q_i(x_i))$ given the accepted prefix (or, for rules
     such as block verification, with the probabilities the matching prefix counter and
     residual expect).
 
-    A subclass whose test draws no randomness sets the class attribute
-    `uses_uniforms = False`; `accept_uniforms` may then be `None` at the entry points.
+    **Declared by every subclass:**
+
+    - `uses_uniforms` (class attribute, bool): whether the test reads `accept_uniforms`.
+        If `False`, `accept_uniforms` may be `None` at the entry points.
+    - `log_space` (a field or class attribute, `bool | None`): `False` if the test reads
+        probabilities, `True` if log-probabilities, `None` if it works on either (an
+        argmax, say). The entry points check it against what they pass.
+
+    **Capabilities** (methods with a default that raises
+    [`eqx_specdec.MissingCapabilityError`][]; implement those the features you use
+    need): `pass_probabilities` (the decoding loop's theory), `quadrature_breakpoints`
+    (exact evaluation), `vocab_parallel` (vocabulary sharding). `emission_target` (what
+    evaluation measures the tokens against) defaults to the target $p$.
     """
 
-    uses_uniforms: ClassVar[bool] = True
+    uses_uniforms: AbstractClassVar[bool]
+    log_space: AbstractVar[bool | None]
 
     @abc.abstractmethod
     def __call__(
@@ -99,6 +137,109 @@ class AbstractRatioTest(eqx.Module):
         that need it, the residual scale).
         """
 
+    def pass_probabilities(
+        self, draft_law: PassProbabilities, target_probs: PassProbabilities
+    ) -> tuple[PassProbabilities, TheoryKind]:
+        """Capability for the decoding loop's theory
+        ([`eqx_specdec.DecodeResult`][]`.theory_reached`): for each position $i$ and
+        token $v$, the probability $a_i(v)$ that the test passes $v$ when $v$ is drafted
+        at $i$ and the prefix before it was accepted. Traced (called inside the loop).
+
+        **Arguments:**
+
+        - `draft_law`: float `(gamma, vocab)`, the law $q_i$ the draft tokens follow.
+        - `target_probs`: float `(gamma, vocab)`, the target rows $p_0..p_{\\gamma-1}$.
+
+        **Returns:**
+
+        `(a, kind)`: float `(gamma, vocab)`, and `"exact"` (the test passes $v$ with
+        exactly that probability) or `"lower bound"` (the rule accepts at least as many
+        tokens in expectation as these probabilities say).
+        """
+        raise missing_capability(
+            self,
+            "pass_probabilities",
+            "the decoding loop's theoretical acceptance (DecodeResult.theory_reached)",
+            "ignore DecodeResult's theory (it is then 'none')",
+        )
+
+    def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
+        """Capability for exact quadrature
+        ([`eqx_specdec.emission_by_quadrature`][], [`eqx_specdec.evaluate_verifier`][]):
+        the values of the uniforms at which the test's outcome can change, beyond the
+        standard ratios $p_i(v) / q_i(v)$ (which the quadrature always cuts at). NumPy,
+        not traced.
+
+        **Arguments:**
+
+        - `draft_probs`: float64 NumPy `(gamma, vocab)`, or `None` for one-hot drafts.
+        - `target_probs`: float64 NumPy `(gamma + 1, vocab)`.
+
+        **Returns:**
+
+        A dict with any of `"accept_breakpoints"` (`(gamma, K)`: further values of
+        $u_i$) and `"sample_breakpoints"` (`(K,)`: further values of $s$, where the test
+        changes the correction's distribution, as block verification's residual
+        scale does); `{}` if there are none.
+        """
+        raise missing_capability(
+            self,
+            "quadrature_breakpoints",
+            "exact quadrature",
+            'use method="monte-carlo", or pass the breakpoints to '
+            "emission_by_quadrature yourself",
+        )
+
+    def emission_target(self, target_probs):
+        """What the verifier's tokens are measured against by
+        [`eqx_specdec.evaluate_verifier`][]: the target $p$ itself (the default, for
+        exact and lossy sampling rules alike), or another distribution a rule aims at
+        (greedy decoding's one-hot argmax). NumPy, not traced.
+
+        **Arguments:**
+
+        - `target_probs`: float64 NumPy `(gamma + 1, vocab)`.
+
+        **Returns:**
+
+        A float64 NumPy array of the same shape.
+        """
+        return target_probs
+
+    def vocab_parallel(
+        self,
+        shard: VocabShard,
+        draft_tokens: DraftTokensRow,
+        draft_probs: Float[Array, "gamma width"] | None,
+        target_probs: Float[Array, "gamma+1 width"],
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        """Capability for vocabulary sharding ([`eqx_specdec.ShardedVerifier`][] with
+        `vocab_axis`): the same test as `__call__`, on this device's slice of the
+        vocabulary, exchanging per-row values only through `shard`'s collectives.
+        Called under `jax.vmap` over the rows.
+
+        **Arguments:**
+
+        - `shard`: the [`eqx_specdec.VocabShard`][] (offset, width, collectives).
+        - `draft_tokens`: integer `(gamma,)`, global token ids.
+        - `draft_probs`, `target_probs`: this shard's slices, `(gamma, width)` and
+            `(gamma + 1, width)`.
+        - `accept_uniforms`: float `(gamma,)`.
+
+        **Returns:**
+
+        The [`eqx_specdec.Verdict`][] `__call__` would return on the whole rows, the
+        same on every shard.
+        """
+        raise missing_capability(
+            self,
+            "vocab_parallel",
+            "vocabulary sharding (ShardedVerifier with vocab_axis)",
+            "shard over the batch only (vocab_axis=None), where every stage runs "
+            "unchanged",
+        )
+
 
 class RatioTest(AbstractRatioTest):
     """The standard test of speculative sampling: draft token $x_i$ passes when
@@ -110,7 +251,7 @@ class RatioTest(AbstractRatioTest):
     `draft_probs=None`, $q_i(x_i) = 1$ (one-hot drafts): the test is $u_i < p_i(x_i)$.
 
     Lossless (Leviathan et al. 2023; Chen et al. 2023). Gathers only $p_i(x_i)$ and
-    $q_i(x_i)$: $O(\\gamma)$ reads.
+    $q_i(x_i)$: $O(\\gamma)$ reads. Implements every capability.
 
     **Arguments:**
 
@@ -119,6 +260,7 @@ class RatioTest(AbstractRatioTest):
         underflow (what [`eqx_specdec.speculative_accept_logits`][] uses).
     """
 
+    uses_uniforms: ClassVar[bool] = True
     log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
@@ -134,6 +276,20 @@ class RatioTest(AbstractRatioTest):
         )
         return Verdict(_ratio_test(p_x, q_x, accept_uniforms, None, self.log_space))
 
+    def pass_probabilities(self, draft_law, target_probs):
+        return clipped_ratio(target_probs, draft_law), "exact"
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
+
+    def vocab_parallel(
+        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
+    ):
+        p_x, q_x = shard.gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        return Verdict(_ratio_test(p_x, q_x, accept_uniforms, None, self.log_space))
+
 
 class LenientRatioTest(AbstractRatioTest):
     """A lenient test, accepting more draft tokens than the standard one: $x_i$ passes when
@@ -142,15 +298,16 @@ class LenientRatioTest(AbstractRatioTest):
 
     $l = 1$ is the standard rule, bit for bit. For $l < 1$ the verifier is **lossy**: the
     emitted tokens drift from the target as $l$ falls (see the Variants page for the
-    measured distance). The residual is left standard.
+    measured distance). The residual is left standard. Implements every capability.
 
     **Arguments:**
 
-    - `lenience`: $l$, a float or a scalar array in $(0, 1]$. An array can be swept
-        under `jax.jit` without recompiling.
+    - `lenience`: $l$, a float or a scalar array in $(0, 1]$. A Python float is static
+        (each value compiles once); pass an array to sweep it without recompiling.
     - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
+    uses_uniforms: ClassVar[bool] = True
     lenience: Float[Array, ""] | float = 1.0
     log_space: bool = eqx.field(static=True, default=False)
 
@@ -172,6 +329,27 @@ class LenientRatioTest(AbstractRatioTest):
             _ratio_test(p_x, q_x, accept_uniforms, self.lenience, self.log_space)
         )
 
+    def pass_probabilities(self, draft_law, target_probs):
+        lenience = jnp.asarray(self.lenience, draft_law.dtype)
+        return clipped_ratio(target_probs, draft_law, lenience), "exact"
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        if draft_probs is None:
+            return dict(accept_breakpoints=target_probs[:-1] / float(self.lenience))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = target_probs[:-1] / (float(self.lenience) * draft_probs)
+        return dict(accept_breakpoints=ratios)
+
+    def vocab_parallel(
+        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
+    ):
+        p_x, q_x = shard.gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        return Verdict(
+            _ratio_test(p_x, q_x, accept_uniforms, self.lenience, self.log_space)
+        )
+
 
 class GreedyRatioTest(AbstractRatioTest):
     """Greedy verification (temperature 0): $x_i$ passes when it is the target's most
@@ -179,10 +357,12 @@ class GreedyRatioTest(AbstractRatioTest):
 
     Exact with respect to greedy decoding of the target when paired with
     [`eqx_specdec.ArgmaxSampler`][]. Draws no randomness and ignores `draft_probs`; reads
-    the whole rows $p_i$. Works on probabilities and log-probabilities alike.
+    the whole rows $p_i$. Works on probabilities and log-probabilities alike
+    (`log_space = None`). Implements every capability.
     """
 
     uses_uniforms: ClassVar[bool] = False
+    log_space: ClassVar[None] = None
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -195,168 +375,19 @@ class GreedyRatioTest(AbstractRatioTest):
         best = jnp.argmax(target_probs[:-1], axis=-1)
         return Verdict(best.astype(jnp.int32) == draft_tokens.astype(jnp.int32))
 
+    def pass_probabilities(self, draft_law, target_probs):
+        vocab = target_probs.shape[-1]
+        best = jnp.argmax(target_probs, -1)
+        return jax.nn.one_hot(best, vocab, dtype=target_probs.dtype), "exact"
 
-def check_typical(epsilon, delta):
-    """The invariants of typical acceptance's hyperparameters, shared by its stages."""
-    check_hyperparameter("epsilon", epsilon, 0.0, 1.0, low_open=True)
-    check_hyperparameter("delta", delta, 0.0, float("inf"), low_open=True)
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
 
+    def emission_target(self, target_probs):
+        return np.eye(target_probs.shape[-1])[np.argmax(target_probs, -1)]
 
-def typical_threshold(probs, epsilon, delta):
-    """$\\min(\\epsilon, \\delta e^{-H(p)})$ per row, $H(p) = -\\sum_v p(v) \\log(p(v) + 10^{-5})$."""
-    entropy = -jnp.sum(probs * jnp.log(probs + 1e-5), axis=-1)
-    epsilon = jnp.asarray(epsilon, probs.dtype)
-    delta = jnp.asarray(delta, probs.dtype)
-    return jnp.minimum(epsilon, delta * jnp.exp(-entropy))
-
-
-class TypicalRatioTest(AbstractRatioTest):
-    """Typical acceptance (Medusa; Cai et al. 2024): $x_i$ passes when
-
-    $$p_i(x_i) > \\min\\big(\\epsilon, \\delta\\, e^{-H(p_i)}\\big), \\qquad
-    H(p) = -\\sum_v p(v) \\log(p(v) + 10^{-5}).$$
-
-    **Lossy**: tokens the target finds typical enough are kept whatever their exact
-    probability. Needs no $q$ and no uniforms; reads the whole rows $p_i$. Pair with
-    [`eqx_specdec.ArgmaxSampler`][] (the Medusa default) or
-    [`eqx_specdec.TypicalSampler`][].
-
-    **Arguments:**
-
-    - `epsilon`: the hard threshold $\\epsilon > 0$. Default 0.09.
-    - `delta`: the entropy-scaled threshold $\\delta > 0$. Default 0.3.
-    - `log_space`: if `True`, the distributions given are log-probabilities.
-    """
-
-    uses_uniforms: ClassVar[bool] = False
-    epsilon: Float[Array, ""] | float = 0.09
-    delta: Float[Array, ""] | float = 0.3
-    log_space: bool = eqx.field(static=True, default=False)
-
-    def __check_init__(self):
-        check_typical(self.epsilon, self.delta)
-
-    @jaxtyped(typechecker=beartype)
-    def __call__(
-        self,
-        draft_tokens: DraftTokensRow,
-        draft_probs: DraftProbsRow | None,
-        target_probs: TargetProbsRow,
-        accept_uniforms: AcceptUniformsRow,
-    ) -> Verdict:
-        probs = target_probs[:-1].astype(compute_dtype(target_probs.dtype))
-        if self.log_space:
-            probs = jnp.exp(probs)
-        p_x = jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)[:, 0]
-        return Verdict(p_x > typical_threshold(probs, self.epsilon, self.delta))
-
-
-# A stand-in for +inf log-ratios (q(x) = 0 < p(x)): larger than any finite float32
-# log-ratio sum over a draft (|log p - log q| < 210 per position), so min(1, .) clips right.
-_LOG_RATIO_CAP = 1e4
-
-
-def block_cumulative(p_x, q_x, log_space):
-    """Block verification's clipped cumulative ratios $P_0, \\dots, P_G$ of one row, from
-    $p_i(x_i)$ and $q_i(x_i)$: $\\log P_k = S_k - \\max(0, \\max_{j \\le k} S_j)$."""
-    dtype = p_x.dtype
-    if log_space:
-        log_p, log_q = p_x, q_x
-    else:
-        log_p, log_q = jnp.log(p_x), jnp.log(q_x)
-    dead = jnp.cumsum(log_p == -jnp.inf) > 0  # some p(x) = 0 so far: P = 0 from here
-    log_ratio = jnp.where(
-        log_q == -jnp.inf,
-        _LOG_RATIO_CAP,
-        jnp.maximum(log_p - log_q, -_LOG_RATIO_CAP),
-    )
-    running = jnp.cumsum(log_ratio)
-    log_cum = running - jnp.maximum(0.0, jax.lax.cummax(running))
-    cum = jnp.where(dead, 0.0, jnp.exp(log_cum)).astype(dtype)
-    return jnp.concatenate([jnp.ones((1,), dtype), cum])
-
-
-def block_h(cum, z):
-    """The pass thresholds $h_1, \\dots, h_G$ from $P_0..P_G$ and the lookahead masses
-    $Z_1, \\dots, Z_{G-1}$ (`z`); $h_G = P_G$."""
-    gamma = cum.shape[0] - 1
-    denominator = z + 1 - cum[1:gamma]
-    h = jnp.where(denominator > 0, z / jnp.where(denominator > 0, denominator, 1), 1)
-    return jnp.concatenate([h, cum[gamma:]])
-
-
-class BlockRatioTest(AbstractRatioTest):
-    """Block verification (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh;
-    ICLR 2025): the test that, with [`eqx_specdec.LastSuccessCounter`][] and the standard
-    [`eqx_specdec.ResidualSampler`][], verifies the draft as a block and never accepts
-    fewer tokens in expectation than the standard rule.
-
-    With $P_0 = 1$ and $P_k = \\min(1, P_{k-1}\\, p_{k-1}(x_{k-1}) / q_{k-1}(x_{k-1}))$ (the
-    clipped cumulative ratio after $k$ draft tokens),
-
-    $$Z_k = \\sum_v \\big(P_k\\, p_k(v) - q_k(v)\\big)_+, \\qquad
-    h_k = \\frac{Z_k}{Z_k + 1 - P_k} \\;(1 \\text{ if the denominator is } 0), \\qquad
-    h_G = P_G,$$
-
-    and draft token $k - 1$ *passes* when $u_{k-1} < h_k$. The number accepted is the **last**
-    pass (not the first failure), and the correction is drawn from
-    $\\operatorname{norm}((P_n\\, p_n - q_n)_+)$: the verdict's `residual_scale` is
-    $(P_0, \\dots, P_{G-1})$.
-
-    Vectorised, no sequential scan: $\\log P_k = S_k - \\max(0, \\max_{j \\le k} S_j)$ with $S$
-    the running sum of $\\log p_i(x_i) - \\log q_i(x_i)$. Reads the full rows $p_k, q_k$ for
-    $1 \\le k < G$ (for $Z_k$): $O(GV)$, inherent to the rule. Lossless.
-
-    **Arguments:**
-
-    - `log_space`: if `True`, the distributions given are log-probabilities.
-    """
-
-    log_space: bool = eqx.field(static=True, default=False)
-
-    def weights(
-        self,
-        draft_tokens: DraftTokensRow,
-        draft_probs: DraftProbsRow,
-        target_probs: TargetProbsRow,
-    ) -> tuple[Float[Array, " gamma+1"], Float[Array, " gamma"]]:
-        """The clipped cumulative ratios $P_0, \\dots, P_G$ and the weights
-        $h_1, \\dots, h_G$ of one row (float32, or float64 for float64 inputs).
-
-        **Arguments:**
-
-        - `draft_tokens`, `draft_probs`, `target_probs`: as for `__call__`.
-
-        **Returns:**
-
-        `(P, h)` of shapes `(gamma + 1,)` and `(gamma,)`.
-        """
-        if draft_probs is None:
-            raise ValueError(
-                "BlockRatioTest needs `draft_probs`: block verification uses the whole "
-                "draft distributions q_k, which one-hot drafts do not have."
-            )
-        gamma = draft_tokens.shape[0]
-        p_x, q_x = gather_draft_probs(
-            draft_tokens, draft_probs, target_probs, log_space=self.log_space
-        )
-        cum = block_cumulative(p_x, q_x, self.log_space)
-        # Z_k for k = 1 .. G-1 reads rows k of p and q.
-        p_rows = target_probs[1:gamma].astype(cum.dtype)
-        q_rows = draft_probs[1:gamma].astype(cum.dtype)
-        if self.log_space:
-            p_rows, q_rows = jnp.exp(p_rows), jnp.exp(q_rows)
-        z = jnp.sum(jnp.maximum(cum[1:gamma, None] * p_rows - q_rows, 0), axis=-1)
-        return cum, block_h(cum, z)
-
-    @jaxtyped(typechecker=beartype)
-    def __call__(
-        self,
-        draft_tokens: DraftTokensRow,
-        draft_probs: DraftProbsRow | None,
-        target_probs: TargetProbsRow,
-        accept_uniforms: AcceptUniformsRow,
-    ) -> Verdict:
-        cum, h = self.weights(draft_tokens, draft_probs, target_probs)
-        passed = accept_uniforms.astype(h.dtype) < h
-        return Verdict(passed, cum[:-1])
+    def vocab_parallel(
+        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
+    ):
+        best = shard.argmax(target_probs[:-1])
+        return Verdict(best == draft_tokens.astype(jnp.int32))

@@ -1,13 +1,12 @@
 import abc
-import math
-from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, Bool, Float, Int, jaxtyped, Key
+from equinox import AbstractClassVar, AbstractVar
+from jaxtyping import Array, Float, jaxtyped, Key
 
 from .._custom_types import (
     DraftProbsRow,
@@ -17,136 +16,22 @@ from .._custom_types import (
     SampleUniform,
     TargetProbsRow,
 )
+from .._errors import missing_capability
 from .._misc import compute_dtype
-from .ratio_tests import check_typical, typical_threshold
+from .._search import (
+    block_size,
+    block_totals,
+    flat_search,
+    FLAT_SEARCH_MAX_VOCAB,
+    has_mass,
+    two_level_search,
+    window_start,
+)
+from .._vocab_shard import VocabShard
 from .verdict import Verdict
 
 
-def block_size(vocab: int) -> int:
-    """The block length of the two-level search: a power of two near $\\sqrt{V}$, so that
-    both the scan over block totals and the scan inside one block are short."""
-    return min(1 << max(0, round(math.log2(math.sqrt(vocab)))), vocab)
-
-
-def block_totals(weights: Float[Array, " vocab"], size: int) -> Float[Array, " blocks"]:
-    """Sums of consecutive blocks of `size` weights (the last block may be shorter)."""
-    vocab = weights.shape[0]
-    full = vocab // size
-    totals = jnp.sum(weights[: full * size].reshape(full, size), axis=1)
-    if vocab % size:
-        totals = jnp.append(totals, jnp.sum(weights[full * size :]))
-    return totals
-
-
-def window_start(block: Int[Array, ""], size: int, vocab: int) -> Int[Array, ""]:
-    """Where the `size`-long window holding block `block` starts: a last, shorter block
-    is read through a window shifted left so that it stays inside the vocabulary."""
-    return jnp.minimum(block * size, vocab - size)
-
-
-def _last_positive_at_or_before(positive, index):
-    """The last i <= index with positive[i], else the first positive i (else 0)."""
-    ids = jnp.arange(positive.shape[0], dtype=jnp.int32)
-    before = jnp.max(jnp.where(positive & (ids <= index), ids, -1))
-    return jnp.where(before >= 0, before, jnp.argmax(positive).astype(jnp.int32))
-
-
-def guarded_search(
-    cumulative: Float[Array, " n"], positive: Bool[Array, " n"], threshold
-) -> Int[Array, ""]:
-    """The first index whose cumulative weight exceeds `threshold`. If rounding points
-    past the end or at a zero-weight entry, the last positive entry before that point
-    instead: never `n`, never an entry without weight (the inverse CDF's guard, shared by
-    every level of every search, sharded ones included)."""
-    n = cumulative.shape[0]
-    index = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
-    clipped = jnp.minimum(index, n - 1)
-    return jnp.where(
-        (index < n) & positive[clipped],
-        index,
-        _last_positive_at_or_before(positive, clipped),
-    )
-
-
-def two_level_search(
-    totals: Float[Array, " blocks"],
-    window: Callable[[Int[Array, ""]], Float[Array, " size"]],
-    uniform: Float[Array, ""] | None,
-    vocab: int,
-    threshold: Float[Array, ""] | None = None,
-) -> Int[Array, ""]:
-    """Inverse CDF in two levels: find the block whose cumulative total first exceeds
-    `uniform * total`, then the token inside it.
-
-    `totals` are the block sums of the weights (see `block_totals`); `window(block)`
-    returns the `size` weights starting at `window_start(block, size, vocab)`. Only one
-    block is read a second time, and the scans run over `blocks` and `size` entries rather
-    than `vocab`: a full-length cumulative sum is slow on XLA CPU.
-
-    Returns the smallest token whose cumulative weight exceeds `uniform * total` (or
-    `threshold`, when given instead of `uniform`: a search inside one shard). If
-    rounding points past the end or at a zero-weight token, returns the last
-    positive-weight token before that point: never `vocab` and never a zero-weight token
-    (unless every weight is zero, when it returns a token of the first block).
-    """
-    cumulative = jnp.cumsum(totals)
-    if threshold is None:
-        threshold = uniform.astype(totals.dtype) * cumulative[-1]
-    block = guarded_search(cumulative, totals > 0, threshold)
-    before = jnp.where(block > 0, cumulative[jnp.maximum(block - 1, 0)], 0)
-    weights = window(block)
-    size = weights.shape[0]
-    first = block * size
-    start = window_start(block, size, vocab)
-    ids = start + jnp.arange(size, dtype=jnp.int32)
-    # Drop the overlap of a shifted window with the previous block.
-    weights = jnp.where(ids >= first, weights, 0)
-    return start + guarded_search(before + jnp.cumsum(weights), weights > 0, threshold)
-
-
-def flat_search(
-    weights: Float[Array, " vocab"],
-    uniform: Float[Array, ""] | None,
-    threshold: Float[Array, ""] | None = None,
-) -> Int[Array, ""]:
-    """Inverse CDF with one full-length cumulative sum: fewer operations than
-    `two_level_search`, so faster for small vocabularies. Same guard: never `vocab`, never
-    a zero-weight token. Same `threshold` option."""
-    cumulative = jnp.cumsum(weights)
-    if threshold is None:
-        threshold = uniform.astype(weights.dtype) * cumulative[-1]
-    return guarded_search(cumulative, weights > 0, threshold)
-
-
-# Below this vocabulary size a single cumulative sum beats the two-level search.
-FLAT_SEARCH_MAX_VOCAB = 32
-
-
-def inverse_cdf(
-    weights: Float[Array, " vocab"],
-    uniform: Float[Array, ""] | None,
-    threshold: Float[Array, ""] | None = None,
-) -> Int[Array, ""]:
-    """Draws from `weights / sum(weights)` with one uniform: the smallest $v$ whose
-    cumulative sum exceeds `uniform * sum(weights)`, by `two_level_search`.
-
-    If rounding leaves every cumulative sum at or below that threshold (a uniform just
-    under 1), returns the last token with positive weight, never `vocab` and never a
-    zero-weight token. `weights` must be non-negative with a positive sum. With
-    `threshold` instead of `uniform`, the smallest $v$ whose cumulative sum exceeds it.
-    """
-    vocab = weights.shape[0]
-    if vocab <= FLAT_SEARCH_MAX_VOCAB:
-        return flat_search(weights, uniform, threshold)
-    size = block_size(vocab)
-
-    def window(block):
-        start = window_start(block, size, vocab)
-        return jax.lax.dynamic_slice_in_dim(weights, start, size)
-
-    return two_level_search(
-        block_totals(weights, size), window, uniform, vocab, threshold
-    )
+Randomness = Literal["uniform", "key", "none"]
 
 
 def residual_parts(
@@ -156,13 +41,15 @@ def residual_parts(
     draft_probs: DraftProbsRow | None,
     target_probs: TargetProbsRow,
     log_space: bool,
+    first_id=0,
 ):
     """What every residual-based sampler needs for one row.
 
     Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
     `(start, length)` giving that slice of $p_n$ and of the residual
     $(c_n p_n - q_n)_+$ (as probabilities). Only rows $n$ of the distributions are read;
-    $q_n = \\mathrm{onehot}(x_n)$ is never materialised for one-hot drafts.
+    $q_n = \\mathrm{onehot}(x_n)$ is never materialised for one-hot drafts. `first_id` is
+    the global id of the distributions' first entry (a vocabulary shard's offset).
     """
     gamma = target_probs.shape[0] - 1
     dtypes = [target_probs.dtype, verdict.residual_scale.dtype]
@@ -183,18 +70,13 @@ def residual_parts(
     def p_and_residual(start, length):
         p_part = as_probs(jax.lax.dynamic_slice_in_dim(p, start, length))
         if q is None:  # one-hot draft
-            ids = start + jnp.arange(length, dtype=jnp.int32)
+            ids = first_id + start + jnp.arange(length, dtype=jnp.int32)
             q_part = (ids == draft_token).astype(dtype)
         else:
             q_part = as_probs(jax.lax.dynamic_slice_in_dim(q, start, length))
         return p_part, jnp.maximum(scale * p_part - q_part, 0)
 
     return dtype, p_and_residual
-
-
-def has_mass(total, dtype):
-    # Below the smallest normal number the mass is rounding noise (or flushed to zero).
-    return total > jnp.finfo(dtype).tiny
 
 
 def full_weights(p_and_residual, vocab, rejected, dtype):
@@ -212,13 +94,20 @@ class AbstractResidualSampler(eqx.Module):
     residual distribution that makes the step lossless; when $n = \\gamma$ every draft token
     was accepted and $y$ is the bonus token, drawn from $p_\\gamma$.
 
-    The class attribute `randomness` says what the last argument holds: `"uniform"` (a
-    float $s \\in [0, 1)$, the default), `"key"` (a `jax.random` key, one per row) or
-    `"none"` (the sampler is deterministic; the entry points then accept
-    `sample_uniforms=None`).
+    **Declared by every subclass:**
+
+    - `randomness` (class attribute): what the last argument holds: `"uniform"` (a float
+        $s \\in [0, 1)$), `"key"` (a `jax.random` key, one per row) or `"none"` (the
+        sampler is deterministic; the entry points then accept `sample_uniforms=None`).
+    - `log_space` (a field or class attribute, `bool | None`): as for
+        [`eqx_specdec.AbstractRatioTest`][].
+
+    **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
+    `quadrature_breakpoints` (exact evaluation), `vocab_parallel` (vocabulary sharding).
     """
 
-    randomness: ClassVar[str] = "uniform"
+    randomness: AbstractClassVar[Randomness]
+    log_space: AbstractVar[bool | None]
 
     @abc.abstractmethod
     def __call__(
@@ -247,6 +136,60 @@ class AbstractResidualSampler(eqx.Module):
         An int32 scalar $y \\in [0, \\text{vocab})$.
         """
 
+    def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
+        """Capability for exact quadrature: the values of $s$ at which the drawn token
+        can change, beyond the cumulative sums of the standard residuals
+        $\\operatorname{norm}((p_n - q_n)_+)$ and of $p_\\gamma$ (which the quadrature
+        always cuts at). NumPy, not traced.
+
+        **Arguments:**
+
+        - `draft_probs`: float64 NumPy `(gamma, vocab)`, or `None` for one-hot drafts.
+        - `target_probs`: float64 NumPy `(gamma + 1, vocab)`.
+
+        **Returns:**
+
+        `{"sample_breakpoints": (K,) array}`, or `{}` if there are none.
+        """
+        raise missing_capability(
+            self,
+            "quadrature_breakpoints",
+            "exact quadrature",
+            'use method="monte-carlo", or pass the breakpoints to '
+            "emission_by_quadrature yourself",
+        )
+
+    def vocab_parallel(
+        self,
+        shard: VocabShard,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: Float[Array, "gamma width"] | None,
+        target_probs: Float[Array, "gamma+1 width"],
+        sample_uniform: SampleRandomness,
+    ) -> IntScalar:
+        """Capability for vocabulary sharding: the same draw as `__call__`, from this
+        device's slice of the vocabulary, exchanging per-row values only through
+        `shard` (see [`eqx_specdec.VocabShard.draw`][]). Called under `jax.vmap`.
+
+        **Arguments:**
+
+        - `shard`: the [`eqx_specdec.VocabShard`][].
+        - the others as for `__call__`, with the distributions sliced to `width`.
+
+        **Returns:**
+
+        The global token id, an int32 scalar, the same on every shard.
+        """
+        raise missing_capability(
+            self,
+            "vocab_parallel",
+            "vocabulary sharding (ShardedVerifier with vocab_axis)",
+            "shard over the batch only (vocab_axis=None), where every stage runs "
+            "unchanged",
+        )
+
 
 class ResidualSampler(AbstractResidualSampler):
     """The standard correction: $y$ is drawn by inverse CDF from
@@ -271,6 +214,7 @@ class ResidualSampler(AbstractResidualSampler):
     - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
+    randomness: ClassVar[Randomness] = "uniform"
     log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
@@ -316,6 +260,35 @@ class ResidualSampler(AbstractResidualSampler):
 
         return two_level_search(totals, window, sample_uniform, vocab)
 
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
+
+    def vocab_parallel(
+        self,
+        shard,
+        num_accepted,
+        verdict,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        sample_uniform,
+    ):
+        gamma, width = target_probs.shape[0] - 1, target_probs.shape[1]
+        dtype, p_and_residual = residual_parts(
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
+            self.log_space, first_id=shard.offset,
+        )  # fmt: skip
+        p_part, residual = p_and_residual(0, width)
+        rejected = num_accepted < gamma
+        weights = jnp.where(rejected, residual, p_part)
+        # One pair of scalars per shard crosses the devices: the shard's mass of the
+        # residual (or of p_n, for the bonus token) and of p_n (the zero-mass fallback).
+        masses = shard.all_gather(jnp.stack([jnp.sum(weights), jnp.sum(p_part)]))
+        use_residual = rejected & has_mass(jnp.sum(masses[:, 0]), dtype)
+        shard_masses = jnp.where(use_residual, masses[:, 0], masses[:, 1])
+        weights = jnp.where(use_residual, weights, p_part)
+        return shard.draw(weights, sample_uniform, shard_masses)
+
 
 class GumbelSampler(AbstractResidualSampler):
     """The standard correction (same distribution as [`eqx_specdec.ResidualSampler`][]),
@@ -334,7 +307,7 @@ class GumbelSampler(AbstractResidualSampler):
     - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
-    randomness: ClassVar[str] = "key"
+    randomness: ClassVar[Randomness] = "key"
     log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
@@ -357,6 +330,15 @@ class GumbelSampler(AbstractResidualSampler):
         scores = jnp.where(weights > 0, jnp.log(weights) + noise, -jnp.inf)
         return jnp.argmax(scores).astype(jnp.int32)
 
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        raise missing_capability(
+            self,
+            "quadrature_breakpoints",
+            "exact quadrature over the uniforms (it draws from keys, not uniforms)",
+            'use method="monte-carlo"; ResidualSampler draws the same distribution '
+            "from a uniform",
+        )
+
 
 class ArgmaxSampler(AbstractResidualSampler):
     """The greedy correction: $y = \\arg\\max_v p_n(v)$ (ties: the lowest id), the
@@ -368,7 +350,8 @@ class ArgmaxSampler(AbstractResidualSampler):
     acceptance.
     """
 
-    randomness: ClassVar[str] = "none"
+    randomness: ClassVar[Randomness] = "none"
+    log_space: ClassVar[None] = None
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -382,44 +365,17 @@ class ArgmaxSampler(AbstractResidualSampler):
     ) -> IntScalar:
         return jnp.argmax(target_probs[num_accepted]).astype(jnp.int32)
 
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
 
-class TypicalSampler(AbstractResidualSampler):
-    """Typical acceptance's sampled correction: $y$ is drawn by inverse CDF from $p_n$
-    with the tokens under the typical threshold masked out,
-
-    $$r \\propto p_n(v)\\, [\\, p_n(v) > \\min(\\epsilon, \\delta e^{-H(p_n)})\\,].$$
-
-    (If the mask removed every token, $r = p_n$.) **Lossy**, like the test it pairs with,
-    [`eqx_specdec.TypicalRatioTest`][]; use the same `epsilon` and `delta`.
-
-    **Arguments:**
-
-    - `epsilon`: the hard threshold $\\epsilon > 0$. Default 0.09.
-    - `delta`: the entropy-scaled threshold $\\delta > 0$. Default 0.3.
-    - `log_space`: if `True`, the distributions given are log-probabilities.
-    """
-
-    epsilon: Float[Array, ""] | float = 0.09
-    delta: Float[Array, ""] | float = 0.3
-    log_space: bool = eqx.field(static=True, default=False)
-
-    def __check_init__(self):
-        check_typical(self.epsilon, self.delta)
-
-    @jaxtyped(typechecker=beartype)
-    def __call__(
+    def vocab_parallel(
         self,
-        num_accepted: IntScalar,
-        verdict: Verdict,
-        draft_tokens: DraftTokensRow,
-        draft_probs: DraftProbsRow | None,
-        target_probs: TargetProbsRow,
-        sample_uniform: SampleUniform,
-    ) -> IntScalar:
-        probs = target_probs[num_accepted].astype(compute_dtype(target_probs.dtype))
-        if self.log_space:
-            probs = jnp.exp(probs)
-        threshold = typical_threshold(probs, self.epsilon, self.delta)
-        masked = jnp.where(probs > threshold, probs, 0)
-        weights = jnp.where(has_mass(jnp.sum(masked), probs.dtype), masked, probs)
-        return inverse_cdf(weights, sample_uniform)
+        shard,
+        num_accepted,
+        verdict,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        sample_uniform,
+    ):
+        return shard.argmax(target_probs[num_accepted])

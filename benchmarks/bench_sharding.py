@@ -2,7 +2,7 @@
 compiled program, for `ShardedVerifier` against the naive scheme that all-gathers the rows
 of p and q over the vocabulary and then verifies. Runs on 8 host CPU devices.
 
-    python -m eqx_specdec.bench_sharding [--batch 64 --gamma 5 --vocab 128256]
+    python benchmarks/bench_sharding.py [--batch 64 --gamma 5 --vocab 128256]
 """
 
 import argparse
@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ._sharding import ShardedVerifier
-from ._verifier import speculative_accept, Verifier
+from eqx_specdec import ShardedVerifier
+from eqx_specdec import speculative_accept, Verifier
 
 
 _COLLECTIVES = "all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute"
@@ -158,7 +158,7 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
         os.execv(
             sys.executable,
-            [sys.executable, "-m", "eqx_specdec.bench_sharding"]
+            [sys.executable, os.path.abspath(__file__)]
             + (argv or sys.argv[1:]),
         )
 

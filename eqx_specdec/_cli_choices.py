@@ -1,0 +1,94 @@
+"""What the command line offers: its verifiers and how the demo drafts for each."""
+
+import sys
+from typing import Literal, NamedTuple
+
+from ._node_rules import IIDCandidates
+from ._stages.block import BlockRatioTest
+from ._stages.prefix_counters import LastSuccessCounter
+from ._stages.ratio_tests import GreedyRatioTest, LenientRatioTest
+from ._stages.samplers import ArgmaxSampler, GumbelSampler
+from ._stages.typical import TypicalRatioTest, TypicalSampler
+from ._tree import TreeVerifier
+from ._verifier import Verifier
+
+
+class Choice(NamedTuple):
+    """One verifier the command line offers, and how the demo drafts for it."""
+
+    verifier: Verifier | TreeVerifier
+    drafts: str  # the demo table's "drafts" column
+    description: str
+    drafting: Literal["sample", "argmax"] = "sample"
+    tree: tuple[int, ...] | None = None
+
+    def decode_options(self, gamma: int) -> dict:
+        """The keyword arguments of `speculative_decode` for this choice."""
+        if self.tree is not None:
+            return dict(tree=self.tree)
+        return dict(gamma=gamma, drafting=self.drafting)
+
+
+def verifiers(lenience: float) -> dict[str, Choice]:
+    typical = TypicalRatioTest()
+    return {
+        "standard": Choice(Verifier(), "sample", "standard rule, sampled drafts"),
+        "one-hot": Choice(
+            Verifier(),
+            "argmax",
+            "standard rule, argmax drafter (one-hot)",
+            drafting="argmax",
+        ),
+        "block": Choice(
+            Verifier(BlockRatioTest(), LastSuccessCounter()),
+            "sample",
+            "block verification",
+        ),
+        "greedy": Choice(
+            Verifier(GreedyRatioTest(), residual_sampler=ArgmaxSampler()),
+            "argmax",
+            "greedy (temperature 0)",
+            drafting="argmax",
+        ),
+        "lenient": Choice(
+            Verifier(LenientRatioTest(lenience)),
+            "sample",
+            f"lenience {lenience} (lossy)",
+        ),
+        "typical": Choice(
+            Verifier(typical, residual_sampler=ArgmaxSampler()),
+            "sample",
+            "typical acceptance (lossy)",
+        ),
+        "typical-sampled": Choice(
+            Verifier(typical, residual_sampler=TypicalSampler()),
+            "sample",
+            "typical, sampled correction (lossy)",
+        ),
+        "gumbel": Choice(
+            Verifier(residual_sampler=GumbelSampler()),
+            "sample",
+            "standard rule, Gumbel-max correction",
+        ),
+        "tree": Choice(
+            TreeVerifier(IIDCandidates()),
+            "tree 2 x 4",
+            "2 i.i.d. candidates at the root, each continued to depth 4",
+            tree=DEMO_TREE,
+        ),
+    }
+
+
+# Two branches of depth 4: 8 draft tokens, at most 4 accepted per step.
+DEMO_TREE = (-1, 0, 1, 2, -1, 4, 5, 6)
+
+
+VERIFIER_NAMES = tuple(verifiers(0.5))
+# `evaluate` measures one verification step of a chain.
+CHAIN_NAMES = tuple(n for n, c in verifiers(0.5).items() if c.tree is None)
+DEMO_DEFAULT = ("standard", "one-hot", "block", "tree", "greedy", "typical")
+
+
+def fail(message: str):
+    print(f"eqx-specdec: error: {message}", file=sys.stderr)
+    raise SystemExit(2)

@@ -1,0 +1,181 @@
+"""The `demo` command: the end-to-end loop on the built-in models, its table and
+figure."""
+
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._cli_choices import fail, verifiers
+from ._decoding import autoregressive_decode, speculative_decode
+from ._models import builtin_models, BUILTIN_PROMPTS, decode, encode
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, drawn only on a terminal."""
+
+    def __init__(self, total_tasks: int, stream=None):
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = self.stream.isatty()
+        self.total_tasks = total_tasks
+        self.task = 0
+        self.label = ""
+
+    def start(self, label: str):
+        self.label = label
+        self.update(0, 1)
+
+    def update(self, done, total):
+        if not self.enabled:
+            return
+        fraction = (self.task + int(done) / max(int(total), 1)) / self.total_tasks
+        filled = int(30 * fraction)
+        self.stream.write(
+            f"\r[{'#' * filled}{'.' * (30 - filled)}] {100 * fraction:5.1f}%  "
+            f"{self.label:<16}"
+        )
+        self.stream.flush()
+
+    def finish_task(self):
+        self.task += 1
+        if self.enabled and self.task == self.total_tasks:
+            self.stream.write("\r" + " " * 60 + "\r")
+            self.stream.flush()
+
+
+def _prompt_batch(batch: int):
+    prompts = [encode(BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)]) for i in range(batch)]
+    width = max(len(p) for p in prompts)
+    tokens = np.zeros((batch, width), np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = p
+    return tokens, np.asarray([len(p) for p in prompts], np.int32)
+
+
+def _format_rates(rates) -> str:
+    return " ".join("-" if np.isnan(r) else f"{r:.2f}" for r in rates)
+
+
+def run_demo(args) -> dict:
+    draft, target = builtin_models()
+    tokens, lengths = _prompt_batch(args.batch)
+    table = verifiers(args.lenience)
+    bar = ProgressBar(len(args.verifiers))
+    key = jax.random.key(args.seed)
+    results = {}
+    for name in args.verifiers:
+        choice = table[name]
+        bar.start(name)
+        start = time.perf_counter()
+        result = speculative_decode(
+            draft,
+            target,
+            tokens,
+            lengths,
+            args.tokens,
+            key,
+            verifier=choice.verifier,
+            progress=bar.update if bar.enabled else None,
+            **choice.decode_options(args.gamma),
+        )
+        jax.block_until_ready(result.tokens)
+        results[name] = (result, time.perf_counter() - start)
+        bar.finish_task()
+
+    print(
+        f"Built-in models: character {target.order}-gram target and "
+        f"{draft.order}-gram draft over {target.vocab_size} symbols, fit on the "
+        "text shipped with the package."
+    )
+    print(
+        f"Batch {args.batch}, {args.tokens} new tokens per row, gamma = {args.gamma}, "
+        f"seed {args.seed}.\n"
+    )
+    shown = min(args.samples, args.batch)
+    if shown:
+        first = args.verifiers[0]
+        print(f"Samples ({first}):")
+        for i in range(shown):
+            prompt = decode(tokens[i, : lengths[i]])
+            text = decode(results[first][0].tokens[i])
+            print(f"  {prompt!r} -> {text!r}")
+        print()
+    print(
+        "| verifier | drafts | tokens per target call | theory | "
+        "acceptance rate by position | target calls | seconds |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name in args.verifiers:
+        result, seconds = results[name]
+        if result.theory == "none":
+            shown_theory = "n/a"
+        else:
+            mark = ">= " if result.theory == "lower bound" else ""
+            shown_theory = f"{mark}{result.theoretical_tokens_per_call():.3f}"
+        print(
+            f"| {name} | {table[name].drafts} | {result.tokens_per_call():.3f} | {shown_theory} | "
+            f"{_format_rates(result.acceptance_rate())} | "
+            f"{int(np.asarray(result.target_calls).sum())} | {seconds:.2f} |"
+        )
+    print(
+        f"| autoregressive target (baseline) | - | 1.000 | 1.000 | - | "
+        f"{args.batch * args.tokens} | - |"
+    )
+    print(
+        "\ntheory: 1 + sum_k E[P(n >= k | prefix)], from the models' distributions at "
+        "every step (standard rule: 1 + sum_k E[prod_{j<k} beta_j]); '>=' marks the "
+        "standard rule's value, a lower bound for block verification."
+    )
+    if "greedy" in results:
+        greedy = autoregressive_decode(target, tokens, lengths, args.tokens)
+        same = bool(jnp.all(greedy == results["greedy"][0].tokens))
+        print(
+            "greedy speculative decoding equals greedy decoding of the target: "
+            f"{'yes' if same else 'NO'}"
+        )
+    if args.plot:
+        _plot(results, args.plot)
+        print(f"figure written to {args.plot}")
+    return results
+
+
+def _plot(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        fail(
+            "--plot needs matplotlib: python -m pip install 'eqx_specdec[plot]' "
+            "(or matplotlib)."
+        )
+    names = list(results)
+    fig, axes = plt.subplots(
+        1, len(names), figsize=(3.2 * len(names), 3.0), sharey=True, squeeze=False
+    )
+    for ax, name in zip(axes[0], names):
+        result = results[name][0]
+        ks = np.arange(result.accepted_histogram.shape[1])
+        ax.bar(
+            ks, result.accepted_length_distribution(), color="#7aa6d6", label="observed"
+        )
+        if result.theory != "none":
+            label = "theory" if result.theory == "exact" else "standard rule"
+            ax.plot(
+                ks,
+                result.theoretical_accepted_length_distribution(),
+                "o-",
+                color="#c0392b",
+                label=label,
+            )
+        ax.set_title(f"{name}: {result.tokens_per_call():.2f} tok/call", fontsize=10)
+        ax.set_xlabel("accepted draft tokens n")
+        ax.set_xticks(ks)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("fraction of steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

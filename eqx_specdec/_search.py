@@ -1,0 +1,141 @@
+"""Inverse-CDF token search: one guarded search shared by the flat search, both levels of
+the two-level search and the sharded owner-shard search."""
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+
+def has_mass(total, dtype):
+    # Below the smallest normal number the mass is rounding noise (or flushed to zero).
+    return total > jnp.finfo(dtype).tiny
+
+
+def block_size(vocab: int) -> int:
+    """The block length of the two-level search: a power of two near $\\sqrt{V}$, so that
+    both the scan over block totals and the scan inside one block are short."""
+    return min(1 << max(0, round(math.log2(math.sqrt(vocab)))), vocab)
+
+
+def block_totals(weights: Float[Array, " vocab"], size: int) -> Float[Array, " blocks"]:
+    """Sums of consecutive blocks of `size` weights (the last block may be shorter)."""
+    vocab = weights.shape[0]
+    full = vocab // size
+    totals = jnp.sum(weights[: full * size].reshape(full, size), axis=1)
+    if vocab % size:
+        totals = jnp.append(totals, jnp.sum(weights[full * size :]))
+    return totals
+
+
+def window_start(block: Int[Array, ""], size: int, vocab: int) -> Int[Array, ""]:
+    """Where the `size`-long window holding block `block` starts: a last, shorter block
+    is read through a window shifted left so that it stays inside the vocabulary."""
+    return jnp.minimum(block * size, vocab - size)
+
+
+def _last_positive_at_or_before(positive, index):
+    """The last i <= index with positive[i], else the first positive i (else 0)."""
+    ids = jnp.arange(positive.shape[0], dtype=jnp.int32)
+    before = jnp.max(jnp.where(positive & (ids <= index), ids, -1))
+    return jnp.where(before >= 0, before, jnp.argmax(positive).astype(jnp.int32))
+
+
+def guarded_search(
+    cumulative: Float[Array, " n"], positive: Bool[Array, " n"], threshold
+) -> Int[Array, ""]:
+    """The first index whose cumulative weight exceeds `threshold`. If rounding points
+    past the end or at a zero-weight entry, the last positive entry before that point
+    instead: never `n`, never an entry without weight (the inverse CDF's guard, shared by
+    every level of every search, sharded ones included)."""
+    n = cumulative.shape[0]
+    index = jnp.sum(cumulative <= threshold, dtype=jnp.int32)
+    clipped = jnp.minimum(index, n - 1)
+    return jnp.where(
+        (index < n) & positive[clipped],
+        index,
+        _last_positive_at_or_before(positive, clipped),
+    )
+
+
+def two_level_search(
+    totals: Float[Array, " blocks"],
+    window: Callable[[Int[Array, ""]], Float[Array, " size"]],
+    uniform: Float[Array, ""] | None,
+    vocab: int,
+    threshold: Float[Array, ""] | None = None,
+) -> Int[Array, ""]:
+    """Inverse CDF in two levels: find the block whose cumulative total first exceeds
+    `uniform * total`, then the token inside it.
+
+    `totals` are the block sums of the weights (see `block_totals`); `window(block)`
+    returns the `size` weights starting at `window_start(block, size, vocab)`. Only one
+    block is read a second time, and the scans run over `blocks` and `size` entries rather
+    than `vocab`: a full-length cumulative sum is slow on XLA CPU.
+
+    Returns the smallest token whose cumulative weight exceeds `uniform * total` (or
+    `threshold`, when given instead of `uniform`: a search inside one shard). If
+    rounding points past the end or at a zero-weight token, returns the last
+    positive-weight token before that point: never `vocab` and never a zero-weight token
+    (unless every weight is zero, when it returns a token of the first block).
+    """
+    cumulative = jnp.cumsum(totals)
+    if threshold is None:
+        threshold = uniform.astype(totals.dtype) * cumulative[-1]
+    block = guarded_search(cumulative, totals > 0, threshold)
+    before = jnp.where(block > 0, cumulative[jnp.maximum(block - 1, 0)], 0)
+    weights = window(block)
+    size = weights.shape[0]
+    first = block * size
+    start = window_start(block, size, vocab)
+    ids = start + jnp.arange(size, dtype=jnp.int32)
+    # Drop the overlap of a shifted window with the previous block.
+    weights = jnp.where(ids >= first, weights, 0)
+    return start + guarded_search(before + jnp.cumsum(weights), weights > 0, threshold)
+
+
+def flat_search(
+    weights: Float[Array, " vocab"],
+    uniform: Float[Array, ""] | None,
+    threshold: Float[Array, ""] | None = None,
+) -> Int[Array, ""]:
+    """Inverse CDF with one full-length cumulative sum: fewer operations than
+    `two_level_search`, so faster for small vocabularies. Same guard: never `vocab`, never
+    a zero-weight token. Same `threshold` option."""
+    cumulative = jnp.cumsum(weights)
+    if threshold is None:
+        threshold = uniform.astype(weights.dtype) * cumulative[-1]
+    return guarded_search(cumulative, weights > 0, threshold)
+
+
+# Below this vocabulary size a single cumulative sum beats the two-level search.
+FLAT_SEARCH_MAX_VOCAB = 32
+
+
+def inverse_cdf(
+    weights: Float[Array, " vocab"],
+    uniform: Float[Array, ""] | None,
+    threshold: Float[Array, ""] | None = None,
+) -> Int[Array, ""]:
+    """Draws from `weights / sum(weights)` with one uniform: the smallest $v$ whose
+    cumulative sum exceeds `uniform * sum(weights)`, by `two_level_search`.
+
+    If rounding leaves every cumulative sum at or below that threshold (a uniform just
+    under 1), returns the last token with positive weight, never `vocab` and never a
+    zero-weight token. `weights` must be non-negative with a positive sum. With
+    `threshold` instead of `uniform`, the smallest $v$ whose cumulative sum exceeds it.
+    """
+    vocab = weights.shape[0]
+    if vocab <= FLAT_SEARCH_MAX_VOCAB:
+        return flat_search(weights, uniform, threshold)
+    size = block_size(vocab)
+
+    def window(block):
+        start = window_start(block, size, vocab)
+        return jax.lax.dynamic_slice_in_dim(weights, start, size)
+
+    return two_level_search(
+        block_totals(weights, size), window, uniform, vocab, threshold
+    )

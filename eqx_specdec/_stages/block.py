@@ -1,0 +1,180 @@
+"""Block verification (Sun et al., ICLR 2025): its ratio test, vectorised."""
+
+import itertools
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from beartype import beartype
+from jaxtyping import Array, Float, jaxtyped
+
+from .._custom_types import (
+    AcceptUniformsRow,
+    DraftProbsRow,
+    DraftTokensRow,
+    TargetProbsRow,
+)
+from .ratio_tests import AbstractRatioTest, clipped_ratio, gather_draft_probs
+from .verdict import Verdict
+
+
+def _needs_draft_probs(draft_probs):
+    if draft_probs is None:
+        raise ValueError(
+            "BlockRatioTest needs `draft_probs`: block verification uses the whole "
+            "draft distributions q_k, which one-hot drafts do not have."
+        )
+
+
+# A stand-in for +inf log-ratios (q(x) = 0 < p(x)): larger than any finite float32
+# log-ratio sum over a draft (|log p - log q| < 210 per position), so min(1, .) clips right.
+_LOG_RATIO_CAP = 1e4
+
+
+def block_cumulative(p_x, q_x, log_space):
+    """Block verification's clipped cumulative ratios $P_0, \\dots, P_G$ of one row, from
+    $p_i(x_i)$ and $q_i(x_i)$: $\\log P_k = S_k - \\max(0, \\max_{j \\le k} S_j)$."""
+    dtype = p_x.dtype
+    if log_space:
+        log_p, log_q = p_x, q_x
+    else:
+        log_p, log_q = jnp.log(p_x), jnp.log(q_x)
+    dead = jnp.cumsum(log_p == -jnp.inf) > 0  # some p(x) = 0 so far: P = 0 from here
+    log_ratio = jnp.where(
+        log_q == -jnp.inf,
+        _LOG_RATIO_CAP,
+        jnp.maximum(log_p - log_q, -_LOG_RATIO_CAP),
+    )
+    running = jnp.cumsum(log_ratio)
+    log_cum = running - jnp.maximum(0.0, jax.lax.cummax(running))
+    cum = jnp.where(dead, 0.0, jnp.exp(log_cum)).astype(dtype)
+    return jnp.concatenate([jnp.ones((1,), dtype), cum])
+
+
+def block_h(cum, z):
+    """The pass thresholds $h_1, \\dots, h_G$ from $P_0..P_G$ and the lookahead masses
+    $Z_1, \\dots, Z_{G-1}$ (`z`); $h_G = P_G$."""
+    gamma = cum.shape[0] - 1
+    denominator = z + 1 - cum[1:gamma]
+    h = jnp.where(denominator > 0, z / jnp.where(denominator > 0, denominator, 1), 1)
+    return jnp.concatenate([h, cum[gamma:]])
+
+
+class BlockRatioTest(AbstractRatioTest):
+    """Block verification (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh;
+    ICLR 2025): the test that, with [`eqx_specdec.LastSuccessCounter`][] and the standard
+    [`eqx_specdec.ResidualSampler`][], verifies the draft as a block and never accepts
+    fewer tokens in expectation than the standard rule.
+
+    With $P_0 = 1$ and $P_k = \\min(1, P_{k-1}\\, p_{k-1}(x_{k-1}) / q_{k-1}(x_{k-1}))$ (the
+    clipped cumulative ratio after $k$ draft tokens),
+
+    $$Z_k = \\sum_v \\big(P_k\\, p_k(v) - q_k(v)\\big)_+, \\qquad
+    h_k = \\frac{Z_k}{Z_k + 1 - P_k} \\;(1 \\text{ if the denominator is } 0), \\qquad
+    h_G = P_G,$$
+
+    and draft token $k - 1$ *passes* when $u_{k-1} < h_k$. The number accepted is the **last**
+    pass (not the first failure), and the correction is drawn from
+    $\\operatorname{norm}((P_n\\, p_n - q_n)_+)$: the verdict's `residual_scale` is
+    $(P_0, \\dots, P_{G-1})$.
+
+    Vectorised, no sequential scan: $\\log P_k = S_k - \\max(0, \\max_{j \\le k} S_j)$ with $S$
+    the running sum of $\\log p_i(x_i) - \\log q_i(x_i)$. Reads the full rows $p_k, q_k$ for
+    $1 \\le k < G$ (for $Z_k$): $O(GV)$, inherent to the rule. Lossless.
+
+    **Arguments:**
+
+    - `log_space`: if `True`, the distributions given are log-probabilities.
+    """
+
+    uses_uniforms: ClassVar[bool] = True
+    log_space: bool = eqx.field(static=True, default=False)
+
+    def weights(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow,
+        target_probs: TargetProbsRow,
+    ) -> tuple[Float[Array, " gamma+1"], Float[Array, " gamma"]]:
+        """The clipped cumulative ratios $P_0, \\dots, P_G$ and the weights
+        $h_1, \\dots, h_G$ of one row (float32, or float64 for float64 inputs).
+
+        **Arguments:**
+
+        - `draft_tokens`, `draft_probs`, `target_probs`: as for `__call__`.
+
+        **Returns:**
+
+        `(P, h)` of shapes `(gamma + 1,)` and `(gamma,)`.
+        """
+        _needs_draft_probs(draft_probs)
+        gamma = draft_tokens.shape[0]
+        p_x, q_x = gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        cum = block_cumulative(p_x, q_x, self.log_space)
+        # Z_k for k = 1 .. G-1 reads rows k of p and q.
+        p_rows = target_probs[1:gamma].astype(cum.dtype)
+        q_rows = draft_probs[1:gamma].astype(cum.dtype)
+        if self.log_space:
+            p_rows, q_rows = jnp.exp(p_rows), jnp.exp(q_rows)
+        z = jnp.sum(jnp.maximum(cum[1:gamma, None] * p_rows - q_rows, 0), axis=-1)
+        return cum, block_h(cum, z)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        cum, h = self.weights(draft_tokens, draft_probs, target_probs)
+        passed = accept_uniforms.astype(h.dtype) < h
+        return Verdict(passed, cum[:-1])
+
+    def pass_probabilities(self, draft_law, target_probs):
+        # Block verification accepts at least as many tokens in expectation as the
+        # standard rule (Sun et al., Theorem 2): the standard probabilities bound it.
+        return clipped_ratio(target_probs, draft_law), "lower bound"
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        """Each $h_k$ (in $u$) and the cumulative sums of each residual
+        $\\operatorname{norm}((P_n p_n - q_n)_+)$ (in $s$), over every draft sequence:
+        enumerates all $V^G$ drafts."""
+        _needs_draft_probs(draft_probs)
+        q, p = np.asarray(draft_probs), np.asarray(target_probs)
+        gamma, vocab = q.shape
+        sequences = list(itertools.product(range(vocab), repeat=gamma))
+        # Probabilities in, whatever space this test reads.
+        weights = jax.vmap(BlockRatioTest().weights, in_axes=(0, None, None))
+        cum, h = weights(
+            jnp.asarray(sequences, jnp.int32),
+            jnp.asarray(q, jnp.float32),
+            jnp.asarray(p, jnp.float32),
+        )
+        cum = np.asarray(cum, np.float64)
+        residuals = np.maximum(cum[:, :gamma, None] * p[None, :gamma] - q[None], 0)
+        totals = residuals.sum(-1, keepdims=True)
+        cdfs = np.cumsum(residuals, -1) / np.where(totals > 0, totals, 1)
+        return dict(accept_breakpoints=np.asarray(h).T, sample_breakpoints=cdfs.ravel())
+
+    def vocab_parallel(
+        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
+    ):
+        _needs_draft_probs(draft_probs)
+        gamma = draft_tokens.shape[0]
+        p_x, q_x = shard.gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        cum = block_cumulative(p_x, q_x, self.log_space)
+        p_rows = target_probs[1:gamma].astype(cum.dtype)
+        q_rows = draft_probs[1:gamma].astype(cum.dtype)
+        if self.log_space:
+            p_rows, q_rows = jnp.exp(p_rows), jnp.exp(q_rows)
+        # Z_k as the sum over shards of each shard's part.
+        partial = jnp.sum(jnp.maximum(cum[1:gamma, None] * p_rows - q_rows, 0), -1)
+        h = block_h(cum, shard.sum(partial))
+        return Verdict(accept_uniforms.astype(h.dtype) < h, cum[:-1])

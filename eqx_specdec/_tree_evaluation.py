@@ -1,0 +1,257 @@
+"""The losslessness tools on trees: exact quadrature (every assignment of tokens to the
+nodes, cells cut at every reachable pass threshold) and Monte Carlo."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._emission import cells, EmissionEstimate
+from ._errors import implements, missing_capability
+from ._node_rules import AbstractNodeRule
+from ._tree import TreeVerifier
+
+
+# Beyond this many verifier rows, quadrature on a tree is refused (use Monte Carlo).
+_MAX_QUADRATURE_ROWS = 4_000_000
+
+
+def _check(verifier, tree, draft_probs, target_probs, *, exact: bool):
+    if tree is None:
+        raise TypeError(
+            "A TreeVerifier needs the tree's shape: pass `tree=` the parent of each node "
+            "in depth-first order, e.g. `tree=(-1, 0, -1, 2)`."
+        )
+    tree = tuple(tree)
+    if not tree or not all(
+        isinstance(p, int) and -1 <= p < i for i, p in enumerate(tree)
+    ):
+        raise ValueError(
+            "`tree` must be a non-empty tuple of Python ints, the parent of each node in "
+            f"depth-first order (-1 for the root's children); got {tree!r}."
+        )
+    rule = verifier.node_rule
+    needed = ["candidate_law"] + (["pass_threshold"] if exact else [])
+    for method in needed:
+        if not implements(rule, AbstractNodeRule, method):
+            raise missing_capability(
+                rule,
+                method,
+                "exact evaluation of trees"
+                if method == "pass_threshold"
+                else "drafting a tree in the evaluation tools",
+                'use method="monte-carlo"' if method == "pass_threshold" else "",
+            )
+    p = np.asarray(target_probs, np.float64)
+    shape = (len(tree) + 1, p.shape[-1])
+    if p.shape != shape:
+        raise ValueError(
+            f"`target_probs` must have shape (N + 1, V) = {shape} for a tree of "
+            f"{len(tree)} nodes: row 0 at the root, row i + 1 after node i; got {p.shape}."
+        )
+    if draft_probs is None:
+        raise ValueError(
+            "`draft_probs` is required for a tree: the (N + 1, V) draft distributions "
+            "the children of each context are drafted from."
+        )
+    q = np.asarray(draft_probs, np.float64)
+    if q.shape != shape:
+        raise ValueError(f"`draft_probs` must have shape {shape}; got {q.shape}.")
+    return tree, jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32)
+
+
+def _draft_laws(rule, tree, q, tokens):
+    """Each node's candidate law at its parent, given the assignment `tokens` `(N,)`:
+    `(N, V)`."""
+    vocab = q.shape[-1]
+    ids = jnp.arange(vocab, dtype=jnp.int32)
+    drafted = {}
+    laws = []
+    for i, parent in enumerate(tree):
+        seen = drafted.get(parent, jnp.zeros((vocab,), bool))
+        laws.append(rule.candidate_law(q[parent + 1], seen))
+        drafted[parent] = seen | (ids == tokens[i])
+    return jnp.stack(laws)
+
+
+def _forced_walk(rule, tree, q, p, tokens, outcomes):
+    """The walk of `TreeVerifier.row` with each tested node's outcome forced to
+    `outcomes[i]`: the pass threshold each node was tested at (NaN if not tested), and
+    the cumulative distribution of the final residual."""
+    nodes, vocab = len(tree), p.shape[-1]
+    parents = jnp.asarray(tree, jnp.int32)
+
+    def draft_row(i):
+        return q[i] if rule.uses_draft_probs else jnp.zeros((vocab,), q.dtype)
+
+    current, residual, mass, draft = (
+        jnp.int32(-1),
+        p[0],
+        jnp.ones((), p.dtype),
+        draft_row(0),
+    )
+    thresholds = []
+    for i in range(nodes):
+        is_child = parents[i] == current
+        t = rule.pass_threshold(residual, mass, draft, tokens[i])
+        thresholds.append(jnp.where(is_child, t, jnp.nan))
+        accept, reject = is_child & outcomes[i], is_child & ~outcomes[i]
+        r_residual, r_mass, r_draft = rule.reject(residual, mass, draft, tokens[i])
+        residual = jnp.where(accept, p[i + 1], jnp.where(reject, r_residual, residual))
+        mass = jnp.where(accept, 1.0, jnp.where(reject, r_mass, mass)).astype(p.dtype)
+        draft = jnp.where(accept, draft_row(i + 1), jnp.where(reject, r_draft, draft))
+        current = jnp.where(accept, i, current)
+    return jnp.stack(thresholds), jnp.cumsum(residual) / jnp.sum(residual)
+
+
+def _accumulate_tree(estimate, out, weights, vocab):
+    emitted, reached, accepted = estimate
+    tokens, path = np.asarray(out["tokens"]), np.asarray(out["path"])
+    n = np.asarray(out["num_accepted"])
+    contexts = np.concatenate([np.zeros((len(n), 1), np.int64), path + 1], axis=1)
+    for k in range(tokens.shape[1]):
+        valid = tokens[:, k] >= 0
+        np.add.at(emitted, (contexts[valid, k], tokens[valid, k]), weights[valid])
+        np.add.at(reached, contexts[valid, k], weights[valid])
+    np.add.at(accepted, n, weights)
+
+
+def _depth(tree) -> int:
+    depths = []
+    for parent in tree:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return max(depths)
+
+
+def tree_emission_by_quadrature(
+    verifier: TreeVerifier, tree, draft_probs, target_probs, *, chunk_size=1 << 16
+) -> EmissionEstimate:
+    """Exact emission of a tree verifier (see `emission_by_quadrature`)."""
+    tree, q, p = _check(verifier, tree, draft_probs, target_probs, exact=True)
+    rule, nodes, vocab = verifier.node_rule, len(tree), p.shape[-1]
+    assignments = np.array(
+        list(itertools.product(range(vocab), repeat=nodes)), np.int32
+    )
+    outcomes = np.array(list(itertools.product([False, True], repeat=nodes)), bool)
+    if len(assignments) * len(outcomes) > _MAX_QUADRATURE_ROWS:
+        raise ValueError(
+            f"Quadrature on a tree of {nodes} nodes over V = {vocab} enumerates "
+            f'{len(assignments) * len(outcomes):,} walks; use method="monte-carlo".'
+        )
+    laws = jax.jit(jax.vmap(lambda x: _draft_laws(rule, tree, q, x)))(assignments)
+    chosen = np.take_along_axis(np.asarray(laws, np.float64), assignments[..., None], 2)
+    probability = np.prod(chosen[..., 0], axis=1)
+    keep = probability > 0
+    assignments, probability = assignments[keep], probability[keep]
+    walks = jax.jit(
+        jax.vmap(
+            jax.vmap(lambda x, o: _forced_walk(rule, tree, q, p, x, o), (None, 0)),
+            (0, None),
+        )
+    )
+    thresholds, cdfs = (np.asarray(a, np.float64) for a in walks(assignments, outcomes))
+    rows = []
+    for a, x in enumerate(assignments):
+        grids = []
+        for i in range(nodes):
+            found = thresholds[a, :, i]
+            grids.append(cells(found[np.isfinite(found)], 1))
+        grids.append(cells(cdfs[a].ravel(), 1))
+        mids = np.meshgrid(*[g[0] for g in grids], indexing="ij")
+        widths = np.meshgrid(*[g[1] for g in grids], indexing="ij")
+        volume = np.prod([w.ravel() for w in widths], axis=0)
+        uniforms = np.stack([m.ravel() for m in mids], -1)
+        rows.append(
+            (
+                np.broadcast_to(x, (len(volume), nodes)),
+                uniforms,
+                probability[a] * volume,
+            )
+        )
+    total = sum(len(r[2]) for r in rows)
+    if total > _MAX_QUADRATURE_ROWS:
+        raise ValueError(
+            f"Quadrature on this tree needs {total:,} verifier rows; use "
+            'method="monte-carlo".'
+        )
+    xs = np.concatenate([r[0] for r in rows])
+    uniforms = np.concatenate([r[1] for r in rows]).astype(np.float32)
+    weights = np.concatenate([r[2] for r in rows])
+    estimate = (
+        np.zeros((nodes + 1, vocab)),
+        np.zeros(nodes + 1),
+        np.zeros(_depth(tree) + 1),
+    )
+    parents = jnp.asarray(tree, jnp.int32)
+    draft = q if rule.uses_draft_probs else None
+    run = jax.jit(jax.vmap(verifier.row, in_axes=(0, None, None, None, 0, 0)))
+    for start in range(0, total, chunk_size):
+        stop = min(start + chunk_size, total)
+        pad = chunk_size - (stop - start) if total > chunk_size else 0
+        x = np.pad(xs[start:stop], ((0, pad), (0, 0)))
+        u = np.pad(uniforms[start:stop], ((0, pad), (0, 0)), constant_values=0.5)
+        out = run(
+            jnp.asarray(x),
+            parents,
+            draft,
+            p,
+            jnp.asarray(u[:, :nodes]),
+            jnp.asarray(u[:, nodes]),
+        )
+        out = {k: np.asarray(v)[: stop - start] for k, v in out.items()}
+        _accumulate_tree(estimate, out, weights[start:stop], vocab)
+    emitted, reached, accepted = estimate
+    return EmissionEstimate(emitted, reached, None, accepted)
+
+
+def tree_emission_by_monte_carlo(
+    verifier: TreeVerifier, tree, draft_probs, target_probs, key, num_draws, chunk_size
+) -> EmissionEstimate:
+    """Monte Carlo emission of a tree verifier (see `emission_by_monte_carlo`)."""
+    tree, q, p = _check(verifier, tree, draft_probs, target_probs, exact=False)
+    rule, nodes, vocab = verifier.node_rule, len(tree), p.shape[-1]
+    parents = jnp.asarray(tree, jnp.int32)
+    draft = q if rule.uses_draft_probs else None
+    ids = jnp.arange(vocab, dtype=jnp.int32)
+
+    def draw(key):
+        keys = jax.random.split(key, nodes + 2)
+        drafted, tokens = {}, []
+        for i, parent in enumerate(tree):
+            seen = drafted.get(parent, jnp.zeros((vocab,), bool))
+            law = rule.candidate_law(q[parent + 1], seen)
+            x = jax.random.categorical(keys[i], jnp.log(law)).astype(jnp.int32)
+            drafted[parent] = seen | (ids == x)
+            tokens.append(x)
+        u = jax.random.uniform(keys[nodes], (nodes,), jnp.float32)
+        s = jax.random.uniform(keys[nodes + 1], (), jnp.float32)
+        return verifier.row(jnp.stack(tokens), parents, draft, p, u, s)
+
+    step = jax.jit(jax.vmap(draw))
+    estimate = (
+        np.zeros((nodes + 1, vocab)),
+        np.zeros(nodes + 1),
+        np.zeros(_depth(tree) + 1),
+    )
+    chunks = -(-num_draws // chunk_size)
+    for i, chunk_key in enumerate(jax.random.split(key, chunks)):
+        rows = min(chunk_size, num_draws - i * chunk_size)
+        out = step(jax.random.split(chunk_key, chunk_size))
+        out = {k: np.asarray(v)[:rows] for k, v in out.items()}
+        _accumulate_tree(estimate, out, np.ones(rows), vocab)
+    emitted, reached, accepted = estimate
+    return EmissionEstimate(emitted, reached, num_draws, accepted)
+
+
+def tree_quadrature_applies(verifier: TreeVerifier, tree, vocab: int) -> str | None:
+    """Why exact quadrature does not apply to this tree, or None."""
+    rule = verifier.node_rule
+    if not implements(rule, AbstractNodeRule, "pass_threshold"):
+        return str(
+            missing_capability(rule, "pass_threshold", "exact evaluation of trees")
+        )
+    nodes = len(tuple(tree)) if tree is not None else 0
+    if nodes and vocab**nodes * 2**nodes > _MAX_QUADRATURE_ROWS:
+        return f"V^N * 2^N = {vocab}^{nodes} * 2^{nodes} walks is too many to enumerate"
+    return None
