@@ -10,6 +10,7 @@ import numpy as np
 
 from ._cli_choices import CHAIN_NAMES, DEMO_DEFAULT, fail, VERIFIER_NAMES, verifiers
 from ._cli_demo import run_demo
+from ._errors import MissingCapabilityError
 from ._evaluate import evaluate_verifier, synthetic_distributions, SYNTHETIC_KINDS
 from ._models import builtin_models, encode
 
@@ -78,7 +79,7 @@ def run_evaluate(args) -> dict:
             num_draws=args.draws,
             key=jax.random.key(args.seed),
         )
-    except ValueError as error:
+    except (ValueError, MissingCapabilityError) as error:
         fail(str(error))
     result = {"verifier": args.verifier, "case": args.case, **result}
     if args.json:

@@ -1,6 +1,7 @@
 """Speculative decoding end to end: a compiled loop that drafts, verifies and commits
 tokens for a batch of sequences, each advancing at its own pace."""
 
+import typing
 from collections.abc import Callable
 
 import equinox as eqx
@@ -226,7 +227,9 @@ class _DecodeLoop(eqx.Module):
         _, buffer, lengths, calls, hist, reached = jax.lax.while_loop(
             unfinished, step, state
         )
-        take = prompt_lengths[:, None] + jnp.arange(self.num_tokens, dtype=jnp.int32)
+        take = (
+            prompt_lengths[:, None] + jnp.arange(self.num_tokens, dtype=jnp.int32)[None]
+        )
         tokens = jnp.take_along_axis(buffer, take, axis=1)
         _, missing = self.theory()
         return DecodeResult(tokens, calls, hist, reached, theory[0], missing)
@@ -237,6 +240,7 @@ def _run(loop: _DecodeLoop, prompt_tokens, prompt_lengths, key) -> DecodeResult:
     return loop(prompt_tokens, prompt_lengths, key)
 
 
+@typing.no_type_check  # validated by hand, with messages naming the argument
 def speculative_decode(
     draft_model: Callable,
     target_model: Callable,
@@ -358,6 +362,7 @@ def _autoregressive(
     return jnp.take_along_axis(buffer, take, axis=1)
 
 
+@typing.no_type_check  # validated by hand, with messages naming the argument
 def autoregressive_decode(
     model: Callable,
     prompt_tokens: Int[Array, "batch prompt"],

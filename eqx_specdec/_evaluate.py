@@ -14,7 +14,7 @@ from ._lossless import (
     stage_breakpoints,
 )
 from ._tree import TreeVerifier
-from ._tree_evaluation import tree_quadrature_applies
+from ._tree_evaluation import tree_quadrature_problem
 from ._verifier import Verifier
 
 
@@ -108,18 +108,20 @@ def synthetic_distributions(kind: str, gamma: int, vocab: int, seed: int):
     return q, p, q
 
 
-def _quadrature_problem(verifier, q, p, tree) -> str | None:
-    """Why exact quadrature does not apply, or None."""
+def _quadrature_problem(verifier, q, p, tree) -> Exception | None:
+    """Why exact quadrature does not apply (the error to raise), or None."""
     vocab = p.shape[1]
     if isinstance(verifier, TreeVerifier):
-        return tree_quadrature_applies(verifier, tree, vocab)
+        return tree_quadrature_problem(verifier, tree, vocab)
     gamma = p.shape[0] - 1
     if vocab**gamma > 256:
-        return f"V^G = {vocab}^{gamma} > 256"
+        return ValueError(
+            f'`method="quadrature"` does not apply here: V^G = {vocab}^{gamma} > 256.'
+        )
     try:
         stage_breakpoints(verifier, q, p)
     except MissingCapabilityError as error:
-        return str(error)
+        return error
     return None
 
 
@@ -184,7 +186,7 @@ def evaluate_verifier(
     vocab = p.shape[1]
     problem = _quadrature_problem(verifier, q, p, tree)
     if method == "quadrature" and problem is not None:
-        raise ValueError(f'`method="quadrature"` does not apply here: {problem}')
+        raise problem
     if method == "auto":
         method = "quadrature" if problem is None else "monte-carlo"
     if method == "quadrature":

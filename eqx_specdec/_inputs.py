@@ -1,6 +1,7 @@
 """What every entry point does with its inputs before verifying: convert, check shapes
 and dtypes at trace time, fill in unused randomness, and list the run-time checks."""
 
+import typing
 from typing import NamedTuple
 
 import equinox as eqx
@@ -78,7 +79,7 @@ def _check_stage_spaces(entry_point, verifier, log_space):
             raise TypeError(
                 f"{entry_point} passes {reads} to the verifier, but its `{name}` "
                 f"{type(stage).__name__} has log_space={stage.log_space}. Build it with "
-                f"log_space={log_space}."
+                f"{type(stage).__name__}(log_space={log_space})."
             )
 
 
@@ -148,6 +149,7 @@ def _validate(arrays: StepArguments, names: StepArguments):
         )
 
 
+@typing.no_type_check  # validated by hand, with messages naming the argument
 def prepare_inputs(
     entry_point: str,
     verifier: AbstractVerifier,

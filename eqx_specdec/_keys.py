@@ -1,3 +1,5 @@
+import typing
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Key
@@ -8,6 +10,7 @@ from ._jit import entry_point
 from ._verifier import speculative_accept, Verifier
 
 
+@typing.no_type_check  # validated by hand, with messages naming the argument
 def uniforms_from_key(
     key: Key[Array, ""],
     batch: int,
@@ -53,6 +56,7 @@ def uniforms_from_key(
 
 
 @entry_point
+@typing.no_type_check  # validated by hand, with messages naming the argument
 def speculative_accept_from_key(
     key: Key[Array, ""],
     draft_tokens: DraftTokens,

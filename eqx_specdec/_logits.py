@@ -1,3 +1,5 @@
+import typing
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -128,6 +130,7 @@ LOGITS_VERIFIER = Verifier(
 
 
 @entry_point
+@typing.no_type_check  # validated by hand, with messages naming the argument
 def speculative_accept_logits(
     draft_tokens: DraftTokens,
     draft_logits: Float[Array, "batch gamma vocab"] | None,

@@ -1,5 +1,7 @@
 """Tree (multi-candidate) verification: SpecInfer-style trees of draft tokens."""
 
+import typing
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -138,6 +140,7 @@ def _tree_problems(parents):
 
 
 @entry_point
+@typing.no_type_check  # validated by hand, with messages naming the argument
 def tree_accept(
     node_tokens: Integer[Array, "batch nodes"],
     parents: Integer[Array, "batch nodes"],

@@ -244,14 +244,18 @@ def tree_emission_by_monte_carlo(
     return EmissionEstimate(emitted, reached, num_draws, accepted)
 
 
-def tree_quadrature_applies(verifier: TreeVerifier, tree, vocab: int) -> str | None:
-    """Why exact quadrature does not apply to this tree, or None."""
+def tree_quadrature_problem(verifier: TreeVerifier, tree, vocab: int):
+    """Why exact quadrature does not apply to this tree (the error to raise), or None."""
     rule = verifier.node_rule
-    if not implements(rule, AbstractNodeRule, "pass_threshold"):
-        return str(
-            missing_capability(rule, "pass_threshold", "exact evaluation of trees")
-        )
+    for method in ("pass_threshold", "candidate_law"):
+        if not implements(rule, AbstractNodeRule, method):
+            return missing_capability(
+                rule, method, "exact evaluation of trees", 'use method="monte-carlo"'
+            )
     nodes = len(tuple(tree)) if tree is not None else 0
     if nodes and vocab**nodes * 2**nodes > _MAX_QUADRATURE_ROWS:
-        return f"V^N * 2^N = {vocab}^{nodes} * 2^{nodes} walks is too many to enumerate"
+        return ValueError(
+            f'`method="quadrature"` does not apply here: V^N * 2^N = {vocab}^{nodes} '
+            f"* 2^{nodes} walks are too many to enumerate."
+        )
     return None

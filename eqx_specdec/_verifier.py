@@ -1,3 +1,4 @@
+import typing
 from typing import ClassVar, Literal
 
 import equinox as eqx
@@ -27,6 +28,8 @@ from ._stages.ratio_tests import AbstractRatioTest, RatioTest
 from ._stages.samplers import AbstractResidualSampler, ResidualSampler
 
 
+# Its fields are checked by `__check_init__`, with messages naming the argument.
+@typing.no_type_check
 class Verifier(AbstractVerifier):
     """The verification step of speculative decoding, composed from four stages.
 
@@ -134,6 +137,7 @@ class Verifier(AbstractVerifier):
 
 
 @entry_point
+@typing.no_type_check  # validated by hand, with messages naming the argument
 def speculative_accept(
     draft_tokens: DraftTokens,
     draft_probs: DraftProbs | None,

@@ -5,7 +5,8 @@ from typing import ClassVar
 import numpy as np
 
 import eqx_specdec
-from eqx_specdec._evaluate import synthetic_distributions, typical_masked  # noqa: F401
+from eqx_specdec._evaluate import synthetic_distributions  # noqa: F401
+from eqx_specdec._stages.typical import typical_masked  # noqa: F401
 
 
 # The synthetic cases live in the library (the `evaluate` command uses them too).
@@ -28,6 +29,10 @@ class TargetOnlySampler(eqx_specdec.AbstractResidualSampler):
 
     randomness: ClassVar[str] = "uniform"
     log_space: ClassVar[bool] = False
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        # It draws from p_n: the cumulative sums of every row of p.
+        return {"sample_breakpoints": np.cumsum(target_probs, -1).ravel()}
 
     def __call__(
         self,

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from lossless_cases import distributions, REFERENCE_CASE
-from test_block import _block_breakpoints, BLOCK
+from test_block import BLOCK
 
 import eqx_specdec as es
 
@@ -66,7 +66,7 @@ def main():
     print("|---|---|---|---|---|")
     for name, (q, p) in cases.items():
         standard = es.emission_by_quadrature(es.Verifier(), q, p).reached[1:].sum()
-        block = es.emission_by_quadrature(BLOCK, q, p, **_block_breakpoints(q, p))
+        block = es.emission_by_quadrature(BLOCK, q, p)
         block = block.reached[1:].sum()
         t2, n2 = tree_expected_accepted(q, p, 2)
         t4, n4 = tree_expected_accepted(q, p, 4)

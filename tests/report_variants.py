@@ -14,7 +14,6 @@ from lossless_cases import (
     total_variation,
     typical_masked,
 )
-from test_block import _block_breakpoints
 
 import eqx_specdec as es
 
@@ -91,7 +90,7 @@ def main():
             p,
         )
     block = es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter())
-    _row("block verification", quad(block, q, p, **_block_breakpoints(q, p)), p)
+    _row("block verification", quad(block, q, p), p)
     gumbel = es.Verifier(residual_sampler=es.GumbelSampler())
     draws = 400_000
     estimate = es.emission_by_monte_carlo(gumbel, q, p, jax.random.key(0), draws)

@@ -12,7 +12,6 @@ from helpers import random_case
 from lossless_cases import distributions
 
 import eqx_specdec
-from eqx_specdec._evaluate import block_breakpoints
 
 
 BLOCK = eqx_specdec.Verifier(
@@ -20,9 +19,6 @@ BLOCK = eqx_specdec.Verifier(
 )
 # The pitfall seen in peers: block weights with a first-failure count.
 FIRST_FAILURE_BLOCK = eqx_specdec.Verifier(eqx_specdec.BlockRatioTest())
-
-
-_block_breakpoints = block_breakpoints
 
 
 def _binary_toy(gamma):
@@ -43,7 +39,7 @@ BINARY_TOY = {
 def test_binary_toy_numbers(gamma):
     q, p = _binary_toy(gamma)
     standard = eqx_specdec.emission_by_quadrature(eqx_specdec.Verifier(), q, p)
-    block = eqx_specdec.emission_by_quadrature(BLOCK, q, p, **_block_breakpoints(q, p))
+    block = eqx_specdec.emission_by_quadrature(BLOCK, q, p)
     expected_standard, expected_block = BINARY_TOY[gamma]
     assert abs(standard.reached[1:].sum() - float(expected_standard)) < 1e-6
     assert abs(block.reached[1:].sum() - float(expected_block)) < 1e-6
@@ -54,9 +50,7 @@ def test_binary_toy_numbers(gamma):
 @pytest.mark.parametrize("gamma", [2, 4])
 def test_first_failure_block_verification_is_not_lossless(gamma):
     q, p = _binary_toy(gamma)
-    estimate = eqx_specdec.emission_by_quadrature(
-        FIRST_FAILURE_BLOCK, q, p, **_block_breakpoints(q, p)
-    )
+    estimate = eqx_specdec.emission_by_quadrature(FIRST_FAILURE_BLOCK, q, p)
     assert estimate.max_error(p) > 0.1
 
 
@@ -65,9 +59,7 @@ def test_first_failure_block_verification_is_not_lossless(gamma):
 )
 def test_block_is_lossless_by_quadrature(case):
     q, p, law = distributions(*case)
-    estimate = eqx_specdec.emission_by_quadrature(
-        BLOCK, q, p, draft_law=law, **_block_breakpoints(q, p)
-    )
+    estimate = eqx_specdec.emission_by_quadrature(BLOCK, q, p, draft_law=law)
     assert estimate.max_error(p) < 1e-6
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from eqx_specdec import _cli
+from eqx_specdec import _cli, _cli_demo
 
 
 def _run(argv, capsys):
@@ -108,7 +108,7 @@ def test_evaluate_by_monte_carlo(capsys):
         (["evaluate", "--method", "quadrature", "--vocab", "100"], "V^G = 100^2 > 256"),
         (
             ["evaluate", "--method", "quadrature", "--verifier", "gumbel"],
-            "quadrature is exact only",
+            "GumbelSampler does not implement `quadrature_breakpoints`",
         ),
         ([], "the following arguments are required"),
     ],
@@ -136,7 +136,7 @@ def test_progress_bar_draws_on_a_terminal():
             return True
 
     stream = Terminal()
-    bar = _cli._ProgressBar(2, stream)
+    bar = _cli_demo.ProgressBar(2, stream)
     bar.start("standard")
     bar.update(50, 100)
     bar.finish_task()
@@ -145,7 +145,7 @@ def test_progress_bar_draws_on_a_terminal():
     text = stream.getvalue()
     assert "25.0%  standard" in text and "100.0%  block" in text
     quiet = io.StringIO()
-    _cli._ProgressBar(1, quiet).update(1, 2)
+    _cli_demo.ProgressBar(1, quiet).update(1, 2)
     assert quiet.getvalue() == ""
 
 

@@ -45,16 +45,29 @@ def test_quadrature(case):
     ids=["lenience-0.5", "correction-from-p"],
 )
 def test_quadrature_detects_lossy_verifiers(verifier):
-    """The same measurement on verifiers known to be wrong: a test that can fail."""
+    """The same measurement on verifiers known to be wrong: a test that can fail. (The
+    user's lenient test declares no breakpoints: they are passed by hand.)"""
     q, p, law = distributions("peaked", 2, 5, 0)
-    estimate = eqx_specdec.emission_by_quadrature(verifier, q, p, draft_law=law)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cuts = p[:-1] / (0.5 * q)
+    estimate = eqx_specdec.emission_by_quadrature(
+        verifier, q, p, draft_law=law, accept_breakpoints=cuts
+    )
     assert estimate.max_error(p) > 0.02
 
 
 def test_quadrature_of_a_user_stage_at_lenience_one_is_exact():
     q, p, law = distributions("sparse", 2, 5, 3)
     verifier = eqx_specdec.Verifier(ratio_test=LenientRatioTest(1.0))
-    estimate = eqx_specdec.emission_by_quadrature(verifier, q, p, draft_law=law)
+    # Without its breakpoints the quadrature would be silently inexact: it refuses.
+    with pytest.raises(
+        eqx_specdec.MissingCapabilityError,
+        match="LenientRatioTest does not implement `quadrature_breakpoints`",
+    ):
+        eqx_specdec.emission_by_quadrature(verifier, q, p, draft_law=law)
+    estimate = eqx_specdec.emission_by_quadrature(
+        verifier, q, p, draft_law=law, accept_breakpoints=np.zeros((2, 0))
+    )
     assert estimate.max_error(p) < 1e-6
 
 

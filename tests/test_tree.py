@@ -216,5 +216,7 @@ def test_padding_and_bad_layouts():
         jax.block_until_ready(eqx_specdec.tree_accept(x, bad, tree_q, p, u, s))
     with pytest.raises(ValueError, match="`target_probs` must have shape"):
         eqx_specdec.tree_accept(x, parents, tree_q, p[:, :4], u, s)
-    with pytest.raises(TypeError, match="needs `draft_probs`"):
+    with pytest.raises(
+        TypeError, match="reads the draft distributions: pass `draft_probs`"
+    ):
         eqx_specdec.tree_accept(x, parents, None, p, u, s)

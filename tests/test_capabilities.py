@@ -1,0 +1,230 @@
+"""A user's rule is as first-class as the library's own.
+
+A lenient rule written from scratch against the abstract base (the worked example of
+"Writing a custom stage", examples/custom_stage.py) equals `LenientRatioTest` bit for bit
+wherever the library uses a rule's capabilities: one-device verification, vocabulary-
+sharded verification, the decoding loop's theory and exact quadrature. A rule without a
+capability gets `MissingCapabilityError` naming the method to write, on every path."""
+
+import importlib.util
+import pathlib
+from typing import ClassVar
+
+import jax
+import numpy as np
+import pytest
+from helpers import random_case
+from lossless_cases import distributions
+from user_stages import LenientRatioTest as BareLenientRatioTest
+
+import eqx_specdec as es
+
+
+_EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "custom_stage.py"
+_spec = importlib.util.spec_from_file_location("custom_stage", _EXAMPLE)
+custom_stage = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(custom_stage)
+MyLenientRatioTest = custom_stage.MyLenientRatioTest
+
+LENIENCES = [0.3, 0.7, 1.0]
+
+
+def _pair(lenience):
+    """The library's rule and the user's, in otherwise identical verifiers."""
+    return (
+        es.Verifier(es.LenientRatioTest(lenience)),
+        es.Verifier(MyLenientRatioTest(lenience)),
+    )
+
+
+def _assert_same(a, b):
+    for key in ("num_accepted", "tokens"):
+        np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
+
+
+@pytest.mark.parametrize("one_hot", [False, True], ids=["sampled", "one-hot"])
+@pytest.mark.parametrize("lenience", LENIENCES)
+def test_one_device_verification_is_bit_for_bit(lenience, one_hot):
+    x, q, p, u, s = random_case(3, 32, 5, 64)
+    q = None if one_hot else q
+    library, user = _pair(lenience)
+    out_library = es.speculative_accept(x, q, p, u, s, verifier=library)
+    out_user = es.speculative_accept(x, q, p, u, s, verifier=user)
+    _assert_same(out_library, out_user)
+    assert 0 < np.asarray(out_user["num_accepted"]).mean() < 5  # both outcomes occur
+
+
+@pytest.mark.parametrize("lenience", [0.5, 1.0])
+def test_vocabulary_sharded_verification_is_bit_for_bit(lenience):
+    mesh = jax.make_mesh((8,), ("vocab",))
+    x, q, p, u, s = random_case(4, 16, 4, 512)
+    library, user = _pair(lenience)
+    outs = [
+        es.speculative_accept(
+            x, q, p, u, s, verifier=es.ShardedVerifier(v, mesh, vocab_axis="vocab")
+        )
+        for v in (library, user)
+    ]
+    _assert_same(*outs)
+    # And equal to one device, on this case (no uniform near a rounding boundary).
+    _assert_same(outs[1], es.speculative_accept(x, q, p, u, s, verifier=library))
+
+
+def test_decoding_loop_theory_is_bit_for_bit():
+    draft, target = es.builtin_models()
+    prompts = np.stack([es.encode("the "), es.encode("and ")])
+    results = [
+        es.speculative_decode(
+            draft, target, prompts, None, 24, jax.random.key(1), verifier=v
+        )  # fmt: skip
+        for v in _pair(0.5)
+    ]
+    np.testing.assert_array_equal(results[0].tokens, results[1].tokens)
+    np.testing.assert_array_equal(results[0].theory_reached, results[1].theory_reached)
+    assert results[1].theory == "exact"
+    assert np.isfinite(results[1].theoretical_tokens_per_call())
+
+
+@pytest.mark.parametrize("lenience", [0.4, 0.8])
+def test_exact_quadrature_is_bit_for_bit(lenience):
+    q, p, _ = distributions("peaked", 2, 5, 0)
+    library, user = _pair(lenience)
+    results = [es.evaluate_verifier(v, q, p) for v in (library, user)]
+    assert results[0]["method"] == results[1]["method"] == "quadrature"
+    assert results[0] == results[1]
+    # Exact: the lenient rule's emission has a closed form at the first position,
+    # P(x) = q(x) min(1, p/(l q)) + (1 - sum) residual(x) / total.
+    accept = np.minimum(1, p[0] / (lenience * q[0]))
+    passed = q[0] * accept
+    residual = np.maximum(p[0] - q[0], 0)
+    emitted = passed + (1 - passed.sum()) * residual / residual.sum()
+    tv = 0.5 * np.abs(emitted - p[0]).sum()
+    assert abs(results[1]["distance_per_position"][0] - tv) < 1e-6
+
+
+class _DraftlessRule(es.AbstractNodeRule):
+    """The i.i.d. rule without its drafting and threshold capabilities."""
+
+    uses_draft_probs: ClassVar[bool] = True
+
+    def test(self, residual, mass, draft, token, uniform):
+        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
+
+    def reject(self, residual, mass, draft, token):
+        return es.IIDCandidates().reject(residual, mass, draft, token)
+
+
+class _DraftingOnlyRule(_DraftlessRule):
+    def candidate_law(self, draft, drafted):
+        return draft
+
+
+def _decode_theory(verifier):
+    draft, target = es.builtin_models()
+    result = es.speculative_decode(
+        draft, target, es.encode("the ")[None], None, 8, jax.random.key(0),
+        verifier=verifier,
+    )  # fmt: skip
+    assert result.theory == "none"
+    return result.theoretical_tokens_per_call()
+
+
+def _tree_case():
+    rng = np.random.default_rng(0)
+    q = rng.dirichlet(np.ones(3), size=4)
+    p = rng.dirichlet(np.ones(3), size=4)
+    return q, p
+
+
+MISSING = [
+    (
+        "vocabulary sharding",
+        lambda: es.ShardedVerifier(
+            es.Verifier(BareLenientRatioTest(0.5)),
+            jax.make_mesh((8,), ("vocab",)),
+            vocab_axis="vocab",
+        ),
+        "LenientRatioTest does not implement `vocab_parallel`",
+    ),
+    (
+        "quadrature",
+        lambda: es.emission_by_quadrature(
+            es.Verifier(BareLenientRatioTest(0.5)), *distributions("flat", 2, 4, 0)[:2]
+        ),
+        "LenientRatioTest does not implement `quadrature_breakpoints`",
+    ),
+    (
+        "evaluate, quadrature",
+        lambda: es.evaluate_verifier(
+            es.Verifier(BareLenientRatioTest(0.5)),
+            *distributions("flat", 2, 4, 0)[:2],
+            method="quadrature",
+        ),
+        "LenientRatioTest does not implement `quadrature_breakpoints`",
+    ),
+    (
+        "decoding-loop theory",
+        lambda: _decode_theory(es.Verifier(BareLenientRatioTest(0.5))),
+        "LenientRatioTest does not implement `pass_probabilities`",
+    ),
+    (
+        "tree drafting in the loop",
+        lambda: es.speculative_decode(
+            *es.builtin_models(),
+            es.encode("the ")[None],
+            None,
+            8,
+            jax.random.key(0),
+            verifier=es.TreeVerifier(_DraftlessRule()),
+            tree=(-1, 0),
+        ),  # fmt: skip
+        "_DraftlessRule does not implement `candidate_law`",
+    ),
+    (
+        "tree drafting in the tools",
+        lambda: es.emission_by_monte_carlo(
+            es.TreeVerifier(_DraftlessRule()),
+            *_tree_case(),
+            jax.random.key(0),
+            100,
+            tree=(-1, -1, 0),
+        ),  # fmt: skip
+        "_DraftlessRule does not implement `candidate_law`",
+    ),
+    (
+        "tree quadrature",
+        lambda: es.evaluate_verifier(
+            es.TreeVerifier(_DraftingOnlyRule()),
+            *_tree_case(),
+            tree=(-1, -1, 0),
+            method="quadrature",
+        ),  # fmt: skip
+        "_DraftingOnlyRule does not implement `pass_threshold`",
+    ),
+    (
+        "Gumbel quadrature",
+        lambda: es.evaluate_verifier(
+            es.Verifier(residual_sampler=es.GumbelSampler()),
+            *distributions("flat", 2, 4, 0)[:2],
+            method="quadrature",
+        ),
+        "GumbelSampler does not implement `quadrature_breakpoints`",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "call, message", [m[1:] for m in MISSING], ids=[m[0] for m in MISSING]
+)
+def test_a_missing_capability_is_a_clear_error_naming_the_method(call, message):
+    with pytest.raises(es.MissingCapabilityError, match=message) as info:
+        call()
+    assert "Implement `" in str(info.value)
+
+
+def test_evaluation_falls_back_to_monte_carlo_without_breakpoints():
+    q, p, _ = distributions("flat", 2, 4, 0)
+    result = es.evaluate_verifier(
+        es.Verifier(BareLenientRatioTest(1.0)), q, p, num_draws=20_000
+    )
+    assert result["method"] == "monte-carlo" and result["chi_square"]["passed"]

@@ -1,0 +1,120 @@
+"""Trees in the losslessness tools: exact quadrature (every token assignment, cells at
+every reachable pass threshold) and Monte Carlo, through `evaluate_verifier`, for the
+library's node rules and a user's."""
+
+from typing import ClassVar
+
+import jax
+import numpy as np
+import pytest
+from user_stages import UserIIDCandidates
+
+import eqx_specdec as es
+
+
+RULES = [
+    es.IIDCandidates(),
+    es.WithoutReplacementCandidates(),
+    es.DeterministicCandidates(),
+    UserIIDCandidates(),
+]
+TREES = [(-1,), (-1, -1, 0), (-1, 0, -1, 2)]
+
+
+def _case(tree, vocab=3, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = len(tree) + 1
+    q = rng.dirichlet(np.full(vocab, 0.8), size=rows).astype(np.float32)
+    p = rng.dirichlet(np.full(vocab, 0.8), size=rows).astype(np.float32)
+    return q.astype(np.float64), p.astype(np.float64)
+
+
+class _ForgetfulRule(es.AbstractNodeRule):
+    """A lossy control: a rejected candidate leaves the target unchanged."""
+
+    uses_draft_probs: ClassVar[bool] = True
+
+    def test(self, residual, mass, draft, token, uniform):
+        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
+
+    def reject(self, residual, mass, draft, token):
+        return residual, mass, draft
+
+    def candidate_law(self, draft, drafted):
+        return draft
+
+    def pass_threshold(self, residual, mass, draft, token):
+        return es.IIDCandidates().pass_threshold(residual, mass, draft, token)
+
+
+@pytest.mark.parametrize("tree", TREES, ids=str)
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: type(r).__name__)
+def test_tree_quadrature_is_exact_and_lossless(rule, tree):
+    q, p = _case(tree)
+    result = es.evaluate_verifier(es.TreeVerifier(rule), q, p, tree=tree)
+    assert result["method"] == "quadrature"
+    assert result["distance"] < 1e-6
+    assert result["reached"][0] == pytest.approx(1.0, abs=1e-9)
+    assert 1.0 < result["tokens_per_step"] <= 1 + len(result["reached"]) - 1
+
+
+def test_one_node_acceptance_is_the_overlap():
+    q, p = _case((-1,))
+    result = es.evaluate_verifier(es.TreeVerifier(), q, p, tree=(-1,))
+    assert result["tokens_per_step"] == pytest.approx(
+        1 + np.minimum(p[0], q[0]).sum(), abs=1e-6
+    )
+
+
+def test_a_chain_tree_is_the_standard_verifier():
+    q, p = _case((-1, 0))
+    chain = es.evaluate_verifier(es.Verifier(), q[:2], p)
+    tree = es.evaluate_verifier(es.TreeVerifier(), q, p, tree=(-1, 0))
+    assert tree["tokens_per_step"] == pytest.approx(chain["tokens_per_step"], abs=1e-6)
+    np.testing.assert_allclose(tree["reached"], chain["reached"], atol=1e-6)
+
+
+def test_top_k_children_accept_with_their_target_mass():
+    """Two deterministic children: some child is accepted with probability
+    p(c_1) + p(c_2), the target mass of the draft's two most likely tokens."""
+    q, p = _case((-1, -1))
+    result = es.evaluate_verifier(
+        es.TreeVerifier(es.DeterministicCandidates()), q, p, tree=(-1, -1)
+    )
+    top = np.argsort(-q[0])[:2]
+    assert result["reached"][1] == pytest.approx(p[0, top].sum(), abs=1e-6)
+
+
+def test_quadrature_catches_a_lossy_rule():
+    q, p = _case((-1, -1, 0), seed=1)
+    result = es.evaluate_verifier(
+        es.TreeVerifier(_ForgetfulRule()), q, p, tree=(-1, -1, 0)
+    )
+    assert result["method"] == "quadrature" and result["distance"] > 0.02
+
+
+@pytest.mark.parametrize(
+    "rule, lossless",
+    [(es.WithoutReplacementCandidates(), True), (_ForgetfulRule(), False)],
+    ids=["without replacement", "forgetful (lossy)"],
+)
+def test_monte_carlo_on_a_tree(rule, lossless):
+    tree = (-1, -1, 0)
+    q, p = _case(tree, vocab=8, seed=2)
+    result = es.evaluate_verifier(
+        es.TreeVerifier(rule), q, p, tree=tree, method="monte-carlo",
+        num_draws=40_000, key=jax.random.key(3),
+    )  # fmt: skip
+    assert result["chi_square"]["passed"] is lossless
+
+
+def test_bad_tree_arguments_are_named():
+    q, p = _case((-1, 0))
+    with pytest.raises(TypeError, match="needs the tree's shape"):
+        es.emission_by_quadrature(es.TreeVerifier(), q, p)
+    with pytest.raises(ValueError, match="depth-first order"):
+        es.emission_by_quadrature(es.TreeVerifier(), q, p, tree=(0, -1))
+    with pytest.raises(
+        ValueError, match=r"`target_probs` must have shape \(N \+ 1, V\)"
+    ):
+        es.emission_by_quadrature(es.TreeVerifier(), q, p[:2], tree=(-1, 0))
