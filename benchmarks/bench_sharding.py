@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from eqx_specdec import ShardedVerifier
-from eqx_specdec import speculative_accept, Verifier
+from eqx_specdec import ShardedVerifier, speculative_accept, Verifier
 
 
 _COLLECTIVES = "all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute"
@@ -158,8 +157,7 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
         os.execv(
             sys.executable,
-            [sys.executable, os.path.abspath(__file__)]
-            + (argv or sys.argv[1:]),
+            [sys.executable, os.path.abspath(__file__)] + (argv or sys.argv[1:]),
         )
 
     batch, gamma, vocab = args.batch, args.gamma, args.vocab

@@ -3,6 +3,7 @@ vocabulary (tensor-parallel LM heads), or both, with `jax.shard_map`. Vocabulary
 exchange per-row scalars and per-shard partial sums only, never a row of p or q."""
 
 import math
+import typing
 from typing import ClassVar
 
 import equinox as eqx
@@ -52,6 +53,8 @@ def _axis_size(mesh: Mesh, axes) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
+# Its fields are checked by `__check_init__`, with messages naming the argument.
+@typing.no_type_check
 class ShardedVerifier(AbstractVerifier):
     """A [`eqx_specdec.Verifier`][] that runs on inputs sharded across the devices of a
     mesh, with `jax.shard_map`: over the batch (`batch_axis`), over the vocabulary

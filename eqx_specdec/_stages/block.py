@@ -95,7 +95,7 @@ class BlockRatioTest(AbstractRatioTest):
     def weights(
         self,
         draft_tokens: DraftTokensRow,
-        draft_probs: DraftProbsRow,
+        draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
     ) -> tuple[Float[Array, " gamma+1"], Float[Array, " gamma"]]:
         """The clipped cumulative ratios $P_0, \\dots, P_G$ and the weights
