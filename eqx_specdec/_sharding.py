@@ -20,7 +20,7 @@ from ._custom_types import (
     SampleRandomnessBatch,
     TargetProbs,
 )
-from ._errors import implements, missing_capability
+from ._errors import implements, missing_vocab_parallel
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
 from ._stages.ratio_tests import AbstractRatioTest
@@ -37,13 +37,7 @@ def _check_vocab_parallel(verifier: Verifier):
         (verifier.residual_sampler, AbstractResidualSampler),
     ):
         if not implements(stage, base, "vocab_parallel"):
-            raise missing_capability(
-                stage,
-                "vocab_parallel",
-                "vocabulary sharding (ShardedVerifier with vocab_axis)",
-                "shard over the batch only (vocab_axis=None), where every stage runs "
-                "unchanged",
-            )
+            raise missing_vocab_parallel(stage)
 
 
 def _axis_size(mesh: Mesh, axes) -> int:

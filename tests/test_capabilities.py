@@ -8,14 +8,13 @@ capability gets `MissingCapabilityError` naming the method to write, on every pa
 
 import importlib.util
 import pathlib
-from typing import ClassVar
 
 import jax
 import numpy as np
 import pytest
 from helpers import random_case
 from lossless_cases import distributions
-from user_stages import LenientRatioTest as BareLenientRatioTest
+from user_stages import DraftlessIIDRule, LenientRatioTest as BareLenientRatioTest
 
 import eqx_specdec as es
 
@@ -102,19 +101,7 @@ def test_exact_quadrature_is_bit_for_bit(lenience):
     assert abs(results[1]["distance_per_position"][0] - tv) < 1e-6
 
 
-class _DraftlessRule(es.AbstractNodeRule):
-    """The i.i.d. rule without its drafting and threshold capabilities."""
-
-    uses_draft_probs: ClassVar[bool] = True
-
-    def test(self, residual, mass, draft, token, uniform):
-        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
-
-    def reject(self, residual, mass, draft, token):
-        return es.IIDCandidates().reject(residual, mass, draft, token)
-
-
-class _DraftingOnlyRule(_DraftlessRule):
+class _DraftingOnlyRule(DraftlessIIDRule):
     def candidate_law(self, draft, drafted):
         return draft
 
@@ -175,21 +162,21 @@ MISSING = [
             None,
             8,
             jax.random.key(0),
-            verifier=es.TreeVerifier(_DraftlessRule()),
+            verifier=es.TreeVerifier(DraftlessIIDRule()),
             tree=(-1, 0),
         ),  # fmt: skip
-        "_DraftlessRule does not implement `candidate_law`",
+        "DraftlessIIDRule does not implement `candidate_law`",
     ),
     (
         "tree drafting in the tools",
         lambda: es.emission_by_monte_carlo(
-            es.TreeVerifier(_DraftlessRule()),
+            es.TreeVerifier(DraftlessIIDRule()),
             *_tree_case(),
             jax.random.key(0),
             100,
             tree=(-1, -1, 0),
         ),  # fmt: skip
-        "_DraftlessRule does not implement `candidate_law`",
+        "DraftlessIIDRule does not implement `candidate_law`",
     ),
     (
         "tree quadrature",

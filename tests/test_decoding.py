@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from user_stages import DraftlessIIDRule
 
 import eqx_specdec as es
 
@@ -109,16 +110,8 @@ def test_the_whole_loop_is_lossless(name):
     assert np.asarray(result.accepted_histogram)[:, 1:].sum() > 0
 
 
-class _IIDRuleDraftingWithoutReplacement(es.AbstractNodeRule):
+class _IIDRuleDraftingWithoutReplacement(DraftlessIIDRule):
     """A lossy pairing: siblings drafted without replacement, verified as i.i.d."""
-
-    uses_draft_probs: ClassVar[bool] = True
-
-    def test(self, residual, mass, draft, token, uniform):
-        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
-
-    def reject(self, residual, mass, draft, token):
-        return es.IIDCandidates().reject(residual, mass, draft, token)
 
     def candidate_law(self, draft, drafted):
         return es.WithoutReplacementCandidates().candidate_law(draft, drafted)
@@ -327,18 +320,6 @@ def test_fit_ngram_estimates():
     assert es.decode(es.encode("We hold, these!")) == "we hold, these "
 
 
-class _RuleWithoutDrafting(es.AbstractNodeRule):
-    """A node rule that does not say how its children are drafted."""
-
-    uses_draft_probs: ClassVar[bool] = True
-
-    def test(self, residual, mass, draft, token, uniform):
-        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
-
-    def reject(self, residual, mass, draft, token):
-        return es.IIDCandidates().reject(residual, mass, draft, token)
-
-
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
@@ -418,20 +399,11 @@ def test_progress_is_reported_from_inside_the_loop():
     assert {t for _, t in seen} == {4 * 30}
 
 
-class _UserRule(es.AbstractNodeRule):
-    """A user's node rule: the i.i.d. rule, written out, drafting its children with
-    replacement."""
-
-    uses_draft_probs: ClassVar[bool] = True
+class _UserRule(DraftlessIIDRule):
+    """A user's node rule: the i.i.d. rule, drafting its children with replacement."""
 
     def candidate_law(self, draft, drafted):
         return draft
-
-    def test(self, residual, mass, draft, token, uniform):
-        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
-
-    def reject(self, residual, mass, draft, token):
-        return es.IIDCandidates().reject(residual, mass, draft, token)
 
 
 class _RuleWithoutDrafting(es.AbstractNodeRule):
@@ -454,7 +426,7 @@ class _RuleWithoutDrafting(es.AbstractNodeRule):
         (dict(verifier=es.TreeVerifier(), tree=(-1, 1)), ValueError, "depth-first order"),
         (dict(verifier=es.TreeVerifier(), tree=()), ValueError, "non-empty tuple"),
         (dict(verifier=es.TreeVerifier(), tree=(-1,), drafting="argmax"), ValueError, "`drafting` is for chains"),
-        (dict(verifier=es.TreeVerifier(_RuleWithoutDrafting()), tree=(-1,)), es.MissingCapabilityError, "_RuleWithoutDrafting does not implement `candidate_law`"),
+        (dict(verifier=es.TreeVerifier(DraftlessIIDRule()), tree=(-1,)), es.MissingCapabilityError, "DraftlessIIDRule does not implement `candidate_law`"),
     ],
 )  # fmt: skip
 def test_bad_tree_arguments_are_named(kwargs, error, match):

@@ -136,6 +136,19 @@ class UserIIDCandidates(eqx_specdec.AbstractNodeRule):
         return jnp.where(denominator > 0, residual[token] / safe, jnp.inf)
 
 
+class DraftlessIIDRule(eqx_specdec.AbstractNodeRule):
+    """The i.i.d. rule's test and update, without the drafting (`candidate_law`) and
+    exact-evaluation (`pass_threshold`) capabilities."""
+
+    uses_draft_probs: ClassVar[bool] = True
+
+    def test(self, residual, mass, draft, token, uniform):
+        return eqx_specdec.IIDCandidates().test(residual, mass, draft, token, uniform)
+
+    def reject(self, residual, mass, draft, token):
+        return eqx_specdec.IIDCandidates().reject(residual, mass, draft, token)
+
+
 class MappedVerifier(eqx_specdec.AbstractVerifier):
     """A verifier of one's own: the four stages mapped over the rows with `jax.vmap`,
     written without the library's `Verifier`."""

@@ -110,10 +110,15 @@ class BlockRatioTest(AbstractRatioTest):
         `(P, h)` of shapes `(gamma + 1,)` and `(gamma,)`.
         """
         _needs_draft_probs(draft_probs)
-        gamma = draft_tokens.shape[0]
         p_x, q_x = gather_draft_probs(
             draft_tokens, draft_probs, target_probs, log_space=self.log_space
         )
+        return self._cumulative_and_h(p_x, q_x, draft_probs, target_probs, lambda z: z)
+
+    def _cumulative_and_h(self, p_x, q_x, draft_probs, target_probs, total):
+        """$P$ and $h$ from $p_i(x_i)$, $q_i(x_i)$ and the rows (or a shard's slices) of
+        $p_k, q_k$; `total` sums the lookahead masses $Z_k$ (over shards, if sharded)."""
+        gamma = p_x.shape[0]
         cum = block_cumulative(p_x, q_x, self.log_space)
         # Z_k for k = 1 .. G-1 reads rows k of p and q.
         p_rows = target_probs[1:gamma].astype(cum.dtype)
@@ -121,7 +126,7 @@ class BlockRatioTest(AbstractRatioTest):
         if self.log_space:
             p_rows, q_rows = jnp.exp(p_rows), jnp.exp(q_rows)
         z = jnp.sum(jnp.maximum(cum[1:gamma, None] * p_rows - q_rows, 0), axis=-1)
-        return cum, block_h(cum, z)
+        return cum, block_h(cum, total(z))
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -165,16 +170,9 @@ class BlockRatioTest(AbstractRatioTest):
         self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
     ):
         _needs_draft_probs(draft_probs)
-        gamma = draft_tokens.shape[0]
         p_x, q_x = shard.gather_draft_probs(
             draft_tokens, draft_probs, target_probs, log_space=self.log_space
         )
-        cum = block_cumulative(p_x, q_x, self.log_space)
-        p_rows = target_probs[1:gamma].astype(cum.dtype)
-        q_rows = draft_probs[1:gamma].astype(cum.dtype)
-        if self.log_space:
-            p_rows, q_rows = jnp.exp(p_rows), jnp.exp(q_rows)
         # Z_k as the sum over shards of each shard's part.
-        partial = jnp.sum(jnp.maximum(cum[1:gamma, None] * p_rows - q_rows, 0), -1)
-        h = block_h(cum, shard.sum(partial))
+        cum, h = self._cumulative_and_h(p_x, q_x, draft_probs, target_probs, shard.sum)
         return Verdict(accept_uniforms.astype(h.dtype) < h, cum[:-1])

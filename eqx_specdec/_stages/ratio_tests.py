@@ -15,7 +15,7 @@ from .._custom_types import (
     DraftTokensRow,
     TargetProbsRow,
 )
-from .._errors import missing_capability
+from .._errors import missing_capability, missing_quadrature, missing_vocab_parallel
 from .._misc import check_hyperparameter, compute_dtype
 from .._vocab_shard import VocabShard
 from .verdict import Verdict
@@ -182,13 +182,7 @@ class AbstractRatioTest(eqx.Module):
         changes the correction's distribution, as block verification's residual
         scale does); `{}` if there are none.
         """
-        raise missing_capability(
-            self,
-            "quadrature_breakpoints",
-            "exact quadrature",
-            'use method="monte-carlo", or pass the breakpoints to '
-            "emission_by_quadrature yourself",
-        )
+        raise missing_quadrature(self)
 
     def emission_target(self, target_probs):
         """What the verifier's tokens are measured against by
@@ -232,13 +226,7 @@ class AbstractRatioTest(eqx.Module):
         The [`eqx_specdec.Verdict`][] `__call__` would return on the whole rows, the
         same on every shard.
         """
-        raise missing_capability(
-            self,
-            "vocab_parallel",
-            "vocabulary sharding (ShardedVerifier with vocab_axis)",
-            "shard over the batch only (vocab_axis=None), where every stage runs "
-            "unchanged",
-        )
+        raise missing_vocab_parallel(self)
 
 
 class RatioTest(AbstractRatioTest):

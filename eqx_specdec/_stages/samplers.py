@@ -16,7 +16,7 @@ from .._custom_types import (
     SampleUniform,
     TargetProbsRow,
 )
-from .._errors import missing_capability
+from .._errors import missing_capability, missing_quadrature, missing_vocab_parallel
 from .._misc import compute_dtype
 from .._search import (
     block_size,
@@ -151,13 +151,7 @@ class AbstractResidualSampler(eqx.Module):
 
         `{"sample_breakpoints": (K,) array}`, or `{}` if there are none.
         """
-        raise missing_capability(
-            self,
-            "quadrature_breakpoints",
-            "exact quadrature",
-            'use method="monte-carlo", or pass the breakpoints to '
-            "emission_by_quadrature yourself",
-        )
+        raise missing_quadrature(self)
 
     def vocab_parallel(
         self,
@@ -182,13 +176,7 @@ class AbstractResidualSampler(eqx.Module):
 
         The global token id, an int32 scalar, the same on every shard.
         """
-        raise missing_capability(
-            self,
-            "vocab_parallel",
-            "vocabulary sharding (ShardedVerifier with vocab_axis)",
-            "shard over the batch only (vocab_axis=None), where every stage runs "
-            "unchanged",
-        )
+        raise missing_vocab_parallel(self)
 
 
 class ResidualSampler(AbstractResidualSampler):
