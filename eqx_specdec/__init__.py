@@ -1,3 +1,5 @@
+"""The verification step of speculative decoding as typed, composable Equinox stages."""
+
 import importlib.metadata
 
 from ._abstract_verifier import AbstractVerifier as AbstractVerifier

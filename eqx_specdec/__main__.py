@@ -1,3 +1,5 @@
+"""`python -m eqx_specdec`: the command line."""
+
 import sys
 
 from ._cli import main

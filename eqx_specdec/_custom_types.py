@@ -1,3 +1,6 @@
+"""The jaxtyping shapes of one row and of a batch, shared by the stages and entry
+points."""
+
 from jaxtyping import Array, Bool, Float, Int, Integer, Key
 
 

@@ -1,3 +1,5 @@
+"""The verification step with its randomness drawn from a `jax.random` key."""
+
 import typing
 
 import jax

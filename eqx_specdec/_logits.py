@@ -1,3 +1,6 @@
+"""The verification step on logits: temperature, top-k and top-p warps, verified in log
+space."""
+
 import typing
 
 import equinox as eqx

@@ -1,3 +1,5 @@
+"""Small numeric helpers: the compute dtype and hyperparameter checks."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

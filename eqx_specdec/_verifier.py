@@ -1,3 +1,5 @@
+"""The composed verifier of one device, and the contract's entry point."""
+
 import typing
 from typing import ClassVar, Literal
 

@@ -1,0 +1,1 @@
+"""The four stage families and their implementations."""

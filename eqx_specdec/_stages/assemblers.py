@@ -1,3 +1,5 @@
+"""Token assemblers: the output row from the count, the draft and the correction."""
+
 import abc
 
 import equinox as eqx

@@ -1,3 +1,5 @@
+"""Prefix counters: from per-position outcomes to the number accepted."""
+
 import abc
 
 import equinox as eqx

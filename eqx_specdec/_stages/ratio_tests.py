@@ -1,3 +1,6 @@
+"""Ratio tests: the acceptance rule's base, with its capabilities, and the standard,
+lenient and greedy tests."""
+
 import abc
 from typing import ClassVar, Literal
 

@@ -1,3 +1,6 @@
+"""Residual samplers: the correction token's base, with its capabilities, and the
+residual, Gumbel and argmax samplers."""
+
 import abc
 from typing import ClassVar, Literal
 

@@ -1,3 +1,5 @@
+"""The record a ratio test hands to the rest of the pipeline."""
+
 import equinox as eqx
 import jax.numpy as jnp
 from beartype import beartype
