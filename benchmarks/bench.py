@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqx_specdec import speculative_accept, Verifier
+from eqx_specdec import speculative_accept
 
 
 SHAPES = [
@@ -101,13 +101,15 @@ def torch_verify(
     return n.int(), tokens.int()
 
 
-@jax.jit
-def hand_jit(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms):
-    """The default verifier, jitted by hand with its stages closed over: no argument
-    flattening, no checks. The entry point's dispatch is measured against this."""
-    return Verifier()(
-        draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
-    )
+# The entry point's own body, jitted by hand with the verifier closed over: the same
+# program, without the filter-semantics dispatch (flattening the arguments, the verifier
+# included, and looking up the compiled function). The dispatch is measured against it.
+hand_jit = jax.jit(
+    functools.partial(speculative_accept.__wrapped__, check_inputs=False)
+)
+hand_jit_checked = jax.jit(
+    functools.partial(speculative_accept.__wrapped__, check_inputs=True)
+)
 
 
 @jax.jit
@@ -172,6 +174,7 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
         "eqx_specdec, checks on": library_checked,
         "naive JAX": naive,
         "hand-written jax.jit": hand_jit,
+        "hand-written jax.jit, checks on": hand_jit_checked,
         "minimal jax.jit": minimal_jit,
     }
     if with_torch:
@@ -217,6 +220,8 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
                 naive=median["naive JAX"] / ours,
                 torch=median["PyTorch"] / ours if with_torch else None,
                 hand=ours / median["hand-written jax.jit"],
+                hand_checked=median["eqx_specdec, checks on"]
+                / median["hand-written jax.jit, checks on"],
                 minimal=ours / median["minimal jax.jit"],
                 temp_ours=temp_ours,
                 temp_naive=temp_naive,
@@ -233,8 +238,8 @@ def print_table(rows):
     )
     print(
         "| B, G, V | us per call | us, checks on | GB/s (necessary bytes) | % of read "
-        "bandwidth | naive JAX / ours | PyTorch / ours | ours / hand-written jax.jit "
-        "| ours / minimal jax.jit | temp MB, ours / naive |"
+        "bandwidth | naive JAX / ours | PyTorch / ours | ours / hand-written jax.jit, "
+        "checks off / on | ours / minimal jax.jit | temp MB, ours / naive |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -242,7 +247,7 @@ def print_table(rows):
         print(
             f"| {r['shape'][0]}, {r['shape'][1]}, {r['shape'][2]} | {r['us']:.0f} | "
             f"{r['us_checked']:.0f} | {r['gbps']:.1f} | {r['percent']:.0f}% | "
-            f"{r['naive']:.1f}x | {torch_ratio} | {r['hand']:.2f}x | {r['minimal']:.2f}x | "
+            f"{r['naive']:.1f}x | {torch_ratio} | {r['hand']:.2f}x / {r['hand_checked']:.2f}x | {r['minimal']:.2f}x | "
             f"{r['temp_ours']:.1f} / {r['temp_naive']:.1f} |"
         )
 

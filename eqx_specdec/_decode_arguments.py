@@ -7,7 +7,7 @@ import numpy as np
 from ._abstract_verifier import AbstractVerifier
 from ._errors import implements, missing_capability
 from ._node_rules import AbstractNodeRule
-from ._tree import TreeVerifier
+from ._tree import check_tree_shape, TreeVerifier
 
 
 def check_tree(tree, verifier, drafting) -> tuple[int, ...] | None:
@@ -15,11 +15,7 @@ def check_tree(tree, verifier, drafting) -> tuple[int, ...] | None:
     can draft (`candidate_law`), and chains anything else."""
     if tree is None:
         if isinstance(verifier, TreeVerifier):
-            raise TypeError(
-                "A TreeVerifier needs the tree's shape: pass `tree=` the parent of each "
-                "node in depth-first order, e.g. `tree=(-1, 0, -1, 2)` for two "
-                "candidates at the root with one child each."
-            )
+            check_tree_shape(None)  # raises: a tree verifier needs the tree's shape
         if drafting not in ("sample", "argmax"):
             raise ValueError(
                 f'`drafting` must be "sample" (draft tokens x ~ q) or "argmax" (one-hot '
@@ -41,17 +37,7 @@ def check_tree(tree, verifier, drafting) -> tuple[int, ...] | None:
         raise missing_capability(
             rule, "candidate_law", "drafting a tree in the decoding loop"
         )
-    tree = tuple(tree)
-    valid = len(tree) > 0 and all(
-        isinstance(p, int) and -1 <= p < i for i, p in enumerate(tree)
-    )
-    if not valid:
-        raise ValueError(
-            "`tree` must be a non-empty tuple of Python ints, the parent of each node in "
-            "depth-first order: -1 for a child of the root, else an earlier node's "
-            f"index; got {tree!r}."
-        )
-    return tree
+    return check_tree_shape(tree)
 
 
 def check_decode_arguments(

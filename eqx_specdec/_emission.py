@@ -147,3 +147,9 @@ def accumulate(emitted, reached, tokens, weights, vocab):
             :vocab
         ]
         reached[k] += weights[valid].sum()
+
+
+def padded_size(rows: int, chunk_size: int) -> int:
+    """Rows per compiled call: `chunk_size`, or the next power of two (at least 1024)
+    for fewer rows, so that cases of similar size share a compiled program."""
+    return min(chunk_size, max(1024, 1 << max(rows - 1, 0).bit_length()))

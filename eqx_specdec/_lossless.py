@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._emission import accumulate, cells, EmissionEstimate
+from ._emission import accumulate, cells, EmissionEstimate, padded_size
 from ._errors import MissingCapabilityError
+from ._jit import FilterJit
 from ._tree import TreeVerifier
 from ._tree_evaluation import tree_emission_by_monte_carlo, tree_emission_by_quadrature
 from ._verifier import Verifier
@@ -190,24 +191,24 @@ def emission_by_quadrature(
     uniforms = np.stack([grids[d][index[:, d]] for d in range(gamma + 1)], -1)
     volume = np.prod([grid_weights[d][index[:, d]] for d in range(gamma + 1)], axis=0)
 
-    run = jax.jit(jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0)))
     q, p = _verifier_inputs(draft, target, log_inputs)
     emitted = np.zeros((gamma + 1, vocab))
     reached = np.zeros(gamma + 1)
     u = uniforms[:, :gamma].astype(np.float32)
     s = uniforms[:, gamma].astype(np.float32)
+    size = padded_size(len(volume), chunk_size)
     for x, weight in sequences:
-        for start in range(0, len(volume), chunk_size):
-            stop = min(start + chunk_size, len(volume))
-            rows = stop - start
-            xs = jnp.asarray(np.broadcast_to(x, (rows, gamma)), jnp.int32)
-            tokens = np.asarray(
-                run(xs, q, p, jnp.asarray(u[start:stop]), jnp.asarray(s[start:stop]))[
-                    "tokens"
-                ]
+        for start in range(0, len(volume), size):
+            stop = min(start + size, len(volume))
+            pad = ((0, size - (stop - start)),)
+            xs = jnp.asarray(np.broadcast_to(x, (size, gamma)), jnp.int32)
+            u_chunk = jnp.asarray(
+                np.pad(u[start:stop], pad + ((0, 0),), constant_values=0.5)
             )
+            s_chunk = jnp.asarray(np.pad(s[start:stop], pad, constant_values=0.5))
+            tokens = np.asarray(verify_rows(verifier, xs, q, p, u_chunk, s_chunk))
             w = weight * volume[start:stop]
-            accumulate(emitted, reached, tokens, w, vocab)
+            accumulate(emitted, reached, tokens[: stop - start], w, vocab)
     return EmissionEstimate(emitted, reached)
 
 
@@ -283,32 +284,43 @@ def emission_by_monte_carlo(
     gamma, vocab = law.shape
     q, p = _verifier_inputs(draft, target, log_inputs)
     law_cdf = jnp.asarray(np.cumsum(law, -1), jnp.float32)
-    row = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0))
-
-    @jax.jit
-    def step(key):
-        k_x, k_u, k_s = jax.random.split(key, 3)
-        draws = jax.random.uniform(k_x, (chunk_size, gamma), jnp.float32)
-        xs = jnp.stack(
-            [
-                jnp.searchsorted(law_cdf[i], draws[:, i], side="right")
-                for i in range(gamma)
-            ],
-            axis=1,
-        )
-        xs = jnp.minimum(xs, vocab - 1).astype(jnp.int32)
-        u = jax.random.uniform(k_u, (chunk_size, gamma), jnp.float32)
-        if verifier.residual_sampler.randomness == "key":
-            s = jax.random.split(k_s, chunk_size)
-        else:
-            s = jax.random.uniform(k_s, (chunk_size,), jnp.float32)
-        return row(xs, q, p, u, s)["tokens"]
-
     emitted = np.zeros((gamma + 1, vocab))
     reached = np.zeros(gamma + 1)
     chunks = -(-num_draws // chunk_size)
     for i, chunk_key in enumerate(jax.random.split(key, chunks)):
-        tokens = np.asarray(step(chunk_key))
+        tokens = np.asarray(
+            _monte_carlo_chunk(verifier, q, p, law_cdf, chunk_key, chunk_size)
+        )
         rows = min(chunk_size, num_draws - i * chunk_size)
         accumulate(emitted, reached, tokens[:rows], np.ones(rows), vocab)
     return EmissionEstimate(emitted, reached, num_draws)
+
+
+@FilterJit
+def _monte_carlo_chunk(verifier, q, p, law_cdf, key, chunk_size: int):
+    """The tokens of `chunk_size` random steps. Compiled once per verifier configuration
+    and shapes (the distributions are arguments, not constants), so that measurements of
+    many cases share one program."""
+    gamma, vocab = law_cdf.shape
+    k_x, k_u, k_s = jax.random.split(key, 3)
+    draws = jax.random.uniform(k_x, (chunk_size, gamma), jnp.float32)
+    xs = jnp.stack(
+        [jnp.searchsorted(law_cdf[i], draws[:, i], side="right") for i in range(gamma)],
+        axis=1,
+    )
+    xs = jnp.minimum(xs, vocab - 1).astype(jnp.int32)
+    u = jax.random.uniform(k_u, (chunk_size, gamma), jnp.float32)
+    if verifier.residual_sampler.randomness == "key":
+        s = jax.random.split(k_s, chunk_size)
+    else:
+        s = jax.random.uniform(k_s, (chunk_size,), jnp.float32)
+    rows = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0))
+    return rows(xs, q, p, u, s)["tokens"]
+
+
+@FilterJit
+def verify_rows(verifier, draft_tokens, draft_probs, target_probs, accept, sample):
+    """`verifier.row` over rows of draft tokens and uniforms, for one fixed row of
+    distributions. Compiled once per verifier configuration and shapes."""
+    rows = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0))
+    return rows(draft_tokens, draft_probs, target_probs, accept, sample)["tokens"]

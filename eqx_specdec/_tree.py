@@ -139,6 +139,27 @@ def _tree_problems(parents):
     ]
 
 
+def check_tree_shape(tree) -> tuple[int, ...]:
+    """A tree's shape as a tuple of Python ints, the parent of each node in depth-first
+    order, or a `TypeError` / `ValueError` saying what is wrong (trace time)."""
+    if tree is None:
+        raise TypeError(
+            "A TreeVerifier needs the tree's shape: pass `tree=` the parent of each node "
+            "in depth-first order, e.g. `tree=(-1, 0, -1, 2)` for two candidates at the "
+            "root with one child each."
+        )
+    tree = tuple(tree)
+    if not tree or not all(
+        isinstance(p, int) and -1 <= p < i for i, p in enumerate(tree)
+    ):
+        raise ValueError(
+            "`tree` must be a non-empty tuple of Python ints, the parent of each node in "
+            "depth-first order: -1 for a child of the root, else an earlier node's "
+            f"index; got {tree!r}."
+        )
+    return tree
+
+
 @entry_point
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def tree_accept(

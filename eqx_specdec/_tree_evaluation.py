@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._emission import cells, EmissionEstimate
+from ._emission import cells, EmissionEstimate, padded_size
 from ._errors import implements, missing_capability
+from ._jit import FilterJit
 from ._node_rules import AbstractNodeRule
-from ._tree import TreeVerifier
+from ._tree import check_tree_shape, TreeVerifier
 
 
 # Beyond this many verifier rows, quadrature on a tree is refused (use Monte Carlo).
@@ -18,19 +19,7 @@ _MAX_QUADRATURE_ROWS = 4_000_000
 
 
 def _check(verifier, tree, draft_probs, target_probs, *, exact: bool):
-    if tree is None:
-        raise TypeError(
-            "A TreeVerifier needs the tree's shape: pass `tree=` the parent of each node "
-            "in depth-first order, e.g. `tree=(-1, 0, -1, 2)`."
-        )
-    tree = tuple(tree)
-    if not tree or not all(
-        isinstance(p, int) and -1 <= p < i for i, p in enumerate(tree)
-    ):
-        raise ValueError(
-            "`tree` must be a non-empty tuple of Python ints, the parent of each node in "
-            f"depth-first order (-1 for the root's children); got {tree!r}."
-        )
+    tree = check_tree_shape(tree)
     rule = verifier.node_rule
     needed = ["candidate_law"] + (["pass_threshold"] if exact else [])
     for method in needed:
@@ -139,18 +128,13 @@ def tree_emission_by_quadrature(
             f"Quadrature on a tree of {nodes} nodes over V = {vocab} enumerates "
             f'{len(assignments) * len(outcomes):,} walks; use method="monte-carlo".'
         )
-    laws = jax.jit(jax.vmap(lambda x: _draft_laws(rule, tree, q, x)))(assignments)
+    laws = _all_draft_laws(rule, tree, q, jnp.asarray(assignments))
     chosen = np.take_along_axis(np.asarray(laws, np.float64), assignments[..., None], 2)
     probability = np.prod(chosen[..., 0], axis=1)
     keep = probability > 0
     assignments, probability = assignments[keep], probability[keep]
-    walks = jax.jit(
-        jax.vmap(
-            jax.vmap(lambda x, o: _forced_walk(rule, tree, q, p, x, o), (None, 0)),
-            (0, None),
-        )
-    )
-    thresholds, cdfs = (np.asarray(a, np.float64) for a in walks(assignments, outcomes))
+    walks = _all_forced_walks(rule, tree, q, p, jnp.asarray(assignments), outcomes)
+    thresholds, cdfs = (np.asarray(a, np.float64) for a in walks)
     rows = []
     for a, x in enumerate(assignments):
         grids = []
@@ -185,20 +169,13 @@ def tree_emission_by_quadrature(
     )
     parents = jnp.asarray(tree, jnp.int32)
     draft = q if rule.uses_draft_probs else None
-    run = jax.jit(jax.vmap(verifier.row, in_axes=(0, None, None, None, 0, 0)))
-    for start in range(0, total, chunk_size):
-        stop = min(start + chunk_size, total)
-        pad = chunk_size - (stop - start) if total > chunk_size else 0
-        x = np.pad(xs[start:stop], ((0, pad), (0, 0)))
-        u = np.pad(uniforms[start:stop], ((0, pad), (0, 0)), constant_values=0.5)
-        out = run(
-            jnp.asarray(x),
-            parents,
-            draft,
-            p,
-            jnp.asarray(u[:, :nodes]),
-            jnp.asarray(u[:, nodes]),
-        )
+    size = padded_size(total, chunk_size)
+    for start in range(0, total, size):
+        stop = min(start + size, total)
+        pad = ((0, size - (stop - start)), (0, 0))
+        x = jnp.asarray(np.pad(xs[start:stop], pad))
+        u = jnp.asarray(np.pad(uniforms[start:stop], pad, constant_values=0.5))
+        out = _tree_rows(verifier, x, parents, draft, p, u[:, :nodes], u[:, nodes])
         out = {k: np.asarray(v)[: stop - start] for k, v in out.items()}
         _accumulate_tree(estimate, out, weights[start:stop], vocab)
     emitted, reached, accepted = estimate
@@ -210,25 +187,7 @@ def tree_emission_by_monte_carlo(
 ) -> EmissionEstimate:
     """Monte Carlo emission of a tree verifier (see `emission_by_monte_carlo`)."""
     tree, q, p = _check(verifier, tree, draft_probs, target_probs, exact=False)
-    rule, nodes, vocab = verifier.node_rule, len(tree), p.shape[-1]
-    parents = jnp.asarray(tree, jnp.int32)
-    draft = q if rule.uses_draft_probs else None
-    ids = jnp.arange(vocab, dtype=jnp.int32)
-
-    def draw(key):
-        keys = jax.random.split(key, nodes + 2)
-        drafted, tokens = {}, []
-        for i, parent in enumerate(tree):
-            seen = drafted.get(parent, jnp.zeros((vocab,), bool))
-            law = rule.candidate_law(q[parent + 1], seen)
-            x = jax.random.categorical(keys[i], jnp.log(law)).astype(jnp.int32)
-            drafted[parent] = seen | (ids == x)
-            tokens.append(x)
-        u = jax.random.uniform(keys[nodes], (nodes,), jnp.float32)
-        s = jax.random.uniform(keys[nodes + 1], (), jnp.float32)
-        return verifier.row(jnp.stack(tokens), parents, draft, p, u, s)
-
-    step = jax.jit(jax.vmap(draw))
+    nodes, vocab = len(tree), p.shape[-1]
     estimate = (
         np.zeros((nodes + 1, vocab)),
         np.zeros(nodes + 1),
@@ -237,7 +196,7 @@ def tree_emission_by_monte_carlo(
     chunks = -(-num_draws // chunk_size)
     for i, chunk_key in enumerate(jax.random.split(key, chunks)):
         rows = min(chunk_size, num_draws - i * chunk_size)
-        out = step(jax.random.split(chunk_key, chunk_size))
+        out = _tree_draws(verifier, tree, q, p, jax.random.split(chunk_key, chunk_size))
         out = {k: np.asarray(v)[:rows] for k, v in out.items()}
         _accumulate_tree(estimate, out, np.ones(rows), vocab)
     emitted, reached, accepted = estimate
@@ -259,3 +218,47 @@ def tree_quadrature_problem(verifier: TreeVerifier, tree, vocab: int):
             f"* 2^{nodes} walks are too many to enumerate."
         )
     return None
+
+
+@FilterJit
+def _all_draft_laws(rule, tree, q, assignments):
+    return jax.vmap(lambda x: _draft_laws(rule, tree, q, x))(assignments)
+
+
+@FilterJit
+def _all_forced_walks(rule, tree, q, p, assignments, outcomes):
+    def walk(x, o):
+        return _forced_walk(rule, tree, q, p, x, o)
+
+    return jax.vmap(jax.vmap(walk, (None, 0)), (0, None))(assignments, outcomes)
+
+
+@FilterJit
+def _tree_rows(verifier, node_tokens, parents, draft, p, accept, sample):
+    rows = jax.vmap(verifier.row, in_axes=(0, None, None, None, 0, 0))
+    return rows(node_tokens, parents, draft, p, accept, sample)
+
+
+@FilterJit
+def _tree_draws(verifier, tree, q, p, keys):
+    """One random step per key: the tree drafted with the rule's `candidate_law`, then
+    verified."""
+    rule, nodes, vocab = verifier.node_rule, len(tree), p.shape[-1]
+    parents = jnp.asarray(tree, jnp.int32)
+    draft = q if rule.uses_draft_probs else None
+    ids = jnp.arange(vocab, dtype=jnp.int32)
+
+    def draw(key):
+        keys = jax.random.split(key, nodes + 2)
+        drafted, tokens = {}, []
+        for i, parent in enumerate(tree):
+            seen = drafted.get(parent, jnp.zeros((vocab,), bool))
+            law = rule.candidate_law(q[parent + 1], seen)
+            x = jax.random.categorical(keys[i], jnp.log(law)).astype(jnp.int32)
+            drafted[parent] = seen | (ids == x)
+            tokens.append(x)
+        u = jax.random.uniform(keys[nodes], (nodes,), jnp.float32)
+        s = jax.random.uniform(keys[nodes + 1], (), jnp.float32)
+        return verifier.row(jnp.stack(tokens), parents, draft, p, u, s)
+
+    return jax.vmap(draw)(keys)

@@ -8,7 +8,20 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 
+import pathlib  # noqa: E402
+
 import jax  # noqa: E402
+
+
+# Shared compilation: XLA's persistent cache, kept beside the tests, lets the two pytest
+# workers and the 32-bit and 64-bit runs reuse each other's compiled programs (most of the
+# suite's time is compilation). JAX keys entries by program, flags and devices.
+jax.config.update(
+    "jax_compilation_cache_dir",
+    str(pathlib.Path(__file__).parent.parent / ".jax-compilation-cache"),
+)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 # Strict promotion catches silent dtype and rank mixing (int64 with int32, float64 with

@@ -82,34 +82,24 @@ NODE_Q = _softmax(np.random.default_rng(8).normal(size=6) * 1.2)
 
 @pytest.mark.parametrize("rule", list(RULES))
 def test_one_node_acceptance_rates(rule):
-    """Root with K = 1..4 candidate children (V = 6): P(some child accepted), measured
-    over 200,000 steps, equals the exact value from the rule within 6 sigma."""
-    draws = 200_000
+    """Root with K = 1..4 candidate children (V = 6): P(some child accepted), by exact
+    quadrature over every draw of the children and every uniform, equals the exact value
+    from the rule's own recursion (to 1e-6), and the emitted token follows the target."""
     rates = []
+    p64 = NODE_P.astype(np.float32).astype(np.float64)
+    q64 = NODE_Q.astype(np.float32).astype(np.float64)
     for k in range(1, 5):
-        p = jnp.tile(jnp.asarray(NODE_P, jnp.float32), (k + 1, 1))
-        q = jnp.tile(jnp.asarray(NODE_Q, jnp.float32), (k + 1, 1))
-        parents = jnp.full((k,), -1, jnp.int32)
-        verifier = eqx_specdec.TreeVerifier(RULES[rule])
-
-        @jax.jit
-        def accepted(key):
-            k_c, k_u, k_s = jax.random.split(key, 3)
-            children = jax.vmap(lambda kk: _children(rule, kk, q[0], k))(
-                jax.random.split(k_c, draws)
-            )
-            u = jax.random.uniform(k_u, (draws, k), jnp.float32)
-            s = jax.random.uniform(k_s, (draws,), jnp.float32)
-            row = jax.vmap(verifier.row, in_axes=(0, None, None, None, 0, 0))
-            return jnp.mean(row(children, parents, q, p, u, s)["num_accepted"] >= 1)
-
-        measured = float(accepted(jax.random.key(k)))
-        exact = _exact_node_acceptance(
-            rule, NODE_P.astype(np.float32).astype(np.float64),
-            NODE_Q.astype(np.float32).astype(np.float64), k,
-        )  # fmt: skip
-        sigma = np.sqrt(exact * (1 - exact) / draws)
-        assert abs(measured - exact) <= 6 * sigma + 1e-9, (k, measured, exact)
+        tree = (-1,) * k
+        result = eqx_specdec.evaluate_verifier(
+            eqx_specdec.TreeVerifier(RULES[rule]),
+            np.tile(q64, (k + 1, 1)),
+            np.tile(p64, (k + 1, 1)),
+            tree=tree,
+            method="quadrature",
+        )
+        exact = _exact_node_acceptance(rule, p64, q64, k)
+        assert abs(result["reached"][1] - exact) < 1e-6, (k, result["reached"], exact)
+        assert result["distance"] < 1e-6
         rates.append(exact)
     assert rates == sorted(rates) and rates[-1] > rates[0]
 
