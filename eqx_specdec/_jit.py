@@ -1,8 +1,10 @@
 """Compilation of the entry points with Equinox's filter semantics and a fast dispatch:
 array leaves traced, every other leaf static."""
 
+import collections
 import functools
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -10,6 +12,9 @@ from ._checks import DeferredCheck
 
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+_SCALAR_TYPES = (bool, int, float, str, type(None))
+# Calls remembered by the identity of their Equinox-module arguments (a small LRU).
+_FAST_ENTRIES = 16
 
 
 def _static_key(leaf):
@@ -24,7 +29,9 @@ class FilterJit:
 
     One `jax.jit` per static configuration, called with the array leaves only, so a
     call costs a pytree flatten and a dictionary look-up on top of `jax.jit`'s own
-    dispatch. Outputs pass through, except a
+    dispatch. The common call (positional arrays, keyword modules and Python scalars) skips
+    even the flatten: modules are immutable, so one seen before (the same object) has the
+    same leaves, remembered with its compiled function. Outputs pass through, except a
     [`DeferredCheck`][eqx_specdec._checks.DeferredCheck], which is resolved (raised or
     unwrapped) after the program has finished.
     """
@@ -33,6 +40,7 @@ class FilterJit:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._compiled = {}
+        self._fast = collections.OrderedDict()
 
     def _compile(self, treedef, static):
         fn = self._fn
@@ -45,7 +53,37 @@ class FilterJit:
 
         return jax.jit(run)
 
+    def _fast_key(self, args, kwargs):
+        """A key for calls whose positional arguments are arrays or `None` and whose
+        keyword arguments are Equinox modules (by identity) or Python scalars; `None`
+        for any other call."""
+        pattern = []
+        for a in args:
+            if a is None:
+                pattern.append(False)
+            elif isinstance(a, _ARRAY_TYPES):
+                pattern.append(True)
+            else:
+                return None
+        named = []
+        for name in sorted(kwargs):
+            value = kwargs[name]
+            if isinstance(value, eqx.Module):
+                named.append((name, id(value)))
+            elif isinstance(value, _SCALAR_TYPES):
+                named.append((name, type(value), value))
+            else:
+                return None
+        return tuple(pattern), tuple(named)
+
     def __call__(self, *args, **kwargs):
+        fast = self._fast_key(args, kwargs)
+        entry = None if fast is None else self._fast.get(fast)
+        if entry is not None:
+            modules, module_leaves, compiled = entry
+            if all(kwargs[name] is module for name, module in modules):
+                dynamic = [a for a in args if a is not None] + module_leaves
+                return self._finish(compiled(dynamic))
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         static = tuple(
             None if isinstance(leaf, _ARRAY_TYPES) else _static_key(leaf)
@@ -68,7 +106,32 @@ class FilterJit:
             ) from None
         if compiled is None:
             compiled = self._compiled[key] = self._compile(treedef, static)
-        outputs = compiled([leaf for leaf, s in zip(leaves, static) if s is None])
+        dynamic = [leaf for leaf, s in zip(leaves, static) if s is None]
+        if fast is not None:
+            self._remember(fast, kwargs, compiled)
+        return self._finish(compiled(dynamic))
+
+    def _remember(self, fast, kwargs, compiled):
+        # The flatten order is the positional arguments, then the keywords sorted by
+        # name: the modules' array leaves follow the positional arrays in that order.
+        modules = tuple(
+            (name, kwargs[name])
+            for name in sorted(kwargs)
+            if isinstance(kwargs[name], eqx.Module)
+        )
+        module_leaves = [
+            leaf
+            for _, module in modules
+            for leaf in jax.tree_util.tree_leaves(module)
+            if isinstance(leaf, _ARRAY_TYPES)
+        ]
+        self._fast[fast] = (modules, module_leaves, compiled)
+        self._fast.move_to_end(fast)
+        while len(self._fast) > _FAST_ENTRIES:
+            self._fast.popitem(last=False)
+
+    @staticmethod
+    def _finish(outputs):
         if isinstance(outputs, DeferredCheck):
             return outputs.resolve()
         return outputs
