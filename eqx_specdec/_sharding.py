@@ -3,7 +3,6 @@ vocabulary (tensor-parallel LM heads), or both, with `jax.shard_map`. Vocabulary
 exchange per-row scalars and per-shard partial sums only, never a row of p or q."""
 
 import math
-import typing
 from typing import ClassVar
 
 import equinox as eqx
@@ -21,6 +20,7 @@ from ._custom_types import (
     TargetProbs,
 )
 from ._errors import implements, missing_vocab_parallel
+from ._misc import no_type_check
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
 from ._stages.ratio_tests import AbstractRatioTest
@@ -47,8 +47,7 @@ def _axis_size(mesh: Mesh, axes) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
-# Its fields are checked by `__check_init__`, with messages naming the argument.
-@typing.no_type_check
+@no_type_check  # its fields are checked by `__check_init__`
 class ShardedVerifier(AbstractVerifier):
     """A [`eqx_specdec.Verifier`][] that runs on inputs sharded across the devices of a
     mesh, with `jax.shard_map`: over the batch (`batch_axis`), over the vocabulary

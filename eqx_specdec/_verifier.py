@@ -24,14 +24,14 @@ from ._custom_types import (
 )
 from ._inputs import prepare_inputs
 from ._jit import entry_point
+from ._misc import no_type_check
 from ._stages.assemblers import AbstractTokenAssembler, TokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter, PrefixCounter
 from ._stages.ratio_tests import AbstractRatioTest, RatioTest
 from ._stages.samplers import AbstractResidualSampler, ResidualSampler
 
 
-# Its fields are checked by `__check_init__`, with messages naming the argument.
-@typing.no_type_check
+@no_type_check  # its fields are checked by `__check_init__`
 class Verifier(AbstractVerifier):
     """The verification step of speculative decoding, composed from four stages.
 

@@ -319,3 +319,16 @@ def test_checks_off_adds_no_operation():
 def test_check_inputs_must_be_static():
     with pytest.raises(TypeError, match="`check_inputs` must be a Python bool"):
         jax.jit(eqx_specdec.speculative_accept)(**_inputs(), check_inputs=False)
+
+
+def test_verifier_row_checks_its_shapes():
+    """`Verifier.row`'s own jaxtyping check stays on (the class is exempt from the test
+    suite's import hook only for its constructor's hand-written checks)."""
+    with pytest.raises(jaxtyping.TypeCheckError, match="Verifier.row"):
+        eqx_specdec.Verifier().row(
+            jnp.zeros(3, jnp.int32),
+            jnp.full((3, 5), 0.2),
+            jnp.full((3, 5), 0.2),  # one row short: (gamma + 1, vocab) expected
+            jnp.zeros(3),
+            jnp.float32(0.5),
+        )
