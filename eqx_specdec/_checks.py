@@ -54,12 +54,12 @@ def logit_problems(name, logits):
     ]
 
 
-def token_problems(draft_tokens, vocab):
+def token_problems(draft_tokens, vocab, name="draft_tokens"):
     outside = (draft_tokens < 0) | (draft_tokens >= vocab)
     return [
         (
             _per_row(outside),
-            f"`draft_tokens` holds a token id outside [0, V) = [0, {vocab})",
+            f"`{name}` holds a token id outside [0, V) = [0, {vocab})",
         )
     ]
 

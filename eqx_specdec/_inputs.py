@@ -60,7 +60,9 @@ class PreparedInputs(eqx.Module):
 
     def value_problems(self) -> list:
         problems_of = logit_problems if self.log_space else distribution_problems
-        problems = token_problems(self.draft_tokens, self.target.shape[-1])
+        problems = token_problems(
+            self.draft_tokens, self.target.shape[-1], self.names.draft_tokens
+        )
         if self.draft is not None:
             problems += problems_of(self.names.draft, self.draft)
         problems += problems_of(self.names.target, self.target)

@@ -1,6 +1,7 @@
 """Tools that measure the distribution a verifier emits, to show it is lossless."""
 
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,21 @@ def _residual_cdfs(target, draft_rows):
         cdfs.append(np.cumsum(residual) / residual.sum())
     cdfs.append(np.cumsum(target[-1]) / target[-1].sum())
     return np.concatenate(cdfs)
+
+
+# Beyond this many verifier rows, quadrature is refused (minutes of work, gigabytes).
+MAX_QUADRATURE_ROWS = 50_000_000
+
+
+def _check_cost(rows: int, gamma: int, vocab: int):
+    """Refuses, before any work, a quadrature of more than `MAX_QUADRATURE_ROWS` rows."""
+    if rows > MAX_QUADRATURE_ROWS:
+        raise ValueError(
+            f"emission_by_quadrature would evaluate the verifier on {rows:,} rows or more "
+            f"(V = {vocab}, G = {gamma}: every draft sequence times the grid of "
+            f"uniforms), more than {MAX_QUADRATURE_ROWS:,}. Use emission_by_monte_carlo, "
+            "or a smaller V or G."
+        )
 
 
 def stage_breakpoints(verifier: Verifier, draft_probs, target_probs) -> dict:
@@ -142,6 +158,9 @@ def emission_by_quadrature(
         return tree_emission_by_quadrature(
             verifier, tree, draft_probs, target_probs, chunk_size=chunk_size
         )
+    draft, target, law = _checked(draft_probs, target_probs, draft_law)
+    gamma, vocab = law.shape
+    _check_cost(math.prod(int(np.count_nonzero(row > 0)) for row in law), gamma, vocab)
     if log_inputs is None:
         log_inputs = _reads_logs(verifier)
     try:
@@ -156,8 +175,6 @@ def emission_by_quadrature(
         declared = dict(accept_breakpoints=None, sample_breakpoints=None)
     accept_breakpoints = _merge(accept_breakpoints, declared["accept_breakpoints"], 1)
     sample_breakpoints = _merge(sample_breakpoints, declared["sample_breakpoints"], 0)
-    draft, target, law = _checked(draft_probs, target_probs, draft_law)
-    gamma, vocab = law.shape
     sequences = [
         (x, np.prod(law[np.arange(gamma), x]))
         for x in itertools.product(range(vocab), repeat=gamma)
@@ -183,6 +200,11 @@ def emission_by_quadrature(
     if sample_breakpoints is not None:
         s_breaks = np.concatenate([s_breaks, np.ravel(sample_breakpoints)])
     s_mids, s_widths = cells(s_breaks, subdivisions)
+    _check_cost(
+        len(sequences) * len(s_mids) * math.prod(len(c[0]) for c in u_cells),
+        gamma,
+        vocab,
+    )
     grids = [c[0] for c in u_cells] + [s_mids]
     grid_weights = [c[1] for c in u_cells] + [s_widths]
     index = np.stack(

@@ -230,7 +230,9 @@ def tree_accept(
         sample_uniforms,
     )
     if check_inputs:
-        problems = token_problems(jnp.where(parents >= -1, node_tokens, 0), vocab)
+        problems = token_problems(
+            jnp.where(parents >= -1, node_tokens, 0), vocab, "node_tokens"
+        )
         problems += _tree_problems(parents)
         if draft_probs is not None:
             problems += distribution_problems("draft_probs", draft_probs)

@@ -109,3 +109,15 @@ def test_monte_carlo_detects_lossy_verifiers(verifier):
     _, p, _, estimate = _monte_carlo(verifier, ("peaked", 1, 4096, 7), seed=1)
     stats = estimate.chi_square(p)
     assert stats["statistic"][0] > stats["threshold"][0]
+
+
+def test_quadrature_refuses_a_case_too_large_to_evaluate():
+    """V = 1000, G = 3 would take hours and gigabytes: a clear error instead, before
+    any grid is built."""
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(1000), size=4)
+    q = rng.dirichlet(np.ones(1000), size=3)
+    with pytest.raises(
+        ValueError, match="would evaluate the verifier on .* rows or more"
+    ):
+        eqx_specdec.emission_by_quadrature(eqx_specdec.Verifier(), q, p)

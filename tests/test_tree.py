@@ -210,3 +210,16 @@ def test_padding_and_bad_layouts():
         TypeError, match="reads the draft distributions: pass `draft_probs`"
     ):
         eqx_specdec.tree_accept(x, parents, None, p, u, s)
+
+
+def test_a_bad_node_token_names_node_tokens():
+    x, q, p, u, s = random_case(12, 2, 3, 10)
+    parents = np.array([[-1, 0, 1]] * 2, np.int32)
+    tree_q = np.concatenate([q, q[:, :1]], axis=1)
+    x[1, 2] = 10  # outside [0, V)
+    with pytest.raises(
+        (RuntimeError, ValueError), match="`node_tokens` holds a token id"
+    ):
+        jax.block_until_ready(
+            eqx_specdec.tree_accept(x, parents, tree_q, p, u, s)["tokens"]
+        )
