@@ -3,11 +3,9 @@
 import importlib.metadata
 
 from ._abstract_verifier import AbstractVerifier as AbstractVerifier
+from ._autoregressive import autoregressive_decode as autoregressive_decode
 from ._decode_result import DecodeResult as DecodeResult
-from ._decoding import (
-    autoregressive_decode as autoregressive_decode,
-    speculative_decode as speculative_decode,
-)
+from ._decoding import speculative_decode as speculative_decode
 from ._errors import MissingCapabilityError as MissingCapabilityError
 from ._evaluate import (
     evaluate_verifier as evaluate_verifier,

@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._autoregressive import autoregressive_decode
 from ._cli_choices import fail, verifiers
-from ._decoding import autoregressive_decode, speculative_decode
+from ._decoding import speculative_decode
 from ._models import builtin_models, BUILTIN_PROMPTS, decode, encode
 
 

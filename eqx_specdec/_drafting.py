@@ -127,3 +127,10 @@ def draft_tree(
         [laws.get(c, zeros).astype(p.dtype) for c in contexts]
     )
     return jnp.stack(node_tokens), q, p
+
+
+def token_buffer(prompt_tokens, room: int):
+    """The prompts, left-aligned, followed by `room` free slots per row."""
+    batch, width = prompt_tokens.shape
+    buffer = jnp.zeros((batch, width + room), jnp.int32)
+    return buffer.at[:, :width].set(prompt_tokens.astype(jnp.int32))

@@ -193,13 +193,12 @@ def evaluate_verifier(
         estimate = emission_by_quadrature(
             verifier, q, p, draft_law=draft_law, tree=tree
         )
-        accepted_law = estimate.accepted_distribution()
     else:
         key = jax.random.key(0) if key is None else key
         estimate = emission_by_monte_carlo(
             verifier, q, p, key, num_draws, draft_law=draft_law, tree=tree
         )
-        accepted_law = estimate.accepted_distribution()
+    accepted_law = estimate.accepted_distribution()
     reached = accepted_law[::-1].cumsum()[::-1]  # P(n >= k)
     if isinstance(verifier, TreeVerifier):
         target, depth = p, len(accepted_law) - 1

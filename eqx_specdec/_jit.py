@@ -136,12 +136,6 @@ class FilterJit:
             return outputs.resolve()
         return outputs
 
-    def __get__(self, instance, owner):
-        # Used as a method: bind like a function.
-        if instance is None:
-            return self
-        return functools.partial(self, instance)
-
 
 def _hashable(value) -> bool:
     try:

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._drafting import tree_depths
 from ._emission import cells, EmissionEstimate, padded_size
 from ._errors import implements, missing_capability
 from ._jit import FilterJit
@@ -107,10 +108,7 @@ def _accumulate_tree(estimate, out, weights, vocab):
 
 
 def _depth(tree) -> int:
-    depths = []
-    for parent in tree:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return max(depths)
+    return max(tree_depths(tree))
 
 
 def tree_emission_by_quadrature(
