@@ -6,7 +6,10 @@ from ._abstract_verifier import AbstractVerifier as AbstractVerifier
 from ._autoregressive import autoregressive_decode as autoregressive_decode
 from ._decode_result import DecodeResult as DecodeResult
 from ._decoding import speculative_decode as speculative_decode
-from ._errors import MissingCapabilityError as MissingCapabilityError
+from ._errors import (
+    InvalidInputError as InvalidInputError,
+    MissingCapabilityError as MissingCapabilityError,
+)
 from ._evaluate import (
     evaluate_verifier as evaluate_verifier,
     synthetic_distributions as synthetic_distributions,

@@ -2,12 +2,15 @@
 
 import abc
 from types import MappingProxyType
+from typing import NamedTuple
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
-from equinox import AbstractClassVar, AbstractVar
-from jaxtyping import Array, Int
+from equinox import AbstractVar
+from jaxtyping import Array, Bool, Int
 
+from ._checks import sum_tolerance
 from ._custom_types import (
     AcceptUniforms,
     DraftProbs,
@@ -17,8 +20,9 @@ from ._custom_types import (
 )
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
-from ._stages.ratio_tests import AbstractRatioTest
-from ._stages.samplers import AbstractResidualSampler
+from ._misc import compute_dtype
+from ._stages.ratio_tests import AbstractRatioTest, gather_draft_probs
+from ._stages.samplers import AbstractResidualSampler, row_sums, RowSums
 from ._stages.verdict import Verdict
 from ._vocab_shard import VocabShard
 
@@ -33,6 +37,26 @@ STAGE_BASES = MappingProxyType(
 )
 
 
+class RowReport(NamedTuple):
+    """What one row's checks found: per-row booleans (and the two sums and negative
+    flags of rows n of `p` and `q`, when `values` checks ran in the row)."""
+
+    scale_non_finite: Bool[Array, ""]
+    count_outside: Bool[Array, ""]
+    correction_outside: Bool[Array, ""]
+    tokens_malformed: Bool[Array, ""]
+    values: dict
+
+
+def malformed_tokens(tokens, num_accepted, vocab: int):
+    """Whether the emitted tokens break the contract's layout: ids in `[0, V)` up to
+    position n, then -1 (any leading batch dimensions)."""
+    position = jnp.arange(tokens.shape[-1])
+    inside = (tokens >= 0) & (tokens < vocab)
+    n = jnp.asarray(num_accepted)[..., None]
+    return jnp.any(jnp.where(position <= n, ~inside, tokens != -1), axis=-1)
+
+
 class AbstractVerifier(eqx.Module):
     """A verifier of a chain of draft tokens, made of the four stages.
 
@@ -42,16 +66,12 @@ class AbstractVerifier(eqx.Module):
     **Declared by every subclass:**
 
     - `ratio_test`, `prefix_counter`, `residual_sampler`, `token_assembler`: the stages.
-    - `defers_value_checks` (class attribute): whether the run-time value checks must be
-        raised after the program finishes rather than from inside it (programs over
-        several devices, where an error on one device would leave the others waiting).
     """
 
     ratio_test: AbstractVar[AbstractRatioTest]
     prefix_counter: AbstractVar[AbstractPrefixCounter]
     residual_sampler: AbstractVar[AbstractResidualSampler]
     token_assembler: AbstractVar[AbstractTokenAssembler]
-    defers_value_checks: AbstractClassVar[bool]
 
     @abc.abstractmethod
     def __call__(
@@ -64,6 +84,44 @@ class AbstractVerifier(eqx.Module):
     ) -> dict[str, Int[Array, "..."]]:
         """Verifies a batch; arguments and return value as for
         [`eqx_specdec.speculative_accept`][], on inputs already checked."""
+
+    def checked_call(
+        self,
+        draft_tokens: DraftTokens,
+        draft_probs: DraftProbs | None,
+        target_probs: TargetProbs,
+        accept_uniforms: AcceptUniforms,
+        sample_uniforms: SampleRandomnessBatch,
+        *,
+        values: bool,
+    ) -> tuple[dict[str, Int[Array, "..."]], RowReport]:
+        """Verifies a batch as `__call__` does, and reports per row whether a stage
+        returned a value outside its contract (and, with `values=True`, the values of
+        rows n the stages read; see [`eqx_specdec.speculative_accept`][]'s check levels).
+
+        The entry points call this when `check_inputs` is on. The default runs
+        `__call__` and checks its outputs only (the number accepted in `[0, G]`, the
+        tokens laid out as the contract says), reporting no values, so the entry point
+        checks whole rows; a subclass may override it to check inside its rows.
+        """
+        outputs = self(
+            draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+        )
+        return outputs, output_report(outputs, target_probs.shape[-1])
+
+
+def output_report(outputs: dict, vocab: int) -> RowReport:
+    """The report of a batch's outputs alone: the number accepted and the tokens."""
+    n, tokens = outputs["num_accepted"], outputs["tokens"]
+    gamma = tokens.shape[-1] - 1
+    false = jnp.zeros(n.shape, bool)
+    return RowReport(
+        scale_non_finite=false,
+        count_outside=(n < 0) | (n > gamma),
+        correction_outside=false,
+        tokens_malformed=malformed_tokens(tokens, n, vocab),
+        values={},
+    )
 
 
 def check_stages(owner: str, stages: dict):
@@ -110,6 +168,28 @@ def _checked(stage, method: str, what: str, value, shape: tuple, kind: str):
     return value
 
 
+def _row_values(draft_tokens, draft_probs, target_probs, sums: RowSums, shard) -> dict:
+    """The values of one row the standard stages read, summarised for the checks: per
+    distribution, the sum of row n (NaN if a gathered $p_i(x_i)$ or $q_i(x_i)$ is not
+    finite), whether row n or a gathered value is negative, and whether a gathered value
+    is above 1."""
+    if shard is None:
+        p_x, q_x = gather_draft_probs(draft_tokens, draft_probs, target_probs)
+    else:
+        p_x, q_x = shard.gather_draft_probs(draft_tokens, draft_probs, target_probs)
+        sums = RowSums(*(shard.sum(x) for x in sums))
+    summary = {}
+    checked = {"p": (sums.p_total, sums.p_negative, p_x, target_probs.dtype)}
+    if draft_probs is not None:
+        checked["q"] = (sums.q_total, sums.q_negative, q_x, draft_probs.dtype)
+    for key, (total, negative, gathered, dtype) in checked.items():
+        total = jnp.where(jnp.all(jnp.isfinite(gathered)), total, jnp.nan)
+        negative = (negative < 0) | jnp.any(gathered < 0)
+        above_one = jnp.any(gathered > 1 + sum_tolerance(dtype))
+        summary[key] = (total, negative, above_one)
+    return summary
+
+
 def verify_row(
     verifier: AbstractVerifier,
     draft_tokens,
@@ -118,9 +198,16 @@ def verify_row(
     accept_uniforms,
     sample_uniform,
     shard: VocabShard | None = None,
-) -> dict[str, Int[Array, "..."]]:
+    *,
+    report: bool = False,
+    values: bool = False,
+):
     """Runs the four stages on one row, checking at trace time what each returns. With
-    `shard`, the ratio test and sampler run in their vocabulary-parallel form."""
+    `shard`, the ratio test and sampler run in their vocabulary-parallel form.
+
+    Returns the outputs; with `report=True`, `(outputs, RowReport)`: whether each stage
+    returned a value outside its contract, and with `values=True` the row's values the
+    standard stages read (see `_row_values`)."""
     gamma = draft_tokens.shape[0]
     test, sampler = verifier.ratio_test, verifier.residual_sampler
     if shard is None:
@@ -150,10 +237,38 @@ def verify_row(
     n = _checked(counter, "__call__", "num_accepted", n, (), "integer")
     n = n.astype(jnp.int32)
     inputs = (n, verdict, draft_tokens, draft_probs, target_probs, sample_uniform)
-    y = sampler(*inputs) if shard is None else sampler.vocab_parallel(shard, *inputs)
+    sums = None
+    if shard is not None:
+        y = sampler.vocab_parallel(shard, *inputs)
+        if values:
+            sums = row_sums(n, draft_probs, target_probs)  # this shard's part
+    elif values:
+        y, sums = sampler.draw_and_sum(*inputs)
+        if not isinstance(sums, RowSums):
+            raise TypeError(
+                f"{type(sampler).__name__}.draw_and_sum returned {_describe(sums)} as "
+                "its sums, but AbstractResidualSampler.draw_and_sum must return "
+                "`(token, RowSums(...))`."
+            )
+    else:
+        y = sampler(*inputs)
     y = _checked(sampler, method, "the correction token", y, (), "integer")
     y = y.astype(jnp.int32)
     assembler = verifier.token_assembler
     tokens = assembler(n, draft_tokens, y)
     tokens = _checked(assembler, "__call__", "tokens", tokens, (gamma + 1,), "integer")
-    return {"num_accepted": n, "tokens": tokens.astype(jnp.int32)}
+    outputs = {"num_accepted": n, "tokens": tokens.astype(jnp.int32)}
+    if not report:
+        return outputs
+    vocab = target_probs.shape[1]
+    if shard is not None:
+        vocab *= jax.lax.axis_size(shard.axis_name)
+    return outputs, RowReport(
+        scale_non_finite=~jnp.all(jnp.isfinite(verdict.residual_scale)),
+        count_outside=(n < 0) | (n > gamma),
+        correction_outside=(y < 0) | (y >= vocab),
+        tokens_malformed=malformed_tokens(outputs["tokens"], n, vocab),
+        values={}
+        if not values
+        else _row_values(draft_tokens, draft_probs, target_probs, sums, shard),
+    )

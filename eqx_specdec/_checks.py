@@ -1,11 +1,46 @@
-"""Run-time checks of the values given to `speculative_accept`, inside `jax.jit` too."""
+"""Run-time checks of the values given to the entry points, and of what the stages
+return: the check levels, the problems each finds, and the one error they raise.
+
+A problem is a pair `(flags, message)`: `flags` boolean of shape `(B,)`, `message` a
+template with a `{row}` field. The messages are built once per compiled program (never
+once per row, so compile time does not grow with the batch); the program returns, beside
+its outputs, the index of the first problem found and its first row, and the entry point
+raises [`eqx_specdec.InvalidInputError`][] from them.
+"""
+
+import functools
+from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Int
 
+from ._errors import InvalidInputError
 from ._misc import compute_dtype
+
+
+Level = Literal["read", "all"]
+LEVELS = "`check_inputs` must be True (check every value the verification reads), "
+LEVELS += '"all" (check every value of every input) or False (check nothing)'
+
+
+def check_level(check_inputs) -> Level | None:
+    """The check level a `check_inputs` argument asks for: `"read"` (`True`, the
+    default), `"all"`, or `None` (`False`). A `TypeError` for anything else."""
+    if isinstance(check_inputs, jax.core.Tracer):
+        raise TypeError(
+            f"{LEVELS}; got a traced value. Under `jax.jit`, mark it static: "
+            '`jax.jit(entry_point, static_argnames="check_inputs")`.'
+        )
+    if check_inputs is True or (isinstance(check_inputs, str) and check_inputs == "read"):
+        return "read"
+    if check_inputs is False:
+        return None
+    if isinstance(check_inputs, str) and check_inputs == "all":
+        return "all"
+    raise TypeError(f"{LEVELS}; got {check_inputs!r}.")
 
 
 def sum_tolerance(dtype) -> float:
@@ -14,26 +49,52 @@ def sum_tolerance(dtype) -> float:
     return 1e-2 if jnp.dtype(dtype).itemsize <= 2 else 1e-3
 
 
-def distribution_problems(name, probs):
-    """Per-row flags (B,) for a probability array, with their messages.
+_NON_FINITE = (
+    "`{name}` holds a NaN or infinite value in row {{row}} (the first such row). Pass "
+    "finite probabilities (a softmax of finite logits); give a masked token probability "
+    "0, or call the logits entry point with -inf logits."
+)
+_NEGATIVE = (
+    "`{name}` holds a negative probability in row {{row}} (the first such row). Clip "
+    "rounding noise with `jnp.maximum(probs, 0)` and renormalise."
+)
+_BAD_SUM = (
+    "`{name}` has a distribution whose sum is not within {tol:g} of 1 in row {{row}} (the "
+    "first such row). Normalise over the vocabulary, `probs / probs.sum(-1, "
+    "keepdims=True)`, or pass the logits to `speculative_accept_logits`."
+)
 
-    Two reductions over the vocabulary, which XLA fuses into one read: the sum (NaN or
-    infinite exactly when some entry is) and the minimum (negative when some entry is).
-    """
+
+def distribution_flags(name, dtype, total, negative, above_one=False):
+    """The three problems of a probability distribution from its sum, whether it holds
+    a negative entry and whether it holds one above 1 (flags of any shape `(B, ...)`):
+    the sum is non-finite exactly when some entry is."""
+    non_finite = ~jnp.isfinite(total)
+    tol = sum_tolerance(dtype)
+    bad_sum = (jnp.abs(total - 1) > tol) | above_one
+    bad_sum = bad_sum & ~non_finite & ~negative
+    return [
+        (_per_row(non_finite), _NON_FINITE.format(name=name)),
+        (_per_row(negative & ~non_finite), _NEGATIVE.format(name=name)),
+        (_per_row(bad_sum), _BAD_SUM.format(name=name, tol=tol)),
+    ]
+
+
+def distribution_problems(name, probs):
+    """The problems of every distribution of a probability array `(B, ..., V)`: two
+    reductions over the vocabulary, which XLA fuses into one read."""
     dtype = compute_dtype(probs.dtype)
     total = jnp.sum(probs, axis=-1, dtype=dtype)
-    lowest = jnp.min(probs, axis=-1).astype(dtype)
-    non_finite = ~jnp.isfinite(total)
-    negative = lowest < 0
-    tol = sum_tolerance(probs.dtype)
-    bad_sum = jnp.abs(total - 1) > tol
+    negative = jnp.min(probs, axis=-1) < 0
+    return distribution_flags(name, probs.dtype, total, negative)
+
+
+def merge_problems(*lists):
+    """Problem lists with the same messages in the same order, their flags or-ed."""
+    first = lists[0]
     return [
-        (_per_row(non_finite), f"`{name}` holds a NaN or infinite value"),
-        (_per_row(negative), f"`{name}` holds a negative probability"),
-        (
-            _per_row(bad_sum & ~non_finite & ~negative),
-            f"`{name}` has a distribution whose sum is not within {tol:g} of 1",
-        ),
+        (functools.reduce(jnp.logical_or, [lst[i][0] for lst in lists]), message)
+        for i, (_, message) in enumerate(first)
     ]
 
 
@@ -44,22 +105,35 @@ def _per_row(flags):
 
 def logit_problems(name, logits):
     """Per-row flags (B,) for a logit array: NaN or +inf anywhere, or a distribution
-    with no finite logit (every token masked). One reduction: the maximum."""
+    with no finite logit (every token masked). One reduction: the maximum (the warp
+    computes the same one)."""
     highest = jnp.max(logits, axis=-1).astype(compute_dtype(logits.dtype))
     bad = jnp.isnan(highest) | (highest == jnp.inf)
     empty = highest == -jnp.inf
     return [
-        (_per_row(bad), f"`{name}` holds a NaN or +inf logit"),
-        (_per_row(empty), f"`{name}` has a distribution whose logits are all -inf"),
+        (
+            _per_row(bad),
+            f"`{name}` holds a NaN or +inf logit in row {{row}} (the first such row). "
+            "Mask a token with -inf, never NaN or +inf.",
+        ),
+        (
+            _per_row(empty),
+            f"`{name}` has a distribution whose logits are all -inf in row {{row}} (the "
+            "first such row). Leave at least one token of each distribution unmasked.",
+        ),
     ]
 
 
-def token_problems(draft_tokens, vocab, name="draft_tokens"):
-    outside = (draft_tokens < 0) | (draft_tokens >= vocab)
+def token_problems(tokens, vocab, name="draft_tokens", valid=None):
+    outside = (tokens < 0) | (tokens >= vocab)
+    if valid is not None:
+        outside = outside & valid
     return [
         (
             _per_row(outside),
-            f"`{name}` holds a token id outside [0, V) = [0, {vocab})",
+            f"`{name}` holds a token id outside [0, V) = [0, {vocab}) in row {{row}} (the "
+            "first such row). Token ids index the target's vocabulary: map ids from "
+            "another vocabulary into it.",
         )
     ]
 
@@ -67,65 +141,63 @@ def token_problems(draft_tokens, vocab, name="draft_tokens"):
 def uniform_problems(name, uniforms):
     # `~(0 <= u < 1)` also catches NaN.
     outside = ~((uniforms >= 0) & (uniforms < 1))
-    return [(_per_row(outside), f"`{name}` holds a value outside [0, 1)")]
+    return [
+        (
+            _per_row(outside),
+            f"`{name}` holds a value outside [0, 1) in row {{row}} (the first such row). "
+            "Draw uniforms with `jax.random.uniform(key, shape)`, which lies in [0, 1).",
+        )
+    ]
 
 
-def _message(problem: str, row) -> str:
+def stage_problem(stage, role: str, flags, returned: str, contract: str):
+    """The problem of a stage that returned a value outside its contract."""
+    name = type(stage).__name__
     return (
-        f"{problem} (first in row {row}). Fix the input (probabilities must be finite, "
-        "non-negative and normalised over the vocabulary), or pass "
-        "`check_inputs=False` to skip these checks."
+        flags,
+        f"{name} (the {role}) returned {returned} in row {{row}} (the first such row). "
+        f"Fix {name}: {contract}",
     )
 
 
-class DeferredCheck(eqx.Module):
-    """What a program over several devices returns in place of raising from inside: the
-    outputs, and the index of the first problem found (or -1). The entry point raises
-    it after the program has finished (an error raised on one device would leave the
-    others waiting in a collective)."""
+class Checked(eqx.Module):
+    """What a checked program returns: its outputs, and `status`, the index of the first
+    problem found and its first offending row (`[-1, -1]` when there is none), with the
+    problems' messages (static: built once per compiled program)."""
 
     outputs: dict
-    index: Int[Array, ""]
-    problems: tuple[str, ...] = eqx.field(static=True)
-    batch: int = eqx.field(static=True)
+    status: Int[Array, "2"]
+    messages: tuple[str, ...] = eqx.field(static=True)
 
     def resolve(self) -> dict:
-        """The outputs, or the `RuntimeError` for the problem found."""
-        if isinstance(self.index, jax.core.Tracer):
-            raise TypeError(
-                "A ShardedVerifier cannot check input values at run time inside a "
-                "`jax.jit` of yours: an error raised on one device would leave the "
-                "others waiting. Call the entry point outside `jax.jit` (it compiles "
-                "itself) to have the values checked, or pass `check_inputs=False`."
+        """The outputs, or [`eqx_specdec.InvalidInputError`][] for the first problem.
+
+        Outside any trace, waits for the status (so that the error is raised at the
+        call, never later, never lost). Inside a trace of the caller's (`jax.jit`,
+        `jax.vmap`), the check becomes a callback of the caller's program: JAX raises it
+        when the program's outputs are read."""
+        if isinstance(self.status, jax.core.Tracer):
+            jax.debug.callback(
+                functools.partial(_raise_first, self.messages), self.status
             )
-        index = int(self.index)
-        if index >= 0:
-            problem, row = divmod(index, self.batch)
-            raise RuntimeError(_message(self.problems[problem], row))
+            return self.outputs
+        _raise_first(self.messages, self.status)
         return self.outputs
 
 
-def raise_first_problem(outputs, problems, *, deferred: bool = False):
-    """Returns `outputs` unchanged, raising at run time if any problem flag is set.
+def _raise_first(messages, status):
+    status = np.asarray(status).reshape(-1, 2)
+    for problem, row in status:
+        if problem >= 0:
+            raise InvalidInputError(messages[int(problem)].format(row=int(row)))
 
-    `problems` is a list of `(flags, message)` with `flags` boolean of shape `(B,)`. The
-    error names the first problem in the list that occurs and its first offending row.
-    Under `jax.jit` it surfaces as a `RuntimeError` carrying the message.
 
-    With `deferred=True` (programs spread over several devices), returns a
-    [`DeferredCheck`][eqx_specdec._checks.DeferredCheck] for the entry point to resolve
-    after the program has finished.
-    """
-    flags = jnp.stack([flag for flag, _ in problems])  # (problems, batch)
-    batch = flags.shape[1]
-    any_problem = jnp.any(flags)
-    first_problem = jnp.argmax(jnp.any(flags, axis=1))
-    first_row = jnp.argmax(flags[first_problem])
-    index = first_problem * batch + first_row
-    if deferred:
-        index = jnp.where(any_problem, index, -1).astype(jnp.int32)
-        return DeferredCheck(outputs, index, tuple(m for _, m in problems), batch)
-    messages = [
-        _message(message, row) for _, message in problems for row in range(batch)
-    ]
-    return eqx.branched_error_if(outputs, any_problem, index, messages)
+def checked(outputs, problems) -> Checked:
+    """`outputs` with the status of `problems` (a list of `(flags (B,), message)`): the
+    first problem in the list that occurs, and its first offending row."""
+    flags = jnp.stack([flag for flag, _ in problems])
+    any_row = jnp.any(flags, axis=1)
+    first = jnp.argmax(any_row).astype(jnp.int32)
+    row = jnp.argmax(flags[first]).astype(jnp.int32)
+    status = jnp.where(jnp.any(any_row), jnp.stack([first, row]), -1)
+    return Checked(outputs, status.astype(jnp.int32), tuple(m for _, m in problems))

@@ -1,4 +1,7 @@
-"""The library's own exception for a stage that lacks a capability a feature needs."""
+"""The library's exceptions: a stage that lacks a capability a feature needs, and an
+invalid input value (or stage output) found at run time."""
+
+import jax
 
 
 class MissingCapabilityError(NotImplementedError):
@@ -48,3 +51,19 @@ def missing_vocab_parallel(stage) -> MissingCapabilityError:
 def implements(stage, base, method: str) -> bool:
     """Whether `stage`'s class overrides `base.method` (its capability's default)."""
     return getattr(type(stage), method) is not getattr(base, method)
+
+
+class InvalidInputError(jax.errors.JaxRuntimeError):
+    """Raised when a value given to an entry point is invalid (a probability that is
+    NaN, negative or not normalised, a token id or uniform out of range), or a stage
+    returned a value outside its contract.
+
+    Its message starts with the argument (or the stage's class), the problem, the first
+    offending row and the fix. Every call of an entry point from Python raises it at the
+    call, whether or not valid calls came before, for inputs of any size: the entry
+    point waits for its program's check before returning. Inside your own `jax.jit` (or
+    `eqx.filter_jit`, `jax.vmap`...), JAX reports any error from inside a compiled
+    program as its own `jax.errors.JaxRuntimeError`, raised when an output is read; its
+    message ends with the same text. This class subclasses `JaxRuntimeError`, so
+    `except jax.errors.JaxRuntimeError` catches the error on every path.
+    """

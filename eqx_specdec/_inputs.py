@@ -9,10 +9,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Integer, Key
 
-from ._abstract_verifier import AbstractVerifier
+from ._abstract_verifier import AbstractVerifier, RowReport
 from ._checks import (
+    distribution_flags,
     distribution_problems,
     logit_problems,
+    stage_problem,
     token_problems,
     uniform_problems,
 )
@@ -58,19 +60,80 @@ class PreparedInputs(eqx.Module):
         """The five arguments of `AbstractVerifier.__call__`, in order."""
         return self.draft_tokens, self.draft, self.target, self.accept, self.sample
 
-    def value_problems(self) -> list:
-        problems_of = logit_problems if self.log_space else distribution_problems
-        problems = token_problems(
-            self.draft_tokens, self.target.shape[-1], self.names.draft_tokens
+    def values_in_rows(self, verifier: AbstractVerifier, level) -> bool:
+        """Whether the checks at `level` may validate only the values the stages read
+        (rows n and the draft tokens' entries) inside the rows: at the default level, on
+        probabilities, when the ratio test reads the draft tokens' entries only and the
+        sampler rows n only (their `reads`)."""
+        return (
+            level == "read"
+            and not self.log_space
+            and verifier.ratio_test.reads == "draft tokens"
+            and verifier.residual_sampler.reads == "row n"
         )
-        if self.draft is not None:
-            problems += problems_of(self.names.draft, self.draft)
-        problems += problems_of(self.names.target, self.target)
+
+    def problems(self, verifier: AbstractVerifier, report: RowReport) -> list:
+        """The run-time problems, in the order they are reported: the inputs (whole
+        arrays, or the rows' values when the report has them), then the stages'
+        outputs."""
+        names = self.names
+        vocab = self.target.shape[-1]
+        problems = token_problems(self.draft_tokens, vocab, names.draft_tokens)
+        for key, name, array in (
+            ("q", names.draft, self.draft),
+            ("p", names.target, self.target),
+        ):
+            if array is None:
+                continue
+            if self.log_space:
+                problems += logit_problems(name, array)
+            elif key in report.values:
+                total, negative, above_one = report.values[key]
+                problems += distribution_flags(
+                    name, array.dtype, total, negative, above_one
+                )
+            else:
+                problems += distribution_problems(name, array)
         if self.check_accept:
-            problems += uniform_problems(self.names.accept, self.accept)
+            problems += uniform_problems(names.accept, self.accept)
         if self.check_sample:
-            problems += uniform_problems(self.names.sample, self.sample)
-        return problems
+            problems += uniform_problems(names.sample, self.sample)
+        return problems + stage_problems(verifier, report, vocab)
+
+
+def stage_problems(verifier: AbstractVerifier, report: RowReport, vocab: int) -> list:
+    """The problems of stages that returned values outside their contracts."""
+    return [
+        stage_problem(
+            verifier.ratio_test,
+            "ratio test",
+            report.scale_non_finite,
+            "a NaN or infinite `Verdict.residual_scale`",
+            "the residual scale must be finite (1 for the standard residual).",
+        ),
+        stage_problem(
+            verifier.prefix_counter,
+            "prefix counter",
+            report.count_outside,
+            "a number accepted outside [0, G]",
+            "it must return how many draft tokens are accepted, from 0 to G.",
+        ),
+        stage_problem(
+            verifier.residual_sampler,
+            "residual sampler",
+            report.correction_outside,
+            f"a correction token outside [0, V) = [0, {vocab})",
+            "it must return a token id of the target's vocabulary.",
+        ),
+        stage_problem(
+            verifier.token_assembler,
+            "token assembler",
+            report.tokens_malformed,
+            "tokens not laid out as the contract says",
+            "it must return the n accepted draft tokens, the correction token, then "
+            "-1 (token ids in [0, V)).",
+        ),
+    ]
 
 
 def _check_stage_spaces(entry_point, verifier, log_space):

@@ -8,7 +8,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ._checks import DeferredCheck
+from ._checks import check_level, Checked
 
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
@@ -31,9 +31,9 @@ class FilterJit:
     call costs a pytree flatten and a dictionary look-up on top of `jax.jit`'s own
     dispatch. The common call (positional arrays, keyword modules and Python scalars) skips
     even the flatten: modules are immutable, so one seen before (the same object) has the
-    same leaves, remembered with its compiled function. Outputs pass through, except a
-    [`DeferredCheck`][eqx_specdec._checks.DeferredCheck], which is resolved (raised or
-    unwrapped) after the program has finished.
+    same leaves, remembered with its compiled function. Outputs pass through, except
+    [`Checked`][eqx_specdec._checks.Checked] ones: the outputs of a program with
+    run-time checks, resolved (raised or unwrapped) after the program has finished.
     """
 
     def __init__(self, fn):
@@ -132,7 +132,7 @@ class FilterJit:
 
     @staticmethod
     def _finish(outputs):
-        if isinstance(outputs, DeferredCheck):
+        if isinstance(outputs, Checked):
             return outputs.resolve()
         return outputs
 
@@ -147,19 +147,13 @@ def _hashable(value) -> bool:
 
 def entry_point(fn):
     """Compiles an entry point with [`FilterJit`][eqx_specdec._jit.FilterJit], after a
-    plain Python check of `check_inputs`, so that a traced value (the entry point called
-    inside a user's `jax.jit` with `check_inputs` as an argument) gets a message saying
-    how to fix it rather than a tracer error."""
+    plain Python check of `check_inputs` (so that a traced or misspelt value gets a
+    message saying how to fix it rather than a tracer error)."""
     compiled = FilterJit(fn)
 
     @functools.wraps(fn)
-    def wrapper(*args, check_inputs: bool = True, **kwargs):
-        if not isinstance(check_inputs, bool):
-            raise TypeError(
-                "`check_inputs` must be a Python bool, got "
-                f"{type(check_inputs).__name__}. Under `jax.jit`, mark it static: "
-                f'`jax.jit({fn.__name__}, static_argnames="check_inputs")`.'
-            )
+    def wrapper(*args, check_inputs=True, **kwargs):
+        check_level(check_inputs)
         return compiled(*args, check_inputs=check_inputs, **kwargs)
 
     return wrapper

@@ -1,6 +1,7 @@
 """The verification step with its randomness drawn from a `jax.random` key."""
 
 import typing
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +67,7 @@ def speculative_accept_from_key(
     target_probs: TargetProbs,
     *,
     verifier: AbstractVerifier = Verifier(),
-    check_inputs: bool = True,
+    check_inputs: bool | Literal["all"] = True,
 ) -> dict[str, Int[Array, "..."]]:
     """[`eqx_specdec.speculative_accept`][] with its randomness drawn from a key, by
     [`eqx_specdec.uniforms_from_key`][]: the same key and inputs always give the same
@@ -84,8 +85,8 @@ def speculative_accept_from_key(
     """
     batch, gamma = jnp.shape(draft_tokens)
     accept, sample = uniforms_from_key(key, batch, gamma, verifier=verifier)
-    # The undecorated function: traced inline, so that a deferred value check reaches
-    # this entry point's own wrapper.
+    # The undecorated function, traced inline: its checks' status reaches this entry
+    # point's own wrapper.
     return speculative_accept.__wrapped__(
         draft_tokens,
         draft_probs,

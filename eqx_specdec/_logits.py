@@ -2,6 +2,7 @@
 space."""
 
 import typing
+from typing import Literal
 
 import equinox as eqx
 import jax
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ._abstract_verifier import AbstractVerifier
-from ._checks import raise_first_problem
+from ._checks import check_level, checked
 from ._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
 from ._inputs import LOGIT_NAMES, prepare_inputs
 from ._jit import entry_point
@@ -109,18 +110,34 @@ class Warp(eqx.Module):
 
 
 def _warp_problems(name, warp: Warp, batch: int):
-    problems = []
+    def problem(bad, what, fix):
+        return (bad, f"`{name}.{what} in row {{row}} (the first such row). {fix}")
+
     temperature = jnp.broadcast_to(jnp.asarray(warp.temperature), (batch,))
     bad = ~(temperature >= 0) | ~jnp.isfinite(temperature)
-    problems.append((bad, f"`{name}.temperature` is negative or not finite"))
+    problems = [
+        problem(
+            bad,
+            "temperature` is negative or not finite",
+            "Use a temperature >= 0 (0 for greedy rows).",
+        )
+    ]
     if warp.top_p is not None:
         top_p = jnp.broadcast_to(jnp.asarray(warp.top_p), (batch,))
         problems.append(
-            (~((top_p > 0) & (top_p <= 1)), f"`{name}.top_p` is outside (0, 1]")
+            problem(
+                ~((top_p > 0) & (top_p <= 1)),
+                "top_p` is outside (0, 1]",
+                "Use a top_p in (0, 1] (1 keeps every token).",
+            )
         )
     if warp.top_k is not None:
         top_k = jnp.broadcast_to(jnp.asarray(warp.top_k), (batch,))
-        problems.append((top_k < 0, f"`{name}.top_k` is negative"))
+        problems.append(
+            problem(
+                top_k < 0, "top_k` is negative", "Use a top_k >= 0 (0 keeps every token)."
+            )
+        )
     return problems
 
 
@@ -144,7 +161,7 @@ def speculative_accept_logits(
     target_warp: Warp = Warp(),
     draft_warp: Warp = Warp(),
     verifier: AbstractVerifier = LOGITS_VERIFIER,
-    check_inputs: bool = True,
+    check_inputs: bool | Literal["all"] = True,
 ) -> dict[str, Int[Array, "..."]]:
     """Runs one verification step on logits, with temperature, top-k and top-p.
 
@@ -181,6 +198,7 @@ def speculative_accept_logits(
 
     As [`eqx_specdec.speculative_accept`][].
     """
+    level = check_level(check_inputs)
     inputs = prepare_inputs(
         "speculative_accept_logits",
         verifier,
@@ -191,14 +209,13 @@ def speculative_accept_logits(
     draft_tokens, draft_logits, target_logits, accept, sample = inputs.arrays()
     target_log_probs = target_warp(target_logits)
     draft_log_probs = None if draft_logits is None else draft_warp(draft_logits)
-    outputs = verifier(draft_tokens, draft_log_probs, target_log_probs, accept, sample)
-    if check_inputs:
-        batch = draft_tokens.shape[0]
-        problems = inputs.value_problems()
-        problems += _warp_problems("target_warp", target_warp, batch)
-        if draft_logits is not None:
-            problems += _warp_problems("draft_warp", draft_warp, batch)
-        outputs = raise_first_problem(
-            outputs, problems, deferred=verifier.defers_value_checks
-        )
-    return outputs
+    arrays = (draft_tokens, draft_log_probs, target_log_probs, accept, sample)
+    if level is None:
+        return verifier(*arrays)
+    outputs, report = verifier.checked_call(*arrays, values=False)
+    batch = draft_tokens.shape[0]
+    problems = inputs.problems(verifier, report)
+    problems += _warp_problems("target_warp", target_warp, batch)
+    if draft_logits is not None:
+        problems += _warp_problems("draft_warp", draft_warp, batch)
+    return checked(outputs, problems)

@@ -3,7 +3,6 @@ vocabulary (tensor-parallel LM heads), or both, with `jax.shard_map`. Vocabulary
 exchange per-row scalars and per-shard partial sums only, never a row of p or q."""
 
 import math
-from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -11,7 +10,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Int
 
-from ._abstract_verifier import AbstractVerifier, verify_row
+from ._abstract_verifier import AbstractVerifier, RowReport, verify_row
 from ._custom_types import (
     AcceptUniforms,
     DraftProbs,
@@ -20,6 +19,7 @@ from ._custom_types import (
     TargetProbs,
 )
 from ._errors import implements, missing_vocab_parallel
+from ._inputs import StepArguments
 from ._misc import no_type_check
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
@@ -90,7 +90,6 @@ class ShardedVerifier(AbstractVerifier):
 
     verifier: Verifier
     mesh: Mesh = eqx.field(static=True)
-    defers_value_checks: ClassVar[bool] = True
     batch_axis: str | tuple[str, ...] | None = eqx.field(static=True, default=None)
     vocab_axis: str | None = eqx.field(static=True, default=None)
 
@@ -150,6 +149,27 @@ class ShardedVerifier(AbstractVerifier):
         """Verifies a sharded batch. Arguments and return value as for
         [`eqx_specdec.Verifier.__call__`][]; `B` must divide evenly over `batch_axis` and
         `V` over `vocab_axis`. Inputs not yet laid out that way are resharded first."""
+        arrays = (draft_tokens, draft_probs, target_probs, accept_uniforms)
+        return self._run(arrays + (sample_uniforms,), report=False, values=False)
+
+    def checked_call(
+        self,
+        draft_tokens: DraftTokens,
+        draft_probs: DraftProbs | None,
+        target_probs: TargetProbs,
+        accept_uniforms: AcceptUniforms,
+        sample_uniforms: SampleRandomnessBatch,
+        *,
+        values: bool,
+    ) -> tuple[dict[str, Int[Array, "..."]], RowReport]:
+        """As [`eqx_specdec.Verifier.checked_call`][], on each device's block: every
+        check is per row, and over a vocabulary axis the sums of rows n are exchanged as
+        two scalars per row."""
+        arrays = (draft_tokens, draft_probs, target_probs, accept_uniforms)
+        return self._run(arrays + (sample_uniforms,), report=True, values=values)
+
+    def _run(self, arrays, *, report: bool, values: bool):
+        target_probs = arrays[2]
         batch, vocab = target_probs.shape[0], target_probs.shape[-1]
         for what, size, axes in (
             ("batch B", batch, self.batch_axis),
@@ -163,41 +183,43 @@ class ShardedVerifier(AbstractVerifier):
                     f"of {devices}."
                 )
         b, v = self.batch_axis, self.vocab_axis
-        specs = {
-            "draft_tokens": PartitionSpec(b, None),
-            "draft_probs": PartitionSpec(b, None, v),
-            "target_probs": PartitionSpec(b, None, v),
-            "accept_uniforms": PartitionSpec(b, None),
-            "sample_uniforms": PartitionSpec(b),
-        }
-        inputs = {
-            "draft_tokens": draft_tokens,
-            "draft_probs": draft_probs,
-            "target_probs": target_probs,
-            "accept_uniforms": accept_uniforms,
-            "sample_uniforms": sample_uniforms,
-        }
-        if draft_probs is None:
-            del specs["draft_probs"], inputs["draft_probs"]
-        if v is None:
+        names = StepArguments()
+        specs = dict(
+            zip(
+                names,
+                (
+                    PartitionSpec(b, None),
+                    PartitionSpec(b, None, v),
+                    PartitionSpec(b, None, v),
+                    PartitionSpec(b, None),
+                    PartitionSpec(b),
+                ),
+            )
+        )
+        inputs = dict(zip(names, arrays))
+        if inputs["draft"] is None:
+            del specs["draft"], inputs["draft"]
+        if v is None and not report:
 
             def body(local):
-                return self.verifier(
-                    local["draft_tokens"],
-                    local.get("draft_probs"),
-                    local["target_probs"],
-                    local["accept_uniforms"],
-                    local["sample_uniforms"],
+                return self.verifier(*(local.get(name) for name in names))
+        elif v is None:
+
+            def body(local):
+                return self.verifier.checked_call(
+                    *(local.get(name) for name in names), values=values
                 )
         else:
 
             def body(local):
-                return _vocab_parallel(self.verifier, v, local)
+                return _vocab_parallel(self.verifier, v, local, report, values)
 
         out_specs = {
             "num_accepted": PartitionSpec(b),
             "tokens": PartitionSpec(b, None),
         }
+        if report:
+            out_specs = (out_specs, PartitionSpec(b))  # every leaf of the report is per row
         explicit = any(t == AxisType.Explicit for t in self.mesh.axis_types)
         if explicit:
             # Explicit axes: lay the inputs out as the specs say (a no-op when they
@@ -206,41 +228,41 @@ class ShardedVerifier(AbstractVerifier):
                 k: jax.reshard(x, NamedSharding(self.mesh, specs[k]))
                 for k, x in inputs.items()
             }
-        outputs = jax.shard_map(
+        results = jax.shard_map(
             body, mesh=self.mesh, in_specs=(specs,), out_specs=out_specs
         )(inputs)
         if explicit:
             # Hand the outputs back laid out over the batch as the draft tokens came.
-            batch_spec = jax.typeof(draft_tokens).sharding.spec
+            batch_spec = jax.typeof(arrays[0]).sharding.spec
             batch_spec = batch_spec[0] if len(batch_spec) else None
-            outputs = {
-                "num_accepted": jax.reshard(
-                    outputs["num_accepted"],
-                    NamedSharding(self.mesh, PartitionSpec(batch_spec)),
-                ),
-                "tokens": jax.reshard(
-                    outputs["tokens"],
-                    NamedSharding(self.mesh, PartitionSpec(batch_spec, None)),
-                ),
-            }
-        return outputs
+
+            def relaid(x):
+                spec = PartitionSpec(batch_spec, *([None] * (x.ndim - 1)))
+                return jax.reshard(x, NamedSharding(self.mesh, spec))
+
+            results = jax.tree.map(relaid, results)
+        return results
 
 
-def _vocab_parallel(verifier: Verifier, axis: str, local: dict) -> dict:
+def _vocab_parallel(
+    verifier: Verifier, axis: str, local: dict, report: bool, values: bool
+):
     """The vocabulary-parallel pipeline on one device's block: rows `(b,)`, vocabulary
     slice `[offset, offset + width)`; each row through the stages' `vocab_parallel`."""
-    width = local["target_probs"].shape[-1]
+    width = local["target"].shape[-1]
     shard = VocabShard(axis, jax.lax.axis_index(axis).astype(jnp.int32), width)
 
     def row(draft_tokens, draft_probs, target_probs, accept, sample):
         return verify_row(
-            verifier, draft_tokens, draft_probs, target_probs, accept, sample, shard
+            verifier,
+            draft_tokens,
+            draft_probs,
+            target_probs,
+            accept,
+            sample,
+            shard,
+            report=report,
+            values=values,
         )
 
-    return jax.vmap(row)(
-        local["draft_tokens"],
-        local.get("draft_probs"),
-        local["target_probs"],
-        local["accept_uniforms"],
-        local["sample_uniforms"],
-    )
+    return jax.vmap(row)(*(local.get(name) for name in StepArguments()))

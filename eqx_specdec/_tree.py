@@ -1,6 +1,7 @@
 """Tree (multi-candidate) verification: SpecInfer-style trees of draft tokens."""
 
 import typing
+from typing import Literal
 
 import equinox as eqx
 import jax
@@ -8,9 +9,12 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Float, Int, Integer, jaxtyped
 
+from ._abstract_verifier import malformed_tokens
 from ._checks import (
+    check_level,
+    checked,
     distribution_problems,
-    raise_first_problem,
+    stage_problem,
     token_problems,
     uniform_problems,
 )
@@ -133,8 +137,9 @@ def _tree_problems(parents):
     return [
         (
             jnp.any(bad, axis=1),
-            "`parents` is not in depth-first order (each parent index must be below its "
-            "child's; -1 for the root's children, below -1 for padding)",
+            "`parents` is not in depth-first order in row {row} (the first such row). "
+            "Each node's parent index must be below its own: -1 for a child of the "
+            "root, an earlier node's index otherwise, below -1 for padding.",
         )
     ]
 
@@ -171,7 +176,7 @@ def tree_accept(
     sample_uniforms: Float[Array, " batch"],
     *,
     verifier: TreeVerifier = TreeVerifier(),
-    check_inputs: bool = True,
+    check_inputs: bool | Literal["all"] = True,
 ) -> dict[str, Int[Array, "..."]]:
     """Verifies a batch of draft trees (see [`eqx_specdec.TreeVerifier`][] for the
     layout).
@@ -221,6 +226,7 @@ def tree_accept(
             "`draft_probs`, float (B, N + 1, V) (only rules with "
             "`uses_draft_probs = False`, such as DeterministicCandidates, take None)."
         )
+    level = check_level(check_inputs)
     outputs = verifier(
         node_tokens,
         parents,
@@ -229,15 +235,26 @@ def tree_accept(
         accept_uniforms,
         sample_uniforms,
     )
-    if check_inputs:
-        problems = token_problems(
-            jnp.where(parents >= -1, node_tokens, 0), vocab, "node_tokens"
+    if level is None:
+        return outputs
+    # The top-down walk reads every row (each node's context row is selected under a
+    # mask), so every level checks every row.
+    problems = token_problems(node_tokens, vocab, "node_tokens", valid=parents >= -1)
+    problems += _tree_problems(parents)
+    if draft_probs is not None:
+        problems += distribution_problems("draft_probs", draft_probs)
+    problems += distribution_problems("target_probs", target_probs)
+    problems += uniform_problems("accept_uniforms", accept_uniforms)
+    problems += uniform_problems("sample_uniforms", sample_uniforms)
+    n = outputs["num_accepted"]
+    problems.append(
+        stage_problem(
+            verifier.node_rule,
+            "node rule",
+            malformed_tokens(outputs["tokens"], n, vocab) | (n < 0) | (n > nodes),
+            "tokens not laid out as the contract says",
+            "its test must accept a child with the probability the tree walk expects, "
+            "and its residual must stay a distribution.",
         )
-        problems += _tree_problems(parents)
-        if draft_probs is not None:
-            problems += distribution_problems("draft_probs", draft_probs)
-        problems += distribution_problems("target_probs", target_probs)
-        problems += uniform_problems("accept_uniforms", accept_uniforms)
-        problems += uniform_problems("sample_uniforms", sample_uniforms)
-        outputs = raise_first_problem(outputs, problems)
-    return outputs
+    )
+    return checked(outputs, problems)

@@ -1,15 +1,16 @@
 """The composed verifier of one device, and the contract's entry point."""
 
+import functools
 import typing
-from typing import ClassVar, Literal
+from typing import Literal
 
 import equinox as eqx
 import jax
 from beartype import beartype
 from jaxtyping import Array, Int, jaxtyped
 
-from ._abstract_verifier import AbstractVerifier, check_stages, verify_row
-from ._checks import raise_first_problem
+from ._abstract_verifier import AbstractVerifier, check_stages, RowReport, verify_row
+from ._checks import check_level, checked
 from ._custom_types import (
     AcceptUniforms,
     AcceptUniformsRow,
@@ -71,7 +72,6 @@ class Verifier(AbstractVerifier):
     residual_sampler: AbstractResidualSampler = ResidualSampler()
     token_assembler: AbstractTokenAssembler = TokenAssembler()
     batching: Literal["auto", "vmap", "map"] = eqx.field(static=True, default="auto")
-    defers_value_checks: ClassVar[bool] = False
 
     def __check_init__(self):
         if self.batching not in ("auto", "vmap", "map"):
@@ -129,13 +129,32 @@ class Verifier(AbstractVerifier):
         also validates the inputs; call this directly only on inputs already checked.
         """
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        inputs += (sample_uniforms,)
+        return self._map(self.row, inputs + (sample_uniforms,))
+
+    def checked_call(
+        self,
+        draft_tokens: DraftTokens,
+        draft_probs: DraftProbs | None,
+        target_probs: TargetProbs,
+        accept_uniforms: AcceptUniforms,
+        sample_uniforms: SampleRandomnessBatch,
+        *,
+        values: bool,
+    ) -> tuple[dict[str, Int[Array, "..."]], RowReport]:
+        """As [`eqx_specdec.AbstractVerifier.checked_call`][], with each stage's output
+        checked inside its row, and rows n of `p` and `q` summarised where the sampler
+        reads them."""
+        inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
+        row = functools.partial(verify_row, self, report=True, values=values)
+        return self._map(row, inputs + (sample_uniforms,))
+
+    def _map(self, row, inputs):
         batching = self.batching
         if batching == "auto":
             batching = "map" if jax.default_backend() == "cpu" else "vmap"
         if batching == "vmap":
-            return jax.vmap(self.row)(*inputs)
-        return jax.lax.map(lambda row: self.row(*row), inputs)
+            return jax.vmap(row)(*inputs)
+        return jax.lax.map(lambda arrays: row(*arrays), inputs)
 
 
 @entry_point
@@ -148,7 +167,7 @@ def speculative_accept(
     sample_uniforms: SampleRandomnessBatch | None,
     *,
     verifier: AbstractVerifier = Verifier(),
-    check_inputs: bool = True,
+    check_inputs: bool | Literal["all"] = True,
 ) -> dict[str, Int[Array, "..."]]:
     """Runs one verification step of speculative decoding on a batch.
 
@@ -208,15 +227,15 @@ def speculative_accept(
         `eqx.filter_jit` this is Equinox's runtime error; under `jax.jit`, JAX's
         `JaxRuntimeError` carrying the same message.)
     """
+    level = check_level(check_inputs)
     inputs = prepare_inputs(
         "speculative_accept",
         verifier,
         (draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms),
         log_space=False,
     )
-    outputs = verifier(*inputs.arrays())
-    if check_inputs:
-        outputs = raise_first_problem(
-            outputs, inputs.value_problems(), deferred=verifier.defers_value_checks
-        )
-    return outputs
+    if level is None:
+        return verifier(*inputs.arrays())
+    values = inputs.values_in_rows(verifier, level)
+    outputs, report = verifier.checked_call(*inputs.arrays(), values=values)
+    return checked(outputs, inputs.problems(verifier, report))

@@ -109,10 +109,18 @@ class AbstractRatioTest(eqx.Module):
     need): `pass_probabilities` (the decoding loop's theory), `quadrature_breakpoints`
     (exact evaluation), `vocab_parallel` (vocabulary sharding). `emission_target` (what
     evaluation measures the tokens against) defaults to the target $p$.
+
+    **Declared with a default:**
+
+    - `reads` (class attribute): which values of the distributions the test reads, so
+        that the entry points' default checks (`check_inputs=True`) validate exactly
+        those: `"draft tokens"` ($p_i(x_i)$ and $q_i(x_i)$ only, as the standard test)
+        or `"whole rows"` (the default, always safe: every row is then checked).
     """
 
     uses_uniforms: AbstractClassVar[bool]
     log_space: AbstractVar[bool | None]
+    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "whole rows"
 
     @abc.abstractmethod
     def __call__(
@@ -252,6 +260,7 @@ class RatioTest(AbstractRatioTest):
     """
 
     uses_uniforms: ClassVar[bool] = True
+    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
     log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
@@ -299,6 +308,7 @@ class LenientRatioTest(AbstractRatioTest):
     """
 
     uses_uniforms: ClassVar[bool] = True
+    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
     lenience: Float[Array, ""] | float = 1.0
     log_space: bool = eqx.field(static=True, default=False)
 

@@ -2,7 +2,7 @@
 residual, Gumbel and argmax samplers."""
 
 import abc
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 import equinox as eqx
 import jax
@@ -23,6 +23,7 @@ from .._errors import missing_capability, missing_quadrature, missing_vocab_para
 from .._misc import compute_dtype
 from .._search import (
     block_size,
+    block_sums,
     block_totals,
     flat_search,
     FLAT_SEARCH_MAX_VOCAB,
@@ -35,6 +36,7 @@ from .verdict import Verdict
 
 
 Randomness = Literal["uniform", "key", "none"]
+Reads = Literal["row n", "whole rows"]
 
 
 def residual_parts(
@@ -50,7 +52,7 @@ def residual_parts(
 
     Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
     `(start, length)` giving that slice of $p_n$ and of the residual
-    $(c_n p_n - q_n)_+$ (as probabilities). Only rows $n$ of the distributions are read;
+    $(c_n p_n - q_n)_+$ (as probabilities; with `with_q=True`, of $q_n$ between them). Only rows $n$ of the distributions are read;
     $q_n = \\mathrm{onehot}(x_n)$ is never materialised for one-hot drafts. `first_id` is
     the global id of the distributions' first entry (a vocabulary shard's offset).
     """
@@ -70,16 +72,60 @@ def residual_parts(
         x = x.astype(dtype)
         return jnp.exp(x) if log_space else x
 
-    def p_and_residual(start, length):
+    def p_and_residual(start, length, with_q=False):
         p_part = as_probs(jax.lax.dynamic_slice_in_dim(p, start, length))
         if q is None:  # one-hot draft
             ids = first_id + start + jnp.arange(length, dtype=jnp.int32)
             q_part = (ids == draft_token).astype(dtype)
         else:
             q_part = as_probs(jax.lax.dynamic_slice_in_dim(q, start, length))
-        return p_part, jnp.maximum(scale * p_part - q_part, 0)
+        residual = jnp.maximum(scale * p_part - q_part, 0)
+        return (p_part, q_part, residual) if with_q else (p_part, residual)
 
     return dtype, p_and_residual
+
+
+class RowSums(NamedTuple):
+    """What the default input checks need of rows n of one row's distributions: the sum
+    of $p_n$ and of its negative entries, and the same of $q_{\min(n, G-1)}$ (1 and 0
+    for one-hot drafts). A NaN or infinite entry makes its row's sum non-finite."""
+
+    p_total: Float[Array, ""]
+    p_negative: Float[Array, ""]
+    q_total: Float[Array, ""]
+    q_negative: Float[Array, ""]
+
+
+def _summed(p_row, q_row) -> tuple:
+    """The arrays whose sums make up a `RowSums` (the rows and their negative parts)."""
+    arrays = (p_row, jnp.minimum(p_row, 0))
+    if q_row is not None:
+        arrays += (q_row, jnp.minimum(q_row, 0))
+    return arrays
+
+
+def _as_row_sums(dtype, block_totals_of_summed: tuple) -> RowSums:
+    sums = tuple(jnp.sum(x) for x in block_totals_of_summed)
+    if len(sums) == 2:  # one-hot draft
+        sums += (jnp.ones((), dtype), jnp.zeros((), dtype))
+    return RowSums(*sums)
+
+
+def row_sums(
+    num_accepted: IntScalar,
+    draft_probs: DraftProbsRow | None,
+    target_probs: TargetProbsRow,
+) -> RowSums:
+    """[`RowSums`][eqx_specdec._stages.samplers.RowSums] of one row, in one pass over
+    rows n (a single variadic reduction)."""
+    gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
+    dtypes = [target_probs.dtype] + ([] if draft_probs is None else [draft_probs.dtype])
+    dtype = compute_dtype(*dtypes)
+    p_row = target_probs[num_accepted].astype(dtype)
+    q_row = None
+    if draft_probs is not None:
+        q_row = draft_probs[jnp.minimum(num_accepted, gamma - 1)].astype(dtype)
+    return _as_row_sums(dtype, block_sums(_summed(p_row, q_row), vocab))
 
 
 def full_weights(p_and_residual, vocab, rejected, dtype):
@@ -107,10 +153,17 @@ class AbstractResidualSampler(eqx.Module):
 
     **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
     `quadrature_breakpoints` (exact evaluation), `vocab_parallel` (vocabulary sharding).
+
+    **Declared with a default:**
+
+    - `reads` (class attribute): which rows the sampler reads, so that the entry points'
+        default checks validate exactly those: `"row n"` (rows $n$ of $p$ and $q$ only,
+        as the standard sampler) or `"whole rows"` (the default, always safe).
     """
 
     randomness: AbstractClassVar[Randomness]
     log_space: AbstractVar[bool | None]
+    reads: ClassVar[Reads] = "whole rows"
 
     @abc.abstractmethod
     def __call__(
@@ -181,6 +234,36 @@ class AbstractResidualSampler(eqx.Module):
         """
         raise missing_vocab_parallel(self)
 
+    def draw_and_sum(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleRandomness,
+    ) -> tuple[IntScalar, RowSums]:
+        """The correction token, as `__call__` draws it, and the sums of rows n that
+        the entry points' default checks validate (used when `reads = "row n"`).
+
+        The default calls `__call__`, then sums the rows in one more pass; override it
+        to compute the sums in the pass the draw already makes, as
+        [`eqx_specdec.ResidualSampler`][] does, so that the checks cost nothing.
+
+        **Arguments:** as for `__call__`.
+
+        **Returns:**
+
+        `(y, RowSums(p_total, p_negative, q_total, q_negative))`: the token, then the sum
+        of $p_n$ and of its negative entries, and the same of
+        $q_{\min(n, \gamma - 1)}$ (1 and 0 when `draft_probs` is `None`).
+        """
+        token = self(
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
+            sample_uniform,
+        )  # fmt: skip
+        return token, row_sums(num_accepted, draft_probs, target_probs)
+
 
 class ResidualSampler(AbstractResidualSampler):
     """The standard correction: $y$ is drawn by inverse CDF from
@@ -206,6 +289,7 @@ class ResidualSampler(AbstractResidualSampler):
     """
 
     randomness: ClassVar[Randomness] = "uniform"
+    reads: ClassVar[Reads] = "row n"
     log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
@@ -218,6 +302,34 @@ class ResidualSampler(AbstractResidualSampler):
         target_probs: TargetProbsRow,
         sample_uniform: SampleUniform,
     ) -> IntScalar:
+        inputs = (num_accepted, verdict, draft_tokens, draft_probs, target_probs)
+        return self._draw(*inputs, sample_uniform, with_sums=False)[0]
+
+    @jaxtyped(typechecker=beartype)
+    def draw_and_sum(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleUniform,
+    ) -> tuple[IntScalar, RowSums]:
+        """As the base's, with the sums computed in the draw's own pass over rows n."""
+        inputs = (num_accepted, verdict, draft_tokens, draft_probs, target_probs)
+        return self._draw(*inputs, sample_uniform, with_sums=True)
+
+    def _draw(
+        self,
+        num_accepted,
+        verdict,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        sample_uniform,
+        *,
+        with_sums: bool,
+    ):
         gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
         dtype, p_and_residual = residual_parts(
             num_accepted, verdict, draft_tokens, draft_probs, target_probs,
@@ -228,15 +340,27 @@ class ResidualSampler(AbstractResidualSampler):
 
         if vocab <= FLAT_SEARCH_MAX_VOCAB:
             weights = full_weights(p_and_residual, vocab, rejected, dtype)
-            return flat_search(weights, sample_uniform)
+            token = flat_search(weights, sample_uniform)
+            if not with_sums:
+                return token, None
+            return token, row_sums(num_accepted, draft_probs, target_probs)
 
         def weights(start, length, use_residual):
             p_part, residual_part = p_and_residual(start, length)
             return jnp.where(use_residual, residual_part, p_part)
 
         # One pass over rows n of p and q: the block totals of the residual (or of the
-        # bonus row p_gamma when every draft token was accepted).
-        totals = block_totals(weights(0, vocab, rejected), size)
+        # bonus row p_gamma when every draft token was accepted), and with `with_sums`
+        # the sums the input checks need, in the same variadic reduction.
+        p_row, q_row, residual_row = p_and_residual(0, vocab, with_q=True)
+        weight_row = jnp.where(rejected, residual_row, p_row)
+        sums = None
+        if with_sums:
+            summed = _summed(p_row, None if draft_probs is None else q_row)
+            totals, *summed_totals = block_sums((weight_row,) + summed, size)
+            sums = _as_row_sums(dtype, tuple(summed_totals))
+        else:
+            totals = block_totals(weight_row, size)
         use_residual = rejected & has_mass(jnp.sum(totals), dtype)
         # Rare: no residual mass (p and q equal up to rounding), so draw from p_n. A real
         # branch when rows are mapped one by one; a select under vmap.
@@ -249,7 +373,7 @@ class ResidualSampler(AbstractResidualSampler):
         def window(block):
             return weights(window_start(block, size, vocab), size, use_residual)
 
-        return two_level_search(totals, window, sample_uniform, vocab)
+        return two_level_search(totals, window, sample_uniform, vocab), sums
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
@@ -299,6 +423,7 @@ class GumbelSampler(AbstractResidualSampler):
     """
 
     randomness: ClassVar[Randomness] = "key"
+    reads: ClassVar[Reads] = "row n"
     log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
@@ -342,6 +467,7 @@ class ArgmaxSampler(AbstractResidualSampler):
     """
 
     randomness: ClassVar[Randomness] = "none"
+    reads: ClassVar[Reads] = "row n"
     log_space: ClassVar[None] = None
 
     @jaxtyped(typechecker=beartype)

@@ -109,6 +109,7 @@ class TypicalSampler(AbstractResidualSampler):
     """
 
     randomness: ClassVar[str] = "uniform"
+    reads: ClassVar[str] = "row n"
     epsilon: Float[Array, ""] | float = 0.09
     delta: Float[Array, ""] | float = 0.3
     log_space: bool = eqx.field(static=True, default=False)
