@@ -8,9 +8,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from equinox import AbstractVar
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Float, Int
 
-from ._checks import sum_tolerance
 from ._custom_types import (
     AcceptUniforms,
     DraftProbs,
@@ -20,7 +19,6 @@ from ._custom_types import (
 )
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
-from ._misc import compute_dtype
 from ._stages.ratio_tests import AbstractRatioTest, gather_draft_probs
 from ._stages.samplers import AbstractResidualSampler, row_sums, RowSums
 from ._stages.verdict import Verdict
@@ -38,20 +36,23 @@ STAGE_BASES = MappingProxyType(
 
 
 class RowReport(NamedTuple):
-    """What one row's checks found: per-row booleans (and the two sums and negative
-    flags of rows n of `p` and `q`, when `values` checks ran in the row)."""
+    """What a checked verification returns beside its outputs, per row, for the
+    run-time checks (computed on the whole batch afterwards, so the row loop does no
+    extra work): the ratio test's residual scales and the sampler's token (`None` when
+    the verifier does not expose them), and with value checks in the rows, the
+    [`RowSums`][eqx_specdec._stages.samplers.RowSums] of rows n and the gathered
+    $p_i(x_i)$, $q_i(x_i)$."""
 
-    scale_non_finite: Bool[Array, ""]
-    count_outside: Bool[Array, ""]
-    correction_outside: Bool[Array, ""]
-    tokens_malformed: Bool[Array, ""]
-    values: dict
+    residual_scale: Float[Array, "*batch gamma"] | None = None
+    correction: Int[Array, "*batch"] | None = None
+    sums: RowSums | None = None
+    gathered: tuple | None = None
 
 
 def malformed_tokens(tokens, num_accepted, vocab: int):
     """Whether the emitted tokens break the contract's layout: ids in `[0, V)` up to
     position n, then -1 (any leading batch dimensions)."""
-    position = jnp.arange(tokens.shape[-1])
+    position = jax.lax.broadcasted_iota(jnp.int32, tokens.shape, tokens.ndim - 1)
     inside = (tokens >= 0) & (tokens < vocab)
     n = jnp.asarray(num_accepted)[..., None]
     return jnp.any(jnp.where(position <= n, ~inside, tokens != -1), axis=-1)
@@ -107,21 +108,7 @@ class AbstractVerifier(eqx.Module):
         outputs = self(
             draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
         )
-        return outputs, output_report(outputs, target_probs.shape[-1])
-
-
-def output_report(outputs: dict, vocab: int) -> RowReport:
-    """The report of a batch's outputs alone: the number accepted and the tokens."""
-    n, tokens = outputs["num_accepted"], outputs["tokens"]
-    gamma = tokens.shape[-1] - 1
-    false = jnp.zeros(n.shape, bool)
-    return RowReport(
-        scale_non_finite=false,
-        count_outside=(n < 0) | (n > gamma),
-        correction_outside=false,
-        tokens_malformed=malformed_tokens(tokens, n, vocab),
-        values={},
-    )
+        return outputs, RowReport()
 
 
 def check_stages(owner: str, stages: dict):
@@ -168,28 +155,6 @@ def _checked(stage, method: str, what: str, value, shape: tuple, kind: str):
     return value
 
 
-def _row_values(draft_tokens, draft_probs, target_probs, sums: RowSums, shard) -> dict:
-    """The values of one row the standard stages read, summarised for the checks: per
-    distribution, the sum of row n (NaN if a gathered $p_i(x_i)$ or $q_i(x_i)$ is not
-    finite), whether row n or a gathered value is negative, and whether a gathered value
-    is above 1."""
-    if shard is None:
-        p_x, q_x = gather_draft_probs(draft_tokens, draft_probs, target_probs)
-    else:
-        p_x, q_x = shard.gather_draft_probs(draft_tokens, draft_probs, target_probs)
-        sums = RowSums(*(shard.sum(x) for x in sums))
-    summary = {}
-    checked = {"p": (sums.p_total, sums.p_negative, p_x, target_probs.dtype)}
-    if draft_probs is not None:
-        checked["q"] = (sums.q_total, sums.q_negative, q_x, draft_probs.dtype)
-    for key, (total, negative, gathered, dtype) in checked.items():
-        total = jnp.where(jnp.all(jnp.isfinite(gathered)), total, jnp.nan)
-        negative = (negative < 0) | jnp.any(gathered < 0)
-        above_one = jnp.any(gathered > 1 + sum_tolerance(dtype))
-        summary[key] = (total, negative, above_one)
-    return summary
-
-
 def verify_row(
     verifier: AbstractVerifier,
     draft_tokens,
@@ -205,9 +170,8 @@ def verify_row(
     """Runs the four stages on one row, checking at trace time what each returns. With
     `shard`, the ratio test and sampler run in their vocabulary-parallel form.
 
-    Returns the outputs; with `report=True`, `(outputs, RowReport)`: whether each stage
-    returned a value outside its contract, and with `values=True` the row's values the
-    standard stages read (see `_row_values`)."""
+    Returns the outputs; with `report=True`, `(outputs, RowReport)`: what the stages
+    returned, and with `values=True` the row's values the standard stages read."""
     gamma = draft_tokens.shape[0]
     test, sampler = verifier.ratio_test, verifier.residual_sampler
     if shard is None:
@@ -240,8 +204,8 @@ def verify_row(
     sums = None
     if shard is not None:
         y = sampler.vocab_parallel(shard, *inputs)
-        if values:
-            sums = row_sums(n, draft_probs, target_probs)  # this shard's part
+        if values:  # this shard's parts, summed over the shards
+            sums = RowSums(*(shard.sum(x) for x in row_sums(n, draft_probs, target_probs)))
     elif values:
         y, sums = sampler.draw_and_sum(*inputs)
         if not isinstance(sums, RowSums):
@@ -260,15 +224,8 @@ def verify_row(
     outputs = {"num_accepted": n, "tokens": tokens.astype(jnp.int32)}
     if not report:
         return outputs
-    vocab = target_probs.shape[1]
-    if shard is not None:
-        vocab *= jax.lax.axis_size(shard.axis_name)
-    return outputs, RowReport(
-        scale_non_finite=~jnp.all(jnp.isfinite(verdict.residual_scale)),
-        count_outside=(n < 0) | (n > gamma),
-        correction_outside=(y < 0) | (y >= vocab),
-        tokens_malformed=malformed_tokens(outputs["tokens"], n, vocab),
-        values={}
-        if not values
-        else _row_values(draft_tokens, draft_probs, target_probs, sums, shard),
-    )
+    gathered = None
+    if values:
+        gather = gather_draft_probs if shard is None else shard.gather_draft_probs
+        gathered = gather(draft_tokens, draft_probs, target_probs)
+    return outputs, RowReport(verdict.residual_scale, y, sums, gathered)

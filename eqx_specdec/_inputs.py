@@ -9,12 +9,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Integer, Key
 
-from ._abstract_verifier import AbstractVerifier, RowReport
+from ._abstract_verifier import AbstractVerifier, malformed_tokens, RowReport
 from ._checks import (
     distribution_flags,
     distribution_problems,
     logit_problems,
     stage_problem,
+    sum_tolerance,
     token_problems,
     uniform_problems,
 )
@@ -72,68 +73,99 @@ class PreparedInputs(eqx.Module):
             and verifier.residual_sampler.reads == "row n"
         )
 
-    def problems(self, verifier: AbstractVerifier, report: RowReport) -> list:
+    def problems(
+        self, verifier: AbstractVerifier, outputs: dict, report: RowReport
+    ) -> list:
         """The run-time problems, in the order they are reported: the inputs (whole
-        arrays, or the rows' values when the report has them), then the stages'
-        outputs."""
+        arrays, or the values the stages read when the report has them), then the
+        stages' outputs. Batched operations on per-row values, after the row loop."""
         names = self.names
         vocab = self.target.shape[-1]
         problems = token_problems(self.draft_tokens, vocab, names.draft_tokens)
-        for key, name, array in (
-            ("q", names.draft, self.draft),
-            ("p", names.target, self.target),
+        for index, name, array in (
+            (1, names.draft, self.draft),
+            (0, names.target, self.target),
         ):
             if array is None:
                 continue
             if self.log_space:
                 problems += logit_problems(name, array)
-            elif key in report.values:
-                total, negative, above_one = report.values[key]
-                problems += distribution_flags(
-                    name, array.dtype, total, negative, above_one
-                )
+            elif report.sums is not None:
+                problems += _read_problems(name, array.dtype, report, index)
             else:
                 problems += distribution_problems(name, array)
         if self.check_accept:
             problems += uniform_problems(names.accept, self.accept)
         if self.check_sample:
             problems += uniform_problems(names.sample, self.sample)
-        return problems + stage_problems(verifier, report, vocab)
+        return problems + stage_problems(verifier, outputs, report, vocab)
 
 
-def stage_problems(verifier: AbstractVerifier, report: RowReport, vocab: int) -> list:
-    """The problems of stages that returned values outside their contracts."""
-    return [
-        stage_problem(
-            verifier.ratio_test,
-            "ratio test",
-            report.scale_non_finite,
-            "a NaN or infinite `Verdict.residual_scale`",
-            "the residual scale must be finite (1 for the standard residual).",
-        ),
+def _read_problems(name, dtype, report: RowReport, index: int) -> list:
+    """The problems of a distribution from what the rows read of it: row n's sums, and
+    the gathered entries at the draft tokens (`index` 0 for `p`, 1 for `q`)."""
+    sums = report.sums
+    if index == 0:
+        total, negative = sums.p_total, sums.p_negative
+    else:
+        total, negative = sums.q_total, sums.q_negative
+    gathered = report.gathered[index]
+    total = jnp.where(jnp.all(jnp.isfinite(gathered), axis=-1), total, jnp.nan)
+    negative = (negative < 0) | jnp.any(gathered < 0, axis=-1)
+    above_one = jnp.any(gathered > 1 + sum_tolerance(dtype), axis=-1)
+    return distribution_flags(name, dtype, total, negative, above_one)
+
+
+def stage_problems(
+    verifier: AbstractVerifier, outputs: dict, report: RowReport, vocab: int
+) -> list:
+    """The problems of stages that returned values outside their contracts, checked on
+    the outputs and on what the report exposes (the ratio test's residual scales, the
+    sampler's token)."""
+    n, tokens = outputs["num_accepted"], outputs["tokens"]
+    gamma = tokens.shape[-1] - 1
+    problems = []
+    if report.residual_scale is not None:
+        problems.append(
+            stage_problem(
+                verifier.ratio_test,
+                "ratio test",
+                ~jnp.all(jnp.isfinite(report.residual_scale), axis=-1),
+                "a NaN or infinite `Verdict.residual_scale`",
+                "the residual scale must be finite (1 for the standard residual).",
+            )
+        )
+    problems.append(
         stage_problem(
             verifier.prefix_counter,
             "prefix counter",
-            report.count_outside,
-            "a number accepted outside [0, G]",
+            (n < 0) | (n > gamma),
+            f"a number accepted outside [0, G] = [0, {gamma}]",
             "it must return how many draft tokens are accepted, from 0 to G.",
-        ),
-        stage_problem(
-            verifier.residual_sampler,
-            "residual sampler",
-            report.correction_outside,
-            f"a correction token outside [0, V) = [0, {vocab})",
-            "it must return a token id of the target's vocabulary.",
-        ),
+        )
+    )
+    if report.correction is not None:
+        y = report.correction
+        problems.append(
+            stage_problem(
+                verifier.residual_sampler,
+                "residual sampler",
+                (y < 0) | (y >= vocab),
+                f"a correction token outside [0, V) = [0, {vocab})",
+                "it must return a token id of the target's vocabulary.",
+            )
+        )
+    problems.append(
         stage_problem(
             verifier.token_assembler,
             "token assembler",
-            report.tokens_malformed,
+            malformed_tokens(tokens, n, vocab),
             "tokens not laid out as the contract says",
             "it must return the n accepted draft tokens, the correction token, then "
             "-1 (token ids in [0, V)).",
-        ),
-    ]
+        )
+    )
+    return problems
 
 
 def _check_stage_spaces(entry_point, verifier, log_space):

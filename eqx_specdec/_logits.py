@@ -214,7 +214,7 @@ def speculative_accept_logits(
         return verifier(*arrays)
     outputs, report = verifier.checked_call(*arrays, values=False)
     batch = draft_tokens.shape[0]
-    problems = inputs.problems(verifier, report)
+    problems = inputs.problems(verifier, outputs, report)
     problems += _warp_problems("target_warp", target_warp, batch)
     if draft_logits is not None:
         problems += _warp_problems("draft_warp", draft_warp, batch)

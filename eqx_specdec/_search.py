@@ -20,6 +20,9 @@ def block_size(vocab: int) -> int:
     return min(1 << max(0, round(math.log2(math.sqrt(vocab)))), vocab)
 
 
+_LANES = 16
+
+
 def block_totals(weights: Float[Array, " vocab"], size: int) -> Float[Array, " blocks"]:
     """Sums of consecutive blocks of `size` weights (the last block may be shorter)."""
     return block_sums((weights,), size)[0]
@@ -31,13 +34,18 @@ def block_sums(arrays: tuple, size: int) -> tuple:
     and runs the sums as independent accumulators (on XLA CPU, as fast as one sum)."""
     vocab = arrays[0].shape[0]
     full = vocab // size
+    # Blocks as (size / lanes, lanes) and the sum over the middle axis: XLA CPU then
+    # keeps `lanes` accumulators per block in a vector register (a sum over the minor
+    # axis, or a variadic one, runs one scalar chain at a time).
+    lanes = _LANES if size % _LANES == 0 else 1
     zeros = tuple(jnp.zeros((), a.dtype) for a in arrays)
     sums = jax.lax.reduce(
-        tuple(a[: full * size].reshape(full, size) for a in arrays),
+        tuple(a[: full * size].reshape(full, size // lanes, lanes) for a in arrays),
         zeros,
         lambda x, y: tuple(a + b for a, b in zip(x, y)),
         (1,),
     )
+    sums = tuple(jnp.sum(total, axis=1) for total in sums)
     if vocab % size:
         sums = tuple(
             jnp.append(total, jnp.sum(a[full * size :]))

@@ -53,7 +53,9 @@ for name, verifier in [
 bad = p.copy()
 bad[5, 2, 200] = np.nan  # row 5 lives on process 1, vocabulary shard 3
 try:
-    es.speculative_accept(*map(place, (x, q, bad, u, s)), verifier=sharded)
+    es.speculative_accept(
+        *map(place, (x, q, bad, u, s)), verifier=sharded, check_inputs="all"
+    )
     print("bad input: no error", flush=True)
 except RuntimeError as error:
     print(f"bad input: {error}", flush=True)

@@ -34,6 +34,6 @@ def test_two_processes_match_one_device():
         assert "block equal: True" in out
         # Both processes raise the same clear error, none hangs.
         assert (
-            "bad input: `target_probs` holds a NaN or infinite value (first in row 5)"
+            "bad input: `target_probs` holds a NaN or infinite value in row 5 (the first such"
             in out
         ), out

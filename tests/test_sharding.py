@@ -242,15 +242,19 @@ def test_uneven_splits_are_clear_errors():
     x, q, p, u, s = _case(1, 4, 2, 32, np.float32)
     p = p.copy()
     p[2, 1, 5] = -0.5
-    with pytest.raises(RuntimeError, match=r"negative probability \(first in row 2\)"):
-        es.speculative_accept(x, q, p, u, s, verifier=sharded)
+    message = r"negative probability in row 2 \(the first such row\)"
+    with pytest.raises(es.InvalidInputError, match=message):
+        es.speculative_accept(x, q, p, u, s, verifier=sharded, check_inputs="all")
     key = jax.random.key(0)
-    with pytest.raises(RuntimeError, match=r"negative probability \(first in row 2\)"):
-        es.speculative_accept_from_key(key, x, q, p, verifier=sharded)
-    # Inside a jit of the caller's, a value error could not be raised from one device
-    # without hanging the others: said at trace time.
-    with pytest.raises(TypeError, match="cannot check input values at run time inside"):
-        jax.jit(lambda *a: es.speculative_accept(*a, verifier=sharded))(x, q, p, u, s)
+    with pytest.raises(es.InvalidInputError, match=message):
+        es.speculative_accept_from_key(key, x, q, p, verifier=sharded, check_inputs="all")
+    # Inside a jit of the caller's, the check runs after the sharded program, as a
+    # callback of the caller's program: JAX raises it when the outputs are read.
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        run = jax.jit(
+            lambda *a: es.speculative_accept(*a, verifier=sharded, check_inputs="all")
+        )
+        jax.block_until_ready(run(x, q, p, u, s))
     out = jax.jit(
         lambda *a: es.speculative_accept(*a, verifier=sharded, check_inputs=False)
     )(x, q, p, u, s)

@@ -252,8 +252,8 @@ def test_log_space_stages_are_required_for_logits():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda t: t.at[1, 2, 3].set(jnp.nan), "`target_logits` holds a NaN or +inf logit (first in row 1)"),
-        (lambda t: t.at[0, 1].set(-jnp.inf), "`target_logits` has a distribution whose logits are all -inf (first in row 0)"),
+        (lambda t: t.at[1, 2, 3].set(jnp.nan), "`target_logits` holds a NaN or +inf logit in row 1 (the first such row)"),
+        (lambda t: t.at[0, 1].set(-jnp.inf), "`target_logits` has a distribution whose logits are all -inf in row 0 (the first such row)"),
     ],
 )  # fmt: skip
 def test_bad_logits_fail_at_run_time(change, message):

@@ -87,7 +87,7 @@ def residual_parts(
 
 class RowSums(NamedTuple):
     """What the default input checks need of rows n of one row's distributions: the sum
-    of $p_n$ and of its negative entries, and the same of $q_{\min(n, G-1)}$ (1 and 0
+    of $p_n$ and of its negative entries, and the same of $q_{\\min(n, G-1)}$ (1 and 0
     for one-hot drafts). A NaN or infinite entry makes its row's sum non-finite."""
 
     p_total: Float[Array, ""]
@@ -125,7 +125,7 @@ def row_sums(
     q_row = None
     if draft_probs is not None:
         q_row = draft_probs[jnp.minimum(num_accepted, gamma - 1)].astype(dtype)
-    return _as_row_sums(dtype, block_sums(_summed(p_row, q_row), vocab))
+    return _as_row_sums(dtype, block_sums(_summed(p_row, q_row), block_size(vocab)))
 
 
 def full_weights(p_and_residual, vocab, rejected, dtype):
@@ -256,7 +256,7 @@ class AbstractResidualSampler(eqx.Module):
 
         `(y, RowSums(p_total, p_negative, q_total, q_negative))`: the token, then the sum
         of $p_n$ and of its negative entries, and the same of
-        $q_{\min(n, \gamma - 1)}$ (1 and 0 when `draft_probs` is `None`).
+        $q_{\\min(n, \\gamma - 1)}$ (1 and 0 when `draft_probs` is `None`).
         """
         token = self(
             num_accepted, verdict, draft_tokens, draft_probs, target_probs,
