@@ -189,7 +189,8 @@ def speculative_accept_logits(
     - `draft_warp`: the [`eqx_specdec.Warp`][] the draft tokens were sampled with.
     - `verifier`: a [`eqx_specdec.Verifier`][] whose stages read log-probabilities.
         Default: the standard rule in log space.
-    - `check_inputs`: run-time checks, as for [`eqx_specdec.speculative_accept`][]: no
+    - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][]; both
+        `True` and `"all"` check every logit (the warp reads them all): no
         NaN or $+\\infty$ logit, no distribution with every logit $-\\infty$, token ids
         and uniforms in range, temperatures $\\ge 0$, `top_p` in $(0, 1]$, `top_k`
         $\\ge 0$.

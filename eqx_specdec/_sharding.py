@@ -183,7 +183,7 @@ class ShardedVerifier(AbstractVerifier):
                     f"of {devices}."
                 )
         b, v = self.batch_axis, self.vocab_axis
-        names = StepArguments()
+        names = StepArguments._fields
         specs = dict(
             zip(
                 names,
@@ -265,4 +265,4 @@ def _vocab_parallel(
             values=values,
         )
 
-    return jax.vmap(row)(*(local.get(name) for name in StepArguments()))
+    return jax.vmap(row)(*(local.get(name) for name in StepArguments._fields))

@@ -190,7 +190,8 @@ def tree_accept(
     - `accept_uniforms`: float `(B, N)`, one uniform per node.
     - `sample_uniforms`: float `(B,)`.
     - `verifier`: the [`eqx_specdec.TreeVerifier`][] to run.
-    - `check_inputs`: run-time value checks, as for [`eqx_specdec.speculative_accept`][],
+    - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][];
+        both `True` and `"all"` check every row (the walk reads them all),
         plus the depth-first order of `parents`.
 
     **Returns:**

@@ -163,29 +163,28 @@ def _packed_map(row, inputs):
     """`jax.lax.map(row, inputs)` with the row's outputs packed into one array per
     dtype: each output of the loop is one more update per iteration, and on XLA CPU
     each costs about a microsecond however small it is."""
-    row_shapes = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), inputs
-    )
-    shapes, treedef = jax.tree.flatten(jax.eval_shape(lambda a: row(*a), row_shapes))
-    groups = {}
-    for i, shape in enumerate(shapes):
-        groups.setdefault(jnp.dtype(shape.dtype), []).append(i)
+    layout = []  # filled while `lax.map` traces the row (once)
 
     def packed_row(arrays):
-        leaves = jax.tree.leaves(row(*arrays))
+        leaves, treedef = jax.tree.flatten(row(*arrays))
+        groups = {}
+        for i, leaf in enumerate(leaves):
+            groups.setdefault(jnp.dtype(leaf.dtype), []).append(i)
+        layout.append((treedef, [leaf.shape for leaf in leaves], list(groups.values())))
         return [
             jnp.concatenate([leaves[i].reshape(-1) for i in members])
             for members in groups.values()
         ]
 
     packed = jax.lax.map(packed_row, inputs)
+    treedef, shapes, groups = layout[-1]
     leaves = [None] * len(shapes)
-    for block, members in zip(packed, groups.values()):
+    for block, members in zip(packed, groups):
         start = 0
         for i in members:
-            size = math.prod(shapes[i].shape)
+            size = math.prod(shapes[i])
             part = block[:, start : start + size]
-            leaves[i] = part.reshape((block.shape[0],) + shapes[i].shape)
+            leaves[i] = part.reshape((block.shape[0],) + tuple(shapes[i]))
             start += size
     return jax.tree.unflatten(treedef, leaves)
 
@@ -235,13 +234,20 @@ def speculative_accept(
     - `verifier`: the [`eqx_specdec.AbstractVerifier`][] to run (a
         [`eqx_specdec.Verifier`][] or [`eqx_specdec.ShardedVerifier`][]). Default: the
         standard rule.
-    - `check_inputs`: a Python bool. If `True` (the default), check the input values at
-        run time (inside `jax.jit` too): probabilities finite, non-negative, each
-        distribution summing to 1 within `1e-3` (`1e-2` for float16 and bfloat16 inputs);
-        token ids in `[0, V)`; uniforms in `[0, 1)`. This reads every probability once.
-        `False` adds no operation at all; the outputs are then still int32 arrays of the
-        right shapes, but their values are unspecified for invalid inputs. Under
-        `jax.jit`, mark it static: `jax.jit(speculative_accept,
+    - `check_inputs`: the run-time check level, a Python value (see the Correctness
+        page for what each guarantees and costs):
+        - `True` (the default): every value the verification reads: token ids in
+            `[0, V)`, uniforms in `[0, 1)`, $p_i(x_i)$ and $q_i(x_i)$ finite and in
+            `[0, 1]` at every position, the whole rows $n$ of `p` and `q` finite,
+            non-negative and summing to 1 within `1e-3` (`1e-2` for float16 and
+            bfloat16), and what each stage returned. Stages that read whole rows (their
+            `reads` attribute) get every row checked.
+        - `"all"`: every row of every distribution as well.
+        - `False`: nothing; the program is the verifier's own. The outputs are still
+            int32 arrays of the right shapes, their values unspecified for invalid
+            inputs.
+
+        Under `jax.jit`, mark it static: `jax.jit(speculative_accept,
         static_argnames="check_inputs")` (`eqx.filter_jit` does so by itself).
 
     **Returns:**
@@ -255,10 +261,11 @@ def speculative_accept(
         the message names the argument, the expected shape and the one received.
     - `TypeError`: at trace time, when `draft_tokens` is not integer or a probability or
         uniform array is not floating, or `verifier` is not a `Verifier`.
-    - `RuntimeError`: at run time, with `check_inputs=True`, when a value is invalid;
-        the message names the problem and the first offending row. (Eagerly and under
-        `eqx.filter_jit` this is Equinox's runtime error; under `jax.jit`, JAX's
-        `JaxRuntimeError` carrying the same message.)
+    - [`eqx_specdec.InvalidInputError`][]: when a checked value is invalid or a stage
+        returned a value outside its contract; the message names the argument (or the
+        stage's class), the problem, the first offending row and the fix. Raised at the
+        call (the call waits for the check). Inside a `jax.jit` of yours, JAX raises it
+        as its `JaxRuntimeError` (the base class) when an output is read.
     """
     level = check_level(check_inputs)
     inputs = prepare_inputs(

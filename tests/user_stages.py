@@ -159,7 +159,6 @@ class MappedVerifier(eqx_specdec.AbstractVerifier):
         eqx_specdec.ResidualSampler()
     )
     token_assembler: eqx_specdec.AbstractTokenAssembler = eqx_specdec.TokenAssembler()
-    defers_value_checks: ClassVar[bool] = False
 
     def __call__(self, draft_tokens, draft_probs, target_probs, accept, sample):
         def row(x, q, p, u, s):
