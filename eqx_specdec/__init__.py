@@ -49,6 +49,10 @@ from ._stages.assemblers import (
     TokenAssembler as TokenAssembler,
 )
 from ._stages.block import BlockRatioTest as BlockRatioTest
+from ._stages.gumbel_argmax import (
+    ArgmaxSampler as ArgmaxSampler,
+    GumbelSampler as GumbelSampler,
+)
 from ._stages.prefix_counters import (
     AbstractPrefixCounter as AbstractPrefixCounter,
     LastSuccessCounter as LastSuccessCounter,
@@ -63,8 +67,6 @@ from ._stages.ratio_tests import (
 )
 from ._stages.samplers import (
     AbstractResidualSampler as AbstractResidualSampler,
-    ArgmaxSampler as ArgmaxSampler,
-    GumbelSampler as GumbelSampler,
     ResidualSampler as ResidualSampler,
 )
 from ._stages.typical import (

@@ -34,7 +34,9 @@ def check_level(check_inputs) -> Level | None:
             f"{LEVELS}; got a traced value. Under `jax.jit`, mark it static: "
             '`jax.jit(entry_point, static_argnames="check_inputs")`.'
         )
-    if check_inputs is True or (isinstance(check_inputs, str) and check_inputs == "read"):
+    if check_inputs is True or (
+        isinstance(check_inputs, str) and check_inputs == "read"
+    ):
         return "read"
     if check_inputs is False:
         return None

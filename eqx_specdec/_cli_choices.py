@@ -5,9 +5,9 @@ from typing import Literal, NamedTuple
 
 from ._node_rules import IIDCandidates
 from ._stages.block import BlockRatioTest
+from ._stages.gumbel_argmax import ArgmaxSampler, GumbelSampler
 from ._stages.prefix_counters import LastSuccessCounter
 from ._stages.ratio_tests import GreedyRatioTest, LenientRatioTest
-from ._stages.samplers import ArgmaxSampler, GumbelSampler
 from ._stages.typical import TypicalRatioTest, TypicalSampler
 from ._tree import TreeVerifier
 from ._verifier import Verifier

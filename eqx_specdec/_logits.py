@@ -135,7 +135,9 @@ def _warp_problems(name, warp: Warp, batch: int):
         top_k = jnp.broadcast_to(jnp.asarray(warp.top_k), (batch,))
         problems.append(
             problem(
-                top_k < 0, "top_k` is negative", "Use a top_k >= 0 (0 keeps every token)."
+                top_k < 0,
+                "top_k` is negative",
+                "Use a top_k >= 0 (0 keeps every token).",
             )
         )
     return problems

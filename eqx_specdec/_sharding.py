@@ -219,7 +219,10 @@ class ShardedVerifier(AbstractVerifier):
             "tokens": PartitionSpec(b, None),
         }
         if report:
-            out_specs = (out_specs, PartitionSpec(b))  # every leaf of the report is per row
+            out_specs = (
+                out_specs,
+                PartitionSpec(b),
+            )  # every leaf of the report is per row
         explicit = any(t == AxisType.Explicit for t in self.mesh.axis_types)
         if explicit:
             # Explicit axes: lay the inputs out as the specs say (a no-op when they

@@ -111,7 +111,9 @@ def test_complete_level_checks_rows_never_read():
     assert n[b] < G
     p[b, G] *= 2  # the bonus row, not read when a draft token is rejected
     es.speculative_accept(x, q, p, u, s)  # nothing read is wrong
-    with pytest.raises(es.InvalidInputError, match=f"sum is not within 0.001 of 1 in row {b}"):
+    with pytest.raises(
+        es.InvalidInputError, match=f"sum is not within 0.001 of 1 in row {b}"
+    ):
         es.speculative_accept(x, q, p, u, s, check_inputs="all")
 
 
@@ -199,7 +201,9 @@ class _OutOfVocabularySampler(es.AbstractResidualSampler):
     randomness: ClassVar[str] = "none"
     log_space: ClassVar[None] = None
 
-    def __call__(self, num_accepted, verdict, draft_tokens, draft_probs, target_probs, sample):
+    def __call__(
+        self, num_accepted, verdict, draft_tokens, draft_probs, target_probs, sample
+    ):
         return jnp.int32(target_probs.shape[-1])
 
 
@@ -257,7 +261,9 @@ def test_logits_and_tree_entry_points_take_the_levels():
     bad = p.copy()
     bad[0, 4] *= 3
     for level in (True, "all"):
-        with pytest.raises(es.InvalidInputError, match="`target_probs` has a distribution"):
+        with pytest.raises(
+            es.InvalidInputError, match="`target_probs` has a distribution"
+        ):
             es.tree_accept(x, parents, draft, bad, u, s, check_inputs=level)
     out = es.tree_accept(x, parents, draft, bad, u, s, check_inputs=False)
     assert out["tokens"].shape == (B, G + 1)

@@ -247,7 +247,9 @@ def test_uneven_splits_are_clear_errors():
         es.speculative_accept(x, q, p, u, s, verifier=sharded, check_inputs="all")
     key = jax.random.key(0)
     with pytest.raises(es.InvalidInputError, match=message):
-        es.speculative_accept_from_key(key, x, q, p, verifier=sharded, check_inputs="all")
+        es.speculative_accept_from_key(
+            key, x, q, p, verifier=sharded, check_inputs="all"
+        )
     # Inside a jit of the caller's, the check runs after the sharded program, as a
     # callback of the caller's program: JAX raises it when the outputs are read.
     with pytest.raises(jax.errors.JaxRuntimeError, match=message):
