@@ -68,6 +68,8 @@ from ._stages.ratio_tests import (
 from ._stages.samplers import (
     AbstractResidualSampler as AbstractResidualSampler,
     ResidualSampler as ResidualSampler,
+    row_sums as row_sums,
+    RowSums as RowSums,
 )
 from ._stages.typical import (
     TypicalRatioTest as TypicalRatioTest,

@@ -205,9 +205,8 @@ def verify_row(
     if shard is not None:
         y = sampler.vocab_parallel(shard, *inputs)
         if values:  # this shard's parts, summed over the shards
-            sums = RowSums(
-                *(shard.sum(x) for x in row_sums(n, draft_probs, target_probs))
-            )
+            local = row_sums(n, draft_probs, target_probs)
+            sums = RowSums(*(shard.sum(x) for x in local))
     elif values:
         y, sums = sampler.draw_and_sum(*inputs)
         if not isinstance(sums, RowSums):

@@ -11,7 +11,7 @@ from jaxtyping import Array, Float, Integer, Key
 
 from ._abstract_verifier import AbstractVerifier, malformed_tokens, RowReport
 from ._checks import (
-    distribution_flags,
+    bad_sum_message,
     distribution_problems,
     logit_problems,
     stage_problem,
@@ -102,18 +102,27 @@ class PreparedInputs(eqx.Module):
 
 
 def _read_problems(name, dtype, report: RowReport, index: int) -> list:
-    """The problems of a distribution from what the rows read of it: row n's sums, and
-    the gathered entries at the draft tokens (`index` 0 for `p`, 1 for `q`)."""
-    sums = report.sums
-    if index == 0:
-        total, negative = sums.p_total, sums.p_negative
-    else:
-        total, negative = sums.q_total, sums.q_negative
+    """The problems of a distribution from what the rows read of it: row n's sum (NaN
+    if an entry is negative or NaN), and the gathered entries at the draft tokens
+    (`index` 0 for `p`, 1 for `q`)."""
+    total = report.sums[index]
     gathered = report.gathered[index]
-    total = jnp.where(jnp.all(jnp.isfinite(gathered), axis=-1), total, jnp.nan)
-    negative = (negative < 0) | jnp.any(gathered < 0, axis=-1)
-    above_one = jnp.any(gathered > 1 + sum_tolerance(dtype), axis=-1)
-    return distribution_flags(name, dtype, total, negative, above_one)
+    invalid = ~jnp.isfinite(total) | jnp.any(
+        ~jnp.isfinite(gathered) | (gathered < 0), axis=-1
+    )
+    bad_sum = (jnp.abs(total - 1) > sum_tolerance(dtype)) | jnp.any(
+        gathered > 1 + sum_tolerance(dtype), axis=-1
+    )
+    return [
+        (
+            invalid,
+            f"`{name}` holds a NaN, infinite or negative value in row {{row}} (the first "
+            "such row), where the verification reads it. Pass finite probabilities "
+            ">= 0: a softmax of finite logits (a masked token has probability 0), "
+            "rounding noise clipped by `jnp.maximum(probs, 0)`.",
+        ),
+        (bad_sum & ~invalid, bad_sum_message(name, dtype)),
+    ]
 
 
 def stage_problems(

@@ -33,7 +33,7 @@ def _read_entry(kind):
         b, i = 1, 0
         array = p if kind == "p" else q
         array[b, i, x[b, i]] = np.nan
-        return "holds a NaN or infinite value in row 1"
+        return "holds a NaN, infinite or negative value in row 1"
 
     return corrupt
 
@@ -55,7 +55,7 @@ def _negative_at_row_n(x, q, p, n):
     v = (x[b, min(n[b], G - 1)] + 1) % V  # not the draft token
     p[b, n[b], v] = -0.2
     p[b, n[b], (v + 1) % V] += 0.2  # the sum stays 1
-    return "`target_probs` holds a negative probability in row 0"
+    return "`target_probs` holds a NaN, infinite or negative value in row 0"
 
 
 READ_VALUES = {

@@ -86,28 +86,36 @@ def residual_parts(
 
 
 class RowSums(NamedTuple):
-    """What the default input checks need of rows n of one row's distributions: the sum
-    of $p_n$ and of its negative entries, and the same of $q_{\\min(n, G-1)}$ (1 and 0
-    for one-hot drafts). A NaN or infinite entry makes its row's sum non-finite."""
+    """What the default input checks need of rows n of one row's distributions.
+
+    **Fields:**
+
+    - `p_total`: the sum of $p_n$, with any negative entry counted as NaN: finite and
+        within tolerance of 1 exactly when the row is a valid distribution.
+    - `q_total`: the same of $q_{\\min(n, \\gamma - 1)}$ (1 for one-hot drafts).
+
+    Build it with [`eqx_specdec.row_sums`][] or, in a pass of your own,
+    `jnp.sum(jnp.where(row >= 0, row, jnp.nan))` for each row.
+    """
 
     p_total: Float[Array, ""]
-    p_negative: Float[Array, ""]
     q_total: Float[Array, ""]
-    q_negative: Float[Array, ""]
 
 
 def _summed(p_row, q_row) -> tuple:
-    """The arrays whose sums make up a `RowSums` (the rows and their negative parts)."""
-    arrays = (p_row, jnp.minimum(p_row, 0))
+    """The arrays whose sums make up a `RowSums`: each row with its negative entries
+    (and NaNs) as NaN. Two operands beside the sampler's own keep the fused reduction
+    as fast as one sum on XLA CPU (four more made it 30% slower)."""
+    arrays = (jnp.where(p_row >= 0, p_row, jnp.nan),)
     if q_row is not None:
-        arrays += (q_row, jnp.minimum(q_row, 0))
+        arrays += (jnp.where(q_row >= 0, q_row, jnp.nan),)
     return arrays
 
 
 def _as_row_sums(dtype, block_totals_of_summed: tuple) -> RowSums:
     sums = tuple(jnp.sum(x) for x in block_totals_of_summed)
-    if len(sums) == 2:  # one-hot draft
-        sums += (jnp.ones((), dtype), jnp.zeros((), dtype))
+    if len(sums) == 1:  # one-hot draft
+        sums += (jnp.ones((), dtype),)
     return RowSums(*sums)
 
 
@@ -116,8 +124,19 @@ def row_sums(
     draft_probs: Float[Array, "gamma vocab"] | None,
     target_probs: Float[Array, "rows vocab"],
 ) -> RowSums:
-    """[`RowSums`][eqx_specdec._stages.samplers.RowSums] of one row, in one pass over
-    rows n (a single variadic reduction)."""
+    """The [`eqx_specdec.RowSums`][] of one row, in one pass over rows n (a single
+    variadic reduction).
+
+    **Arguments:**
+
+    - `num_accepted`: int32 scalar $n$.
+    - `draft_probs`: float `(gamma, vocab)`, or `None` for one-hot drafts.
+    - `target_probs`: float `(gamma + 1, vocab)`.
+
+    **Returns:**
+
+    The [`eqx_specdec.RowSums`][].
+    """
     gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
     dtypes = [target_probs.dtype] + ([] if draft_probs is None else [draft_probs.dtype])
     dtype = compute_dtype(*dtypes)
@@ -254,9 +273,9 @@ class AbstractResidualSampler(eqx.Module):
 
         **Returns:**
 
-        `(y, RowSums(p_total, p_negative, q_total, q_negative))`: the token, then the sum
-        of $p_n$ and of its negative entries, and the same of
-        $q_{\\min(n, \\gamma - 1)}$ (1 and 0 when `draft_probs` is `None`).
+        `(y, RowSums(p_total, q_total))`: the token, then the sums of $p_n$ and of
+        $q_{\\min(n, \\gamma - 1)}$, negative entries counted as NaN (see
+        [`eqx_specdec.RowSums`][]).
         """
         token = self(
             num_accepted, verdict, draft_tokens, draft_probs, target_probs,
