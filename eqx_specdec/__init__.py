@@ -65,11 +65,10 @@ from ._stages.ratio_tests import (
     LenientRatioTest as LenientRatioTest,
     RatioTest as RatioTest,
 )
+from ._stages.row_sums import row_sums as row_sums, RowSums as RowSums
 from ._stages.samplers import (
     AbstractResidualSampler as AbstractResidualSampler,
     ResidualSampler as ResidualSampler,
-    row_sums as row_sums,
-    RowSums as RowSums,
 )
 from ._stages.typical import (
     TypicalRatioTest as TypicalRatioTest,

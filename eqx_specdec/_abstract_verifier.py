@@ -20,7 +20,8 @@ from ._custom_types import (
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
 from ._stages.ratio_tests import AbstractRatioTest, gather_draft_probs
-from ._stages.samplers import AbstractResidualSampler, row_sums, RowSums
+from ._stages.row_sums import row_sums, RowSums
+from ._stages.samplers import AbstractResidualSampler
 from ._stages.verdict import Verdict
 from ._vocab_shard import VocabShard
 
@@ -206,7 +207,7 @@ def verify_row(
         y = sampler.vocab_parallel(shard, *inputs)
         if values:  # this shard's parts, summed over the shards
             local = row_sums(n, draft_probs, target_probs)
-            sums = RowSums(*(shard.sum(x) for x in local))
+            sums = RowSums(shard.sum(local.p_total), shard.sum(local.q_total))
     elif values:
         y, sums = sampler.draw_and_sum(*inputs)
         if not isinstance(sums, RowSums):

@@ -105,7 +105,7 @@ def _read_problems(name, dtype, report: RowReport, index: int) -> list:
     """The problems of a distribution from what the rows read of it: row n's sum (NaN
     if an entry is negative or NaN), and the gathered entries at the draft tokens
     (`index` 0 for `p`, 1 for `q`)."""
-    total = report.sums[index]
+    total = report.sums.p_total if index == 0 else report.sums.q_total
     gathered = report.gathered[index]
     invalid = ~jnp.isfinite(total) | jnp.any(
         ~jnp.isfinite(gathered) | (gathered < 0), axis=-1

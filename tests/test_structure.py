@@ -41,7 +41,7 @@ def test_the_public_api_is_what_the_docs_list():
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
         "DecodeResult", "NGramModel", "ShardedVerifier", "AbstractVerifier",
-        "VocabShard",
+        "VocabShard", "RowSums",
     }  # fmt: skip
     assert issubclass(eqx_specdec.MissingCapabilityError, NotImplementedError)
     assert callable(eqx_specdec.speculative_accept)

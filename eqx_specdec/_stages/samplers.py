@@ -2,7 +2,7 @@
 rows n the default input checks read, and the standard residual sampler."""
 
 import abc
-from typing import ClassVar, Literal, NamedTuple
+from typing import ClassVar, Literal
 
 import equinox as eqx
 import jax
@@ -32,6 +32,7 @@ from .._search import (
     window_start,
 )
 from .._vocab_shard import VocabShard
+from .row_sums import as_row_sums, row_sums, RowSums, summed
 from .verdict import Verdict
 
 
@@ -83,68 +84,6 @@ def residual_parts(
         return (p_part, q_part, residual) if with_q else (p_part, residual)
 
     return dtype, p_and_residual
-
-
-class RowSums(NamedTuple):
-    """What the default input checks need of rows n of one row's distributions.
-
-    **Fields:**
-
-    - `p_total`: the sum of $p_n$, with any negative entry counted as NaN: finite and
-        within tolerance of 1 exactly when the row is a valid distribution.
-    - `q_total`: the same of $q_{\\min(n, \\gamma - 1)}$ (1 for one-hot drafts).
-
-    Build it with [`eqx_specdec.row_sums`][] or, in a pass of your own,
-    `jnp.sum(jnp.where(row >= 0, row, jnp.nan))` for each row.
-    """
-
-    p_total: Float[Array, ""]
-    q_total: Float[Array, ""]
-
-
-def _summed(p_row, q_row) -> tuple:
-    """The arrays whose sums make up a `RowSums`: each row with its negative entries
-    (and NaNs) as NaN. Two operands beside the sampler's own keep the fused reduction
-    as fast as one sum on XLA CPU (four more made it 30% slower)."""
-    arrays = (jnp.where(p_row >= 0, p_row, jnp.nan),)
-    if q_row is not None:
-        arrays += (jnp.where(q_row >= 0, q_row, jnp.nan),)
-    return arrays
-
-
-def _as_row_sums(dtype, block_totals_of_summed: tuple) -> RowSums:
-    sums = tuple(jnp.sum(x) for x in block_totals_of_summed)
-    if len(sums) == 1:  # one-hot draft
-        sums += (jnp.ones((), dtype),)
-    return RowSums(*sums)
-
-
-def row_sums(
-    num_accepted: IntScalar,
-    draft_probs: Float[Array, "gamma vocab"] | None,
-    target_probs: Float[Array, "rows vocab"],
-) -> RowSums:
-    """The [`eqx_specdec.RowSums`][] of one row, in one pass over rows n (a single
-    variadic reduction).
-
-    **Arguments:**
-
-    - `num_accepted`: int32 scalar $n$.
-    - `draft_probs`: float `(gamma, vocab)`, or `None` for one-hot drafts.
-    - `target_probs`: float `(gamma + 1, vocab)`.
-
-    **Returns:**
-
-    The [`eqx_specdec.RowSums`][].
-    """
-    gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
-    dtypes = [target_probs.dtype] + ([] if draft_probs is None else [draft_probs.dtype])
-    dtype = compute_dtype(*dtypes)
-    p_row = target_probs[num_accepted].astype(dtype)
-    q_row = None
-    if draft_probs is not None:
-        q_row = draft_probs[jnp.minimum(num_accepted, gamma - 1)].astype(dtype)
-    return _as_row_sums(dtype, block_sums(_summed(p_row, q_row), block_size(vocab)))
 
 
 def full_weights(p_and_residual, vocab, rejected, dtype):
@@ -375,9 +314,9 @@ class ResidualSampler(AbstractResidualSampler):
         weight_row = jnp.where(rejected, residual_row, p_row)
         sums = None
         if with_sums:
-            summed = _summed(p_row, None if draft_probs is None else q_row)
-            totals, *summed_totals = block_sums((weight_row,) + summed, size)
-            sums = _as_row_sums(dtype, tuple(summed_totals))
+            checked = summed(p_row, None if draft_probs is None else q_row)
+            totals, *summed_totals = block_sums((weight_row,) + checked, size)
+            sums = as_row_sums(dtype, tuple(summed_totals))
         else:
             totals = block_totals(weight_row, size)
         use_residual = rejected & has_mass(jnp.sum(totals), dtype)
