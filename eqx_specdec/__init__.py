@@ -6,7 +6,6 @@ from ._abstract_verifier import AbstractVerifier as AbstractVerifier
 from ._autoregressive import autoregressive_decode as autoregressive_decode
 from ._decode_result import DecodeResult as DecodeResult
 from ._decoding import speculative_decode as speculative_decode
-from ._example_inputs import example_inputs as example_inputs
 from ._errors import (
     InvalidInputError as InvalidInputError,
     MissingCapabilityError as MissingCapabilityError,
@@ -15,6 +14,7 @@ from ._evaluate import (
     evaluate_verifier as evaluate_verifier,
     synthetic_distributions as synthetic_distributions,
 )
+from ._example_inputs import example_inputs as example_inputs
 from ._keys import (
     speculative_accept_from_key as speculative_accept_from_key,
     uniforms_from_key as uniforms_from_key,
