@@ -144,7 +144,10 @@ def _format_bytes(n: float) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/bench_sharding.py",
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=128256)

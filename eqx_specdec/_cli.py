@@ -2,28 +2,89 @@
 `evaluate`."""
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
+import pathlib
+import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ._cli_choices import CHAIN_NAMES, DEMO_DEFAULT, fail, VERIFIER_NAMES, verifiers
-from ._cli_demo import run_demo
+from ._cli_demo import PLOT_NEEDS_MATPLOTLIB, run_demo
 from ._errors import MissingCapabilityError
 from ._evaluate import evaluate_verifier, synthetic_distributions, SYNTHETIC_KINDS
 from ._models import builtin_models, encode
 
 
 def _names(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VERIFIER_NAMES]
-    if unknown or not names:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
         raise argparse.ArgumentTypeError(
-            f"unknown verifier(s) {unknown or text!r}; choose from "
+            f"empty name in {text!r}; give comma-separated names from "
+            f"{', '.join(VERIFIER_NAMES)}."
+        )
+    unknown = [n for n in names if n not in VERIFIER_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown verifier(s) {', '.join(unknown)}; choose from "
             f"{', '.join(VERIFIER_NAMES)} (comma-separated)."
         )
     return names
+
+
+# The formats matplotlib writes, by file suffix.
+_PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "webp", "tif", "tiff", "eps", "ps")
+
+
+def _plot_path(text: str) -> str:
+    """`--plot`: checked before any work (the demo runs for several seconds first)."""
+    path = pathlib.Path(text)
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in _PLOT_FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no image suffix; use one of .{', .'.join(_PLOT_FORMATS)}."
+        )
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"the directory {str(path.parent)!r} does not exist; create it first."
+        )
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except ValueError:  # in sys.modules as None: import blocked
+        found = False
+    if not found:
+        raise argparse.ArgumentTypeError(PLOT_NEEDS_MATPLOTLIB.split(": ", 1)[1])
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors as one line, `eqx-specdec demo: error: argument --plot: ...` (without the
+    usage lines argparse prints first: `--help` has them)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help text wrapped at spaces only: defaults such as 'one-hot' stay whole."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(text, width, break_on_hyphens=False)
+
+
+def _rounded(value):
+    """Floats of a JSON result to 12 significant digits: the float64 computations are
+    exact to about that, and `1.0000000000000009` reads as a bug."""
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def _positive(kind):
@@ -80,10 +141,10 @@ def run_evaluate(args) -> dict:
             key=jax.random.key(args.seed),
         )
     except (ValueError, MissingCapabilityError) as error:
-        fail(str(error))
+        fail(str(error), "evaluate")
     result = {"verifier": args.verifier, "case": args.case, **result}
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(_rounded(result), indent=2))
         return result
     print(f"verifier: {args.verifier} ({description}), drafts: {drafting}")
     print(
@@ -120,10 +181,16 @@ def run_evaluate(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="eqx-specdec",
         description="Speculative decoding verification in JAX: run the end-to-end demo "
         "or measure a verifier.",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"eqx-specdec {importlib.metadata.version('eqx_specdec')}",
     )
     sub = parser.add_subparsers(dest="command", metavar="{demo,evaluate}")
     sub.required = True
@@ -133,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generates text with the built-in character n-gram pair (a bigram "
         "draft, a 4-gram target) under several verifiers and prints tokens per target "
         "call, acceptance rate by position and the theoretical value.",
+        formatter_class=_Formatter,
     )
     demo.add_argument(
         "--verifiers",
@@ -161,7 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--samples", type=int, default=3, help="generated samples to print (default 3)"
     )
     demo.add_argument(
-        "--plot", metavar="FILE.png", help="write the accepted-length figure"
+        "--plot",
+        metavar="FILE.png",
+        type=_plot_path,
+        help="write the accepted-length figure (.png, .pdf, .svg...; needs matplotlib)",
     )
     demo.set_defaults(run=run_demo)
 
@@ -172,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         "distributions: distance of the emitted tokens from the target (exact "
         "quadrature on small cases, Monte Carlo otherwise), acceptance rate and "
         "expected tokens per step.",
+        formatter_class=_Formatter,
     )
     evaluate.add_argument(
         "--verifier",

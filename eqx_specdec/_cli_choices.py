@@ -89,6 +89,7 @@ CHAIN_NAMES = tuple(n for n, c in verifiers(0.5).items() if c.tree is None)
 DEMO_DEFAULT = ("standard", "one-hot", "block", "tree", "greedy", "typical")
 
 
-def fail(message: str):
-    print(f"eqx-specdec: error: {message}", file=sys.stderr)
+def fail(message: str, command: str):
+    """Exits with one line on standard error, as argparse does for its own errors."""
+    print(f"eqx-specdec {command}: error: {message}", file=sys.stderr)
     raise SystemExit(2)

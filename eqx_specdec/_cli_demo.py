@@ -142,6 +142,12 @@ def run_demo(args) -> dict:
     return results
 
 
+PLOT_NEEDS_MATPLOTLIB = (
+    "argument --plot: needs matplotlib; in the checkout, run "
+    '`python -m pip install ".[plot]"` (or `python -m pip install matplotlib`).'
+)
+
+
 def _plot(results, path):
     try:
         import matplotlib
@@ -149,15 +155,27 @@ def _plot(results, path):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        fail(
-            "--plot needs matplotlib: python -m pip install 'eqx_specdec[plot]' "
-            "(or matplotlib)."
-        )
+        fail(PLOT_NEEDS_MATPLOTLIB, "demo")
     names = list(results)
+    # A grid three panels wide, 7.2 inches at 100 dpi: the width of a documentation page,
+    # so that 9-point labels read at the size the page shows them.
+    columns = min(3, len(names))
+    rows = -(-len(names) // columns)
     fig, axes = plt.subplots(
-        1, len(names), figsize=(3.2 * len(names), 3.0), sharey=True, squeeze=False
+        rows,
+        columns,
+        figsize=(7.2, 0.5 + 2.3 * rows),
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
     )
-    for ax, name in zip(axes[0], names):
+    fig.suptitle(
+        "Accepted draft tokens per step: observed (bars) and predicted (line)",
+        fontsize=11,
+    )
+    for ax in axes.flat[len(names) :]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
         result = results[name][0]
         ks = np.arange(result.accepted_histogram.shape[1])
         ax.bar(
@@ -172,11 +190,12 @@ def _plot(results, path):
                 color="#c0392b",
                 label=label,
             )
-        ax.set_title(f"{name}: {result.tokens_per_call():.2f} tok/call", fontsize=10)
-        ax.set_xlabel("accepted draft tokens n")
+        ax.set_title(f"{name}: {result.tokens_per_call():.2f} tokens/call", fontsize=10)
+        ax.set_xlabel("accepted draft tokens n", fontsize=9)
         ax.set_xticks(ks)
+        ax.tick_params(labelsize=9)
         ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("fraction of steps")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    for row in axes:
+        row[0].set_ylabel("fraction of steps", fontsize=9)
+    fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -60,7 +60,10 @@ def test_demo_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatc
              "--plot", str(tmp_path / "x.png")]
         )  # fmt: skip
     assert exit_info.value.code == 2
-    assert "pip install 'eqx_specdec[plot]'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1  # one line, before any work
+    assert err.startswith("eqx-specdec demo: error: argument --plot: needs matplotlib")
+    assert 'python -m pip install ".[plot]"' in err
 
 
 @pytest.mark.parametrize(
@@ -101,7 +104,19 @@ def test_evaluate_by_monte_carlo(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["demo", "--verifiers", "standard,fancy"], "unknown verifier(s) ['fancy']"),
+        (
+            ["demo", "--verifiers", "standard,fancy"],
+            "unknown verifier(s) fancy; choose",
+        ),
+        (["demo", "--verifiers", "standard,,block"], "--verifiers: empty name in"),
+        (
+            ["demo", "--plot", "/no/such/dir/x.png"],
+            "--plot: the directory '/no/such/dir'",
+        ),
+        (
+            ["demo", "--plot", "x.txt"],
+            "--plot: 'x.txt' has no image suffix; use one of",
+        ),
         (["demo", "--batch", "0"], "must be positive"),
         (["demo", "--lenience", "2"], "must lie in (0, 1]"),
         (["evaluate", "--verifier", "fancy"], "invalid choice: 'fancy'"),
@@ -117,7 +132,35 @@ def test_errors_are_clear(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         _cli.main(argv)
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert captured.err.count("\n") == 1  # one line, no usage block
+    command = argv[0] if argv else ""
+    assert captured.err.startswith(f"eqx-specdec {command}".strip() + ": error: ")
+    assert captured.out == ""  # refused before any work
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(["--version"])
+    assert exit_info.value.code == 0
+    version = importlib.metadata.version("eqx_specdec")
+    assert capsys.readouterr().out == f"eqx-specdec {version}\n"
+
+
+def test_help_never_breaks_a_name_at_its_hyphen(capsys):
+    with pytest.raises(SystemExit):
+        _cli.main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert "one-\n" not in out and "one-hot" in out
+
+
+def test_json_floats_are_rounded(capsys):
+    out = _run(["evaluate", "--json"], capsys)
+    for token in out.replace(",", " ").split():
+        digits = token.strip("[]").lstrip("-").replace(".", "").lstrip("0")
+        if digits.replace("e", "").replace("-", "").isdigit():
+            assert len(digits.split("e")[0]) <= 12, token
 
 
 @pytest.mark.parametrize("command", ["demo", "evaluate"])
