@@ -1,13 +1,11 @@
 """The composed verifier of one device, and the contract's entry point."""
 
 import functools
-import math
 import typing
 from typing import Literal
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Int, jaxtyped
 
@@ -156,37 +154,7 @@ class Verifier(AbstractVerifier):
             batching = "map" if jax.default_backend() == "cpu" else "vmap"
         if batching == "vmap":
             return jax.vmap(row)(*inputs)
-        return _packed_map(row, inputs)
-
-
-def _packed_map(row, inputs):
-    """`jax.lax.map(row, inputs)` with the row's outputs packed into one array per
-    dtype: each output of the loop is one more update per iteration, and on XLA CPU
-    each costs about a microsecond however small it is."""
-    layout = []  # filled while `lax.map` traces the row (once)
-
-    def packed_row(arrays):
-        leaves, treedef = jax.tree.flatten(row(*arrays))
-        groups = {}
-        for i, leaf in enumerate(leaves):
-            groups.setdefault(jnp.dtype(leaf.dtype), []).append(i)
-        layout.append((treedef, [leaf.shape for leaf in leaves], list(groups.values())))
-        return [
-            jnp.concatenate([leaves[i].reshape(-1) for i in members])
-            for members in groups.values()
-        ]
-
-    packed = jax.lax.map(packed_row, inputs)
-    treedef, shapes, groups = layout[-1]
-    leaves = [None] * len(shapes)
-    for block, members in zip(packed, groups):
-        start = 0
-        for i in members:
-            size = math.prod(shapes[i])
-            part = block[:, start : start + size]
-            leaves[i] = part.reshape((block.shape[0],) + tuple(shapes[i]))
-            start += size
-    return jax.tree.unflatten(treedef, leaves)
+        return jax.lax.map(lambda arrays: row(*arrays), inputs)
 
 
 @entry_point
