@@ -41,7 +41,7 @@ class RowReport(NamedTuple):
     run-time checks (computed on the whole batch afterwards, so the row loop does no
     extra work): the ratio test's residual scales and the sampler's token (`None` when
     the verifier does not expose them), and with value checks in the rows, the
-    [`RowSums`][eqx_specdec._stages.samplers.RowSums] of rows n and the gathered
+    [`eqx_specdec.RowSums`][] of rows n and the gathered
     $p_i(x_i)$, $q_i(x_i)$."""
 
     residual_scale: Float[Array, "*batch gamma"] | None = None

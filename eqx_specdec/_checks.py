@@ -34,9 +34,7 @@ def check_level(check_inputs) -> Level | None:
             f"{LEVELS}; got a traced value. Under `jax.jit`, mark it static: "
             '`jax.jit(entry_point, static_argnames="check_inputs")`.'
         )
-    if check_inputs is True or (
-        isinstance(check_inputs, str) and check_inputs == "read"
-    ):
+    if check_inputs is True:
         return "read"
     if check_inputs is False:
         return None
@@ -86,8 +84,8 @@ def distribution_flags(name, dtype, total, negative):
 
 
 def distribution_problems(name, probs):
-    """The problems of every distribution of a probability array `(B, ..., V)`: two
-    reductions over the vocabulary, which XLA fuses into one read."""
+    """The problems of every distribution of a probability array `(B, ..., V)`: a sum
+    and a minimum over the vocabulary (two passes on XLA CPU, which does not fuse them)."""
     dtype = compute_dtype(probs.dtype)
     vocab = probs.shape[-1]
     # As (V / 16, 16) with the reductions over the middle axis: XLA CPU keeps 16
@@ -98,15 +96,6 @@ def distribution_problems(name, probs):
     total = jnp.sum(jnp.sum(rows, axis=-2, dtype=dtype), axis=-1)
     negative = jnp.min(jnp.min(rows, axis=-2), axis=-1) < 0
     return distribution_flags(name, probs.dtype, total, negative)
-
-
-def merge_problems(*lists):
-    """Problem lists with the same messages in the same order, their flags or-ed."""
-    first = lists[0]
-    return [
-        (functools.reduce(jnp.logical_or, [lst[i][0] for lst in lists]), message)
-        for i, (_, message) in enumerate(first)
-    ]
 
 
 def _per_row(flags):

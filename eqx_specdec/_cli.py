@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._cli_choices import CHAIN_NAMES, DEMO_DEFAULT, fail, VERIFIER_NAMES, verifiers
-from ._cli_demo import PLOT_NEEDS_MATPLOTLIB, run_demo
+from ._cli_demo import run_demo
 from ._errors import MissingCapabilityError
 from ._evaluate import evaluate_verifier, synthetic_distributions, SYNTHETIC_KINDS
 from ._models import builtin_models, encode
@@ -56,7 +56,10 @@ def _plot_path(text: str) -> str:
     except ValueError:  # in sys.modules as None: import blocked
         found = False
     if not found:
-        raise argparse.ArgumentTypeError(PLOT_NEEDS_MATPLOTLIB.split(": ", 1)[1])
+        raise argparse.ArgumentTypeError(
+            'needs matplotlib; in the checkout, run `python -m pip install ".[plot]"` '
+            "(or `python -m pip install matplotlib`)."
+        )
     return text
 
 

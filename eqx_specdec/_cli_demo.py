@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._autoregressive import autoregressive_decode
-from ._cli_choices import fail, verifiers
+from ._cli_choices import verifiers
 from ._decoding import speculative_decode
 from ._models import builtin_models, BUILTIN_PROMPTS, decode, encode
 
@@ -142,20 +142,13 @@ def run_demo(args) -> dict:
     return results
 
 
-PLOT_NEEDS_MATPLOTLIB = (
-    "argument --plot: needs matplotlib; in the checkout, run "
-    '`python -m pip install ".[plot]"` (or `python -m pip install matplotlib`).'
-)
-
-
 def _plot(results, path):
-    try:
-        import matplotlib
+    # matplotlib is optional: `--plot` checked that it is installed before the demo ran.
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        fail(PLOT_NEEDS_MATPLOTLIB, "demo")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     names = list(results)
     # A grid three panels wide, 7.2 inches at 100 dpi: the width of a documentation page,
     # so that 9-point labels read at the size the page shows them.

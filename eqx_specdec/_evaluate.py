@@ -13,6 +13,7 @@ from ._lossless import (
     emission_by_quadrature,
     stage_breakpoints,
 )
+from ._misc import numpy_softmax
 from ._tree import TreeVerifier
 from ._tree_evaluation import tree_quadrature_problem
 from ._verifier import Verifier
@@ -28,11 +29,6 @@ SYNTHETIC_KINDS = (
     "one-hot",
     "one-hot implicit",
 )
-
-
-def _softmax(logits):
-    z = np.exp(logits - logits.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True)
 
 
 def _f32(a):
@@ -66,37 +62,37 @@ def synthetic_distributions(kind: str, gamma: int, vocab: int, seed: int):
     rng = np.random.default_rng(seed)
     logits = rng.normal(size=(gamma + 1, vocab))
     if kind == "flat":
-        p = _softmax(0.1 * logits)
-        q = _softmax(0.1 * rng.normal(size=(gamma, vocab)))
+        p = numpy_softmax(0.1 * logits)
+        q = numpy_softmax(0.1 * rng.normal(size=(gamma, vocab)))
     elif kind == "peaked":
-        p = _softmax(4.0 * logits)
-        q = _softmax(
+        p = numpy_softmax(4.0 * logits)
+        q = numpy_softmax(
             4.0 * (0.7 * logits[:gamma] + 0.7 * rng.normal(size=(gamma, vocab)))
         )
     elif kind == "near-equal":
-        p = _softmax(logits)
-        q = _softmax(logits[:gamma] + 0.05 * rng.normal(size=(gamma, vocab)))
+        p = numpy_softmax(logits)
+        q = numpy_softmax(logits[:gamma] + 0.05 * rng.normal(size=(gamma, vocab)))
     elif kind == "disjoint":
         half = vocab // 2
-        p = _softmax(logits)
+        p = numpy_softmax(logits)
         p[:gamma, half:] = 0
-        q = _softmax(rng.normal(size=(gamma, vocab)))
+        q = numpy_softmax(rng.normal(size=(gamma, vocab)))
         q[:, :half] = 0
     elif kind == "equal":
-        p = _softmax(logits)
+        p = numpy_softmax(logits)
         q = p[:gamma].copy()
     elif kind == "sparse":  # zeros in both, overlapping supports
-        p = _softmax(logits) * (rng.random((gamma + 1, vocab)) < 0.6)
-        q = _softmax(rng.normal(size=(gamma, vocab))) * (
+        p = numpy_softmax(logits) * (rng.random((gamma + 1, vocab)) < 0.6)
+        q = numpy_softmax(rng.normal(size=(gamma, vocab))) * (
             rng.random((gamma, vocab)) < 0.6
         )
         p[:, 0] += 1e-3
         q[:, 0] += 1e-3
     else:
         # A target with a few likely tokens, so that one-hot drafts are often accepted.
-        p = 0.5 * _softmax(8.0 * logits) + 0.5 * _softmax(logits)
+        p = 0.5 * numpy_softmax(8.0 * logits) + 0.5 * numpy_softmax(logits)
         if kind == "one-hot implicit":  # drafter tokens drawn from a law close to p
-            law = _softmax(
+            law = numpy_softmax(
                 8.0 * (logits[:gamma] + 0.3 * rng.normal(size=(gamma, vocab)))
             )
             return None, _f32(p / p.sum(-1, keepdims=True)), law

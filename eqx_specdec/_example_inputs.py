@@ -3,6 +3,8 @@
 import jax.numpy as jnp
 import numpy as np
 
+from ._misc import numpy_softmax
+
 
 def example_inputs(batch: int = 3, gamma: int = 4, vocab: int = 10, *, seed: int = 0):
     """Random, valid inputs of [`eqx_specdec.speculative_accept`][]: what the examples in
@@ -27,12 +29,7 @@ def example_inputs(batch: int = 3, gamma: int = 4, vocab: int = 10, *, seed: int
     rng = np.random.default_rng(seed)
     logits = rng.normal(size=(batch, gamma + 1, vocab))
     draft_logits = logits[:, :gamma] + 0.5 * rng.normal(size=(batch, gamma, vocab))
-
-    def softmax(x):
-        e = np.exp(x - x.max(-1, keepdims=True))
-        return e / e.sum(-1, keepdims=True)
-
-    target, draft = softmax(logits), softmax(draft_logits)
+    target, draft = numpy_softmax(logits), numpy_softmax(draft_logits)
     cumulative = np.cumsum(draft, axis=-1)
     draws = rng.uniform(size=(batch, gamma, 1)) * cumulative[..., -1:]
     tokens = np.minimum((cumulative <= draws).sum(-1), vocab - 1)

@@ -1,4 +1,4 @@
-"""Small numeric helpers: the compute dtype and hyperparameter checks."""
+"""Small numeric helpers: the compute dtype, hyperparameter checks, a NumPy softmax."""
 
 import jax
 import jax.numpy as jnp
@@ -37,3 +37,10 @@ def no_type_check(cls):
     argument. Unlike `typing.no_type_check`, it leaves the explicit `@jaxtyped` checks
     of the class's methods on."""
     return cls
+
+
+def numpy_softmax(logits):
+    """The softmax over the last axis of a NumPy array (for building test distributions
+    on the host)."""
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)

@@ -156,11 +156,22 @@ def test_help_never_breaks_a_name_at_its_hyphen(capsys):
 
 
 def test_json_floats_are_rounded(capsys):
-    out = _run(["evaluate", "--json"], capsys)
-    for token in out.replace(",", " ").split():
-        digits = token.strip("[]").lstrip("-").replace(".", "").lstrip("0")
-        if digits.replace("e", "").replace("-", "").isdigit():
-            assert len(digits.split("e")[0]) <= 12, token
+    result = json.loads(_run(["evaluate", "--json"], capsys))
+
+    def floats(value):
+        if isinstance(value, float):
+            yield value
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from floats(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from floats(v)
+
+    found = list(floats(result))
+    assert found  # distances, rates, tokens per step
+    for x in found:
+        assert x == float(f"{x:.12g}"), x  # at most 12 significant digits
 
 
 @pytest.mark.parametrize("command", ["demo", "evaluate"])

@@ -53,8 +53,9 @@ def residual_parts(
 
     Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
     `(start, length)` giving that slice of $p_n$ and of the residual
-    $(c_n p_n - q_n)_+$ (as probabilities; with `with_q=True`, of $q_n$ between them). Only rows $n$ of the distributions are read;
-    $q_n = \\mathrm{onehot}(x_n)$ is never materialised for one-hot drafts. `first_id` is
+    $(c_n p_n - q_n)_+$ (as probabilities; with `with_q=True`, of $q_n$ between them).
+    Only rows $n$ of the distributions are read; $q_n = \\mathrm{onehot}(x_n)$ is never
+    materialised for one-hot drafts. `first_id` is
     the global id of the distributions' first entry (a vocabulary shard's offset).
     """
     gamma = target_probs.shape[0] - 1
