@@ -10,8 +10,8 @@ import pytest
 from helpers import random_case
 
 import eqx_specdec
-from eqx_specdec._evaluate import _softmax
 from eqx_specdec._lossless import EmissionEstimate
+from eqx_specdec._misc import numpy_softmax
 
 
 RULES = {
@@ -76,8 +76,8 @@ def _exact_node_acceptance(rule, p, q, k):
     return recurse(p, q, 0)
 
 
-NODE_P = _softmax(np.random.default_rng(7).normal(size=6) * 1.2)
-NODE_Q = _softmax(np.random.default_rng(8).normal(size=6) * 1.2)
+NODE_P = numpy_softmax(np.random.default_rng(7).normal(size=6) * 1.2)
+NODE_Q = numpy_softmax(np.random.default_rng(8).normal(size=6) * 1.2)
 
 
 @pytest.mark.parametrize("rule", list(RULES))
@@ -115,8 +115,8 @@ def test_small_trees_are_lossless(rule):
     after node 0."""
     vocab, draws = 16, 200_000
     rng = np.random.default_rng(11)
-    p = _softmax(rng.normal(size=(6, vocab)) * 1.5).astype(np.float32)
-    q = _softmax(rng.normal(size=(6, vocab)) * 1.5).astype(np.float32)
+    p = numpy_softmax(rng.normal(size=(6, vocab)) * 1.5).astype(np.float32)
+    q = numpy_softmax(rng.normal(size=(6, vocab)) * 1.5).astype(np.float32)
     verifier = eqx_specdec.TreeVerifier(RULES[rule])
     p_j, q_j = jnp.asarray(p), jnp.asarray(q)
 
@@ -169,10 +169,10 @@ def test_lossy_tree_rule_is_caught():
             return residual, mass, draft  # forgets to update the target
 
     vocab, draws = 16, 100_000
-    p = _softmax(np.random.default_rng(1).normal(size=(4, vocab)) * 1.5).astype(
+    p = numpy_softmax(np.random.default_rng(1).normal(size=(4, vocab)) * 1.5).astype(
         np.float32
     )
-    q = _softmax(np.random.default_rng(2).normal(size=(4, vocab)) * 1.5).astype(
+    q = numpy_softmax(np.random.default_rng(2).normal(size=(4, vocab)) * 1.5).astype(
         np.float32
     )
     verifier = eqx_specdec.TreeVerifier(WrongRule())
