@@ -2,6 +2,7 @@
 
 import importlib.metadata
 
+from ._abstract_tree_verifier import AbstractTreeVerifier as AbstractTreeVerifier
 from ._abstract_verifier import AbstractVerifier as AbstractVerifier
 from ._autoregressive import autoregressive_decode as autoregressive_decode
 from ._decode_result import DecodeResult as DecodeResult
@@ -76,6 +77,7 @@ from ._stages.typical import (
     TypicalSampler as TypicalSampler,
 )
 from ._stages.verdict import Verdict as Verdict
+from ._traversal import TraversalVerifier as TraversalVerifier
 from ._tree import tree_accept as tree_accept, TreeVerifier as TreeVerifier
 from ._verifier import speculative_accept as speculative_accept, Verifier as Verifier
 from ._vocab_shard import VocabShard as VocabShard

@@ -4,27 +4,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._abstract_tree_verifier import AbstractTreeVerifier
 from ._abstract_verifier import AbstractVerifier
 from ._errors import implements, missing_capability
 from ._node_rules import AbstractNodeRule
-from ._tree import check_tree_shape, TreeVerifier
+from ._tree import check_tree_shape
 
 
 def check_tree(tree, verifier, drafting) -> tuple[int, ...] | None:
     """Checks `tree` against the verifier: trees need a TreeVerifier whose node rule
     can draft (`candidate_law`), and chains anything else."""
     if tree is None:
-        if isinstance(verifier, TreeVerifier):
-            check_tree_shape(None)  # raises: a tree verifier needs the tree's shape
+        if isinstance(verifier, AbstractTreeVerifier):
+            check_tree_shape(
+                None, type(verifier).__name__
+            )  # raises: a tree verifier needs the tree's shape
         if drafting not in ("sample", "argmax"):
             raise ValueError(
                 f'`drafting` must be "sample" (draft tokens x ~ q) or "argmax" (one-hot '
                 f"drafts), got {drafting!r}."
             )
         return None
-    if not isinstance(verifier, TreeVerifier):
+    if not isinstance(verifier, AbstractTreeVerifier):
         raise TypeError(
-            "`tree` is given, so `verifier` must be an eqx_specdec.TreeVerifier; got "
+            "`tree` is given, so `verifier` must be a tree verifier (TreeVerifier or "
+            "TraversalVerifier, an eqx_specdec.AbstractTreeVerifier); got "
             f"{type(verifier).__name__}."
         )
     if drafting != "sample":
@@ -32,7 +36,7 @@ def check_tree(tree, verifier, drafting) -> tuple[int, ...] | None:
             "`drafting` is for chains; a tree's children are drafted by its node rule's "
             "`candidate_law`. Subclass the node rule to change how they are drawn."
         )
-    rule = verifier.node_rule
+    rule = verifier.drafting_rule()
     if not implements(rule, AbstractNodeRule, "candidate_law"):
         raise missing_capability(
             rule, "candidate_law", "drafting a tree in the decoding loop"
@@ -43,7 +47,7 @@ def check_tree(tree, verifier, drafting) -> tuple[int, ...] | None:
 def check_decode_arguments(
     prompt_tokens, prompt_lengths, num_tokens, gamma, outputs, verifier
 ):
-    if not isinstance(verifier, (AbstractVerifier, TreeVerifier)):
+    if not isinstance(verifier, (AbstractVerifier, AbstractTreeVerifier)):
         raise TypeError(
             "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier, or "
             f"TreeVerifier with `tree`), got {type(verifier).__name__}."

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, Key
 
+from ._abstract_tree_verifier import AbstractTreeVerifier
 from ._abstract_verifier import AbstractVerifier
 from ._decode_arguments import check_decode_arguments, check_tree
 from ._decode_result import DecodeResult, reached_probabilities
@@ -23,7 +24,6 @@ from ._drafting import (
 from ._errors import implements, missing_capability
 from ._jit import FilterJit
 from ._stages.ratio_tests import AbstractRatioTest
-from ._tree import TreeVerifier
 from ._verifier import Verifier
 
 
@@ -64,7 +64,7 @@ class _DecodeLoop(eqx.Module):
 
     draft_model: Callable
     target_model: Callable
-    verifier: AbstractVerifier | TreeVerifier
+    verifier: AbstractVerifier | AbstractTreeVerifier
     num_tokens: int = eqx.field(static=True)
     gamma: int = eqx.field(static=True)
     drafting: ChainDrafting = eqx.field(static=True)
@@ -155,7 +155,7 @@ class _DecodeLoop(eqx.Module):
 
     def propose_tree(self, buffer, lengths, split, vocab):
         """Drafts a tree, scores every node, walks it with the tree verifier."""
-        rule = self.verifier.node_rule
+        rule = self.verifier.drafting_rule()
         nodes, dq, p = jax.vmap(
             lambda t, n, k: draft_tree(
                 self.draft_model,
@@ -243,7 +243,7 @@ def speculative_decode(
     key: Key[Array, ""],
     *,
     gamma: int = 4,
-    verifier: AbstractVerifier | TreeVerifier = Verifier(),
+    verifier: AbstractVerifier | AbstractTreeVerifier = Verifier(),
     drafting: ChainDrafting = "sample",
     outputs: ModelOutputs = "probs",
     progress: Callable | None = None,

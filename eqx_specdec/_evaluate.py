@@ -7,6 +7,7 @@ from typing import Literal
 import jax
 import numpy as np
 
+from ._abstract_tree_verifier import AbstractTreeVerifier
 from ._errors import MissingCapabilityError
 from ._lossless import (
     emission_by_monte_carlo,
@@ -14,7 +15,6 @@ from ._lossless import (
     stage_breakpoints,
 )
 from ._misc import numpy_softmax
-from ._tree import TreeVerifier
 from ._tree_evaluation import tree_quadrature_problem
 from ._verifier import Verifier
 
@@ -107,7 +107,7 @@ def synthetic_distributions(kind: str, gamma: int, vocab: int, seed: int):
 def _quadrature_problem(verifier, q, p, tree) -> Exception | None:
     """Why exact quadrature does not apply (the error to raise), or None."""
     vocab = p.shape[1]
-    if isinstance(verifier, TreeVerifier):
+    if isinstance(verifier, AbstractTreeVerifier):
         return tree_quadrature_problem(verifier, tree, vocab)
     gamma = p.shape[0] - 1
     if vocab**gamma > 256:
@@ -126,7 +126,7 @@ def _total_variation(a, b):
 
 
 def evaluate_verifier(
-    verifier: Verifier | TreeVerifier,
+    verifier: Verifier | AbstractTreeVerifier,
     draft_probs,
     target_probs,
     *,
@@ -196,7 +196,7 @@ def evaluate_verifier(
         )
     accepted_law = estimate.accepted_distribution()
     reached = accepted_law[::-1].cumsum()[::-1]  # P(n >= k)
-    if isinstance(verifier, TreeVerifier):
+    if isinstance(verifier, AbstractTreeVerifier):
         target, depth = p, len(accepted_law) - 1
     else:
         target, depth = verifier.ratio_test.emission_target(p), p.shape[0] - 1

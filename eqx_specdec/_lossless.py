@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._abstract_tree_verifier import AbstractTreeVerifier
 from ._emission import accumulate, cells, EmissionEstimate, padded_size
 from ._errors import MissingCapabilityError
 from ._jit import FilterJit
-from ._tree import TreeVerifier
 from ._tree_evaluation import tree_emission_by_monte_carlo, tree_emission_by_quadrature
 from ._verifier import Verifier
 
@@ -94,7 +94,7 @@ def _reads_logs(verifier: Verifier) -> bool:
 
 
 def emission_by_quadrature(
-    verifier: Verifier | TreeVerifier,
+    verifier: Verifier | AbstractTreeVerifier,
     draft_probs,
     target_probs,
     *,
@@ -154,7 +154,7 @@ def emission_by_quadrature(
 
     An [`eqx_specdec.EmissionEstimate`][] of probabilities.
     """
-    if isinstance(verifier, TreeVerifier):
+    if isinstance(verifier, AbstractTreeVerifier):
         return tree_emission_by_quadrature(
             verifier, tree, draft_probs, target_probs, chunk_size=chunk_size
         )
@@ -259,7 +259,7 @@ def _verifier_inputs(draft, target, log_inputs):
 
 
 def emission_by_monte_carlo(
-    verifier: Verifier | TreeVerifier,
+    verifier: Verifier | AbstractTreeVerifier,
     draft_probs,
     target_probs,
     key,
@@ -296,7 +296,7 @@ def emission_by_monte_carlo(
 
     An [`eqx_specdec.EmissionEstimate`][] of counts.
     """
-    if isinstance(verifier, TreeVerifier):
+    if isinstance(verifier, AbstractTreeVerifier):
         return tree_emission_by_monte_carlo(
             verifier, tree, draft_probs, target_probs, key, num_draws, chunk_size
         )

@@ -3,12 +3,12 @@
 import typing
 from typing import Literal
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Float, Int, Integer, jaxtyped
 
+from ._abstract_tree_verifier import AbstractTreeVerifier, tree_navigation
 from ._abstract_verifier import malformed_tokens
 from ._checks import (
     check_level,
@@ -18,25 +18,21 @@ from ._checks import (
     token_problems,
     uniform_problems,
 )
+from ._errors import implements, missing_capability
 from ._jit import entry_point
 from ._misc import compute_dtype
 from ._node_rules import AbstractNodeRule, IIDCandidates
 from ._search import inverse_cdf
 
 
-class TreeVerifier(eqx.Module):
-    """Verifies a tree of draft tokens: walks down from the root, trying each node's
-    children in order with `node_rule`, descending into the first accepted child, and
-    draws the correction from the final evolving target.
+class TreeVerifier(AbstractTreeVerifier):
+    """Verifies a tree of draft tokens top-down: walks down from the root, trying each
+    node's children in order with `node_rule`, descending into the first accepted child,
+    and draws the correction from the final evolving target.
 
-    **Tree layout** (one row; `N` nodes at most, fixed shapes, traced contents): node `i`
-    holds `node_tokens[i]`; `parents[i]` is `-1` for a child of the root, the index of its
-    parent otherwise, and any value below `-1` for padding. Nodes are in depth-first order
-    (a parent before its children, siblings in the order they are tried), as serving stacks
-    lay them out. `target_probs[0]` is the target's distribution at the root and
-    `target_probs[i + 1]` the one after node `i`; `draft_probs` likewise (the law the
-    node's children were drawn from; `None` for [`eqx_specdec.DeterministicCandidates`][]).
-    A chain (`parents = [-1, 0, 1, ...]`) with [`eqx_specdec.IIDCandidates`][] is exactly
+    The tree layout is [`eqx_specdec.AbstractTreeVerifier`][]'s (siblings in the order
+    they are tried; `draft_probs` may be `None` for
+    [`eqx_specdec.DeterministicCandidates`][]). A chain (`parents = [-1, 0, 1, ...]`) with [`eqx_specdec.IIDCandidates`][] is exactly
     the standard verifier.
 
     **Arguments:**
@@ -46,6 +42,59 @@ class TreeVerifier(eqx.Module):
     """
 
     node_rule: AbstractNodeRule = IIDCandidates()
+
+    def drafting_rule(self) -> AbstractNodeRule:
+        return self.node_rule
+
+    def exact_evaluation_problem(self) -> Exception | None:
+        for method in ("pass_threshold", "candidate_law"):
+            if not implements(self.node_rule, AbstractNodeRule, method):
+                return missing_capability(
+                    self.node_rule,
+                    method,
+                    "exact evaluation of trees",
+                    'use method="monte-carlo"',
+                )
+        return None
+
+    def forced_walk(self, node_tokens, parents, draft_probs, target_probs, outcomes):
+        """The top-down walk with each tested child's outcome forced: the node rule's
+        `pass_threshold` at each tested node, and the final evolving target."""
+        rule = self.node_rule
+        nodes, vocab = node_tokens.shape[0], target_probs.shape[1]
+        p = target_probs
+
+        def draft_row(i):
+            if draft_probs is None:
+                return jnp.zeros((vocab,), p.dtype)
+            return draft_probs[i]
+
+        current, residual, mass, draft = (
+            jnp.int32(-1),
+            p[0],
+            jnp.ones((), p.dtype),
+            draft_row(0),
+        )
+        thresholds = []
+        for i in range(nodes):
+            is_child = parents[i] == current
+            t = rule.pass_threshold(residual, mass, draft, node_tokens[i])
+            thresholds.append(jnp.where(is_child, t, jnp.nan))
+            accept, reject = is_child & outcomes[i], is_child & ~outcomes[i]
+            r_residual, r_mass, r_draft = rule.reject(
+                residual, mass, draft, node_tokens[i]
+            )
+            residual = jnp.where(
+                accept, p[i + 1], jnp.where(reject, r_residual, residual)
+            )
+            mass = jnp.where(accept, 1.0, jnp.where(reject, r_mass, mass)).astype(
+                p.dtype
+            )
+            draft = jnp.where(
+                accept, draft_row(i + 1), jnp.where(reject, r_draft, draft)
+            )
+            current = jnp.where(accept, i, current)
+        return jnp.stack(thresholds), residual
 
     @jaxtyped(typechecker=beartype)
     def row(
@@ -124,17 +173,13 @@ class TreeVerifier(eqx.Module):
             "path": path,
         }
 
-    def __call__(self, *inputs) -> dict[str, Int[Array, "..."]]:
-        """Verifies a batch of trees: [`eqx_specdec.TreeVerifier.row`][] vmapped."""
-        return jax.vmap(self.row)(*inputs)
 
-
-def _tree_problems(parents):
+def _tree_problems(verifier, parents):
     nodes = parents.shape[1]
     ids = jnp.arange(nodes, dtype=jnp.int32)[None, :]
     used = parents >= -1
     bad = used & (parents >= ids)
-    return [
+    problems = [
         (
             jnp.any(bad, axis=1),
             "`parents` is not in depth-first order in row {row} (the first such row). "
@@ -142,14 +187,27 @@ def _tree_problems(parents):
             "root, an earlier node's index otherwise, below -1 for padding.",
         )
     ]
+    limit = verifier.depth_limit(nodes)
+    if limit < nodes:
+        depth = jax.vmap(lambda p: tree_navigation(p.astype(jnp.int32)).depth)(parents)
+        name = type(verifier).__name__
+        problems.append(
+            (
+                jnp.any(depth > limit, axis=1),
+                f"`parents` describes a tree deeper than {name} walks ({limit}) in "
+                "row {row} (the first such row). Raise its `max_depth` to the trees' "
+                "largest depth.",
+            )
+        )
+    return problems
 
 
-def check_tree_shape(tree) -> tuple[int, ...]:
+def check_tree_shape(tree, owner: str = "TreeVerifier") -> tuple[int, ...]:
     """A tree's shape as a tuple of Python ints, the parent of each node in depth-first
     order, or a `TypeError` / `ValueError` saying what is wrong (trace time)."""
     if tree is None:
         raise TypeError(
-            "A TreeVerifier needs the tree's shape: pass `tree=` the parent of each node "
+            f"A {owner} needs the tree's shape: pass `tree=` the parent of each node "
             "in depth-first order, e.g. `tree=(-1, 0, -1, 2)` for two candidates at the "
             "root with one child each."
         )
@@ -175,11 +233,11 @@ def tree_accept(
     accept_uniforms: Float[Array, "batch nodes"],
     sample_uniforms: Float[Array, " batch"],
     *,
-    verifier: TreeVerifier = TreeVerifier(),
+    verifier: AbstractTreeVerifier = TreeVerifier(),
     check_inputs: bool | Literal["all"] = True,
 ) -> dict[str, Int[Array, "..."]]:
-    """Verifies a batch of draft trees (see [`eqx_specdec.TreeVerifier`][] for the
-    layout).
+    """Verifies a batch of draft trees (see [`eqx_specdec.AbstractTreeVerifier`][] for
+    the layout).
 
     **Arguments:**
 
@@ -189,7 +247,9 @@ def tree_accept(
     - `target_probs`: float `(B, N + 1, V)`.
     - `accept_uniforms`: float `(B, N)`, one uniform per node.
     - `sample_uniforms`: float `(B,)`.
-    - `verifier`: the [`eqx_specdec.TreeVerifier`][] to run.
+    - `verifier`: the tree verifier to run, an [`eqx_specdec.AbstractTreeVerifier`][]:
+        [`eqx_specdec.TreeVerifier`][] (default) or
+        [`eqx_specdec.TraversalVerifier`][].
     - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][];
         both `True` and `"all"` check every row (the walk reads them all),
         plus the depth-first order of `parents`.
@@ -221,9 +281,15 @@ def tree_accept(
                 f"`{name}` must have shape {shape} for `node_tokens` of shape "
                 f"{(batch, nodes)} and vocabulary {vocab}; got {tuple(array.shape)}."
             )
-    if draft_probs is None and verifier.node_rule.uses_draft_probs:
+    if not isinstance(verifier, AbstractTreeVerifier):
         raise TypeError(
-            f"{type(verifier.node_rule).__name__} reads the draft distributions: pass "
+            "`verifier` must be an eqx_specdec.AbstractTreeVerifier (TreeVerifier or "
+            f"TraversalVerifier); got {type(verifier).__name__}."
+        )
+    rule = verifier.drafting_rule()
+    if draft_probs is None and rule.uses_draft_probs:
+        raise TypeError(
+            f"{type(rule).__name__} reads the draft distributions: pass "
             "`draft_probs`, float (B, N + 1, V) (only rules with "
             "`uses_draft_probs = False`, such as DeterministicCandidates, take None)."
         )
@@ -241,7 +307,7 @@ def tree_accept(
     # The top-down walk reads every row (each node's context row is selected under a
     # mask), so every level checks every row.
     problems = token_problems(node_tokens, vocab, "node_tokens", valid=parents >= -1)
-    problems += _tree_problems(parents)
+    problems += _tree_problems(verifier, parents)
     if draft_probs is not None:
         problems += distribution_problems("draft_probs", draft_probs)
     problems += distribution_problems("target_probs", target_probs)
@@ -250,12 +316,12 @@ def tree_accept(
     n = outputs["num_accepted"]
     problems.append(
         stage_problem(
-            verifier.node_rule,
-            "node rule",
+            verifier,
+            "tree verifier",
             malformed_tokens(outputs["tokens"], n, vocab) | (n < 0) | (n > nodes),
             "tokens not laid out as the contract says",
-            "its test must accept a child with the probability the tree walk expects, "
-            "and its residual must stay a distribution.",
+            "its `row` must return the layout of AbstractTreeVerifier.row (for a "
+            "TreeVerifier: its node rule's residual must stay a distribution).",
         )
     )
     return checked(outputs, problems)

@@ -7,12 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._abstract_tree_verifier import AbstractTreeVerifier
 from ._drafting import tree_depths
 from ._emission import cells, EmissionEstimate, padded_size
 from ._errors import implements, missing_capability
 from ._jit import FilterJit
 from ._node_rules import AbstractNodeRule
-from ._tree import check_tree_shape, TreeVerifier
+from ._tree import check_tree_shape
 
 
 # Beyond this many verifier rows, quadrature on a tree is refused (use Monte Carlo).
@@ -21,18 +22,15 @@ _MAX_QUADRATURE_ROWS = 4_000_000
 
 def _check(verifier, tree, draft_probs, target_probs, *, exact: bool):
     tree = check_tree_shape(tree)
-    rule = verifier.node_rule
-    needed = ["candidate_law"] + (["pass_threshold"] if exact else [])
-    for method in needed:
-        if not implements(rule, AbstractNodeRule, method):
-            raise missing_capability(
-                rule,
-                method,
-                "exact evaluation of trees"
-                if method == "pass_threshold"
-                else "drafting a tree in the evaluation tools",
-                'use method="monte-carlo"' if method == "pass_threshold" else "",
-            )
+    rule = verifier.drafting_rule()
+    if not implements(rule, AbstractNodeRule, "candidate_law"):
+        raise missing_capability(
+            rule, "candidate_law", "drafting a tree in the evaluation tools"
+        )
+    if exact:
+        problem = verifier.exact_evaluation_problem()
+        if problem is not None:
+            raise problem
     p = np.asarray(target_probs, np.float64)
     shape = (len(tree) + 1, p.shape[-1])
     if p.shape != shape:
@@ -65,36 +63,6 @@ def _draft_laws(rule, tree, q, tokens):
     return jnp.stack(laws)
 
 
-def _forced_walk(rule, tree, q, p, tokens, outcomes):
-    """The walk of `TreeVerifier.row` with each tested node's outcome forced to
-    `outcomes[i]`: the pass threshold each node was tested at (NaN if not tested), and
-    the cumulative distribution of the final residual."""
-    nodes, vocab = len(tree), p.shape[-1]
-    parents = jnp.asarray(tree, jnp.int32)
-
-    def draft_row(i):
-        return q[i] if rule.uses_draft_probs else jnp.zeros((vocab,), q.dtype)
-
-    current, residual, mass, draft = (
-        jnp.int32(-1),
-        p[0],
-        jnp.ones((), p.dtype),
-        draft_row(0),
-    )
-    thresholds = []
-    for i in range(nodes):
-        is_child = parents[i] == current
-        t = rule.pass_threshold(residual, mass, draft, tokens[i])
-        thresholds.append(jnp.where(is_child, t, jnp.nan))
-        accept, reject = is_child & outcomes[i], is_child & ~outcomes[i]
-        r_residual, r_mass, r_draft = rule.reject(residual, mass, draft, tokens[i])
-        residual = jnp.where(accept, p[i + 1], jnp.where(reject, r_residual, residual))
-        mass = jnp.where(accept, 1.0, jnp.where(reject, r_mass, mass)).astype(p.dtype)
-        draft = jnp.where(accept, draft_row(i + 1), jnp.where(reject, r_draft, draft))
-        current = jnp.where(accept, i, current)
-    return jnp.stack(thresholds), jnp.cumsum(residual) / jnp.sum(residual)
-
-
 def _accumulate_tree(estimate, out, weights, vocab):
     emitted, reached, accepted = estimate
     tokens, path = np.asarray(out["tokens"]), np.asarray(out["path"])
@@ -112,11 +80,16 @@ def _depth(tree) -> int:
 
 
 def tree_emission_by_quadrature(
-    verifier: TreeVerifier, tree, draft_probs, target_probs, *, chunk_size=1 << 16
+    verifier: AbstractTreeVerifier,
+    tree,
+    draft_probs,
+    target_probs,
+    *,
+    chunk_size=1 << 16,
 ) -> EmissionEstimate:
     """Exact emission of a tree verifier (see `emission_by_quadrature`)."""
     tree, q, p = _check(verifier, tree, draft_probs, target_probs, exact=True)
-    rule, nodes, vocab = verifier.node_rule, len(tree), p.shape[-1]
+    rule, nodes, vocab = verifier.drafting_rule(), len(tree), p.shape[-1]
     assignments = np.array(
         list(itertools.product(range(vocab), repeat=nodes)), np.int32
     )
@@ -131,7 +104,7 @@ def tree_emission_by_quadrature(
     probability = np.prod(chosen[..., 0], axis=1)
     keep = probability > 0
     assignments, probability = assignments[keep], probability[keep]
-    walks = _all_forced_walks(rule, tree, q, p, jnp.asarray(assignments), outcomes)
+    walks = _all_forced_walks(verifier, tree, q, p, jnp.asarray(assignments), outcomes)
     thresholds, cdfs = (np.asarray(a, np.float64) for a in walks)
     rows = []
     for a, x in enumerate(assignments):
@@ -181,7 +154,13 @@ def tree_emission_by_quadrature(
 
 
 def tree_emission_by_monte_carlo(
-    verifier: TreeVerifier, tree, draft_probs, target_probs, key, num_draws, chunk_size
+    verifier: AbstractTreeVerifier,
+    tree,
+    draft_probs,
+    target_probs,
+    key,
+    num_draws,
+    chunk_size,
 ) -> EmissionEstimate:
     """Monte Carlo emission of a tree verifier (see `emission_by_monte_carlo`)."""
     tree, q, p = _check(verifier, tree, draft_probs, target_probs, exact=False)
@@ -201,14 +180,19 @@ def tree_emission_by_monte_carlo(
     return EmissionEstimate(emitted, reached, num_draws, accepted)
 
 
-def tree_quadrature_problem(verifier: TreeVerifier, tree, vocab: int):
+def tree_quadrature_problem(verifier, tree, vocab: int):
     """Why exact quadrature does not apply to this tree (the error to raise), or None."""
-    rule = verifier.node_rule
-    for method in ("pass_threshold", "candidate_law"):
-        if not implements(rule, AbstractNodeRule, method):
-            return missing_capability(
-                rule, method, "exact evaluation of trees", 'use method="monte-carlo"'
-            )
+    rule = verifier.drafting_rule()
+    if not implements(rule, AbstractNodeRule, "candidate_law"):
+        return missing_capability(
+            rule,
+            "candidate_law",
+            "exact evaluation of trees",
+            'use method="monte-carlo"',
+        )
+    problem = verifier.exact_evaluation_problem()
+    if problem is not None:
+        return problem
     nodes = len(tuple(tree)) if tree is not None else 0
     if nodes and vocab**nodes * 2**nodes > _MAX_QUADRATURE_ROWS:
         return ValueError(
@@ -224,9 +208,13 @@ def _all_draft_laws(rule, tree, q, assignments):
 
 
 @FilterJit
-def _all_forced_walks(rule, tree, q, p, assignments, outcomes):
+def _all_forced_walks(verifier, tree, q, p, assignments, outcomes):
+    parents = jnp.asarray(tree, jnp.int32)
+    draft = q if verifier.drafting_rule().uses_draft_probs else None
+
     def walk(x, o):
-        return _forced_walk(rule, tree, q, p, x, o)
+        thresholds, residual = verifier.forced_walk(x, parents, draft, p, o)
+        return thresholds, jnp.cumsum(residual) / jnp.sum(residual)
 
     return jax.vmap(jax.vmap(walk, (None, 0)), (0, None))(assignments, outcomes)
 
@@ -241,7 +229,7 @@ def _tree_rows(verifier, node_tokens, parents, draft, p, accept, sample):
 def _tree_draws(verifier, tree, q, p, keys):
     """One random step per key: the tree drafted with the rule's `candidate_law`, then
     verified."""
-    rule, nodes, vocab = verifier.node_rule, len(tree), p.shape[-1]
+    rule, nodes, vocab = verifier.drafting_rule(), len(tree), p.shape[-1]
     parents = jnp.asarray(tree, jnp.int32)
     draft = q if rule.uses_draft_probs else None
     ids = jnp.arange(vocab, dtype=jnp.int32)

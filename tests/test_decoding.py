@@ -55,6 +55,7 @@ LOOP_VERIFIERS = {
         dict(tree=TREE),
     ),
     "tree, top-k": (es.TreeVerifier(es.DeterministicCandidates()), dict(tree=TREE)),
+    "traversal": (es.TraversalVerifier(), dict(tree=TREE)),
     "log space, logits models": (
         es.Verifier(
             es.RatioTest(log_space=True),
@@ -422,7 +423,8 @@ class _RuleWithoutDrafting(es.AbstractNodeRule):
     "kwargs, error, match",
     [
         (dict(verifier=es.TreeVerifier()), TypeError, "A TreeVerifier needs the tree's shape"),
-        (dict(tree=(-1, 0)), TypeError, "`tree` is given, so `verifier` must be an eqx_specdec.TreeVerifier"),
+        (dict(tree=(-1, 0)), TypeError, "`tree` is given, so `verifier` must be a tree verifier"),
+            (dict(verifier=es.TraversalVerifier()), TypeError, "A TraversalVerifier needs the tree's shape"),
         (dict(verifier=es.TreeVerifier(), tree=(-1, 1)), ValueError, "depth-first order"),
         (dict(verifier=es.TreeVerifier(), tree=()), ValueError, "non-empty tuple"),
         (dict(verifier=es.TreeVerifier(), tree=(-1,), drafting="argmax"), ValueError, "`drafting` is for chains"),
