@@ -42,9 +42,12 @@ from ._models import (
 from ._node_rules import (
     AbstractNodeRule as AbstractNodeRule,
     DeterministicCandidates as DeterministicCandidates,
+    GreedyMultiDraft as GreedyMultiDraft,
     IIDCandidates as IIDCandidates,
+    SpecHub as SpecHub,
     WithoutReplacementCandidates as WithoutReplacementCandidates,
 )
+from ._optimal import optimal_acceptance as optimal_acceptance
 from ._sharding import ShardedVerifier as ShardedVerifier
 from ._stages.assemblers import (
     AbstractTokenAssembler as AbstractTokenAssembler,

@@ -5,16 +5,18 @@ otherwise. Behind the `evaluate` command."""
 from typing import Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._abstract_tree_verifier import AbstractTreeVerifier
-from ._errors import MissingCapabilityError
+from ._errors import implements, MissingCapabilityError
 from ._lossless import (
     emission_by_monte_carlo,
     emission_by_quadrature,
     stage_breakpoints,
 )
 from ._misc import numpy_softmax
+from ._node_rules import AbstractNodeRule
 from ._tree_evaluation import tree_quadrature_problem
 from ._verifier import Verifier
 
@@ -121,6 +123,20 @@ def _quadrature_problem(verifier, q, p, tree) -> Exception | None:
     return None
 
 
+def _root_optimum(verifier, tree, q, p, root_acceptance) -> dict:
+    """The measured acceptance at the root beside the optimum of the drafting rule's
+    draft law, where the rule can say it (and the root has children)."""
+    rule = verifier.drafting_rule()
+    children = sum(1 for parent in tree if parent == -1)
+    if not implements(rule, AbstractNodeRule, "optimal_acceptance") or not children:
+        return {}
+    draft = np.zeros_like(p[0]) if q is None else q[0]
+    optimum = rule.optimal_acceptance(
+        jnp.asarray(p[0], jnp.float32), jnp.asarray(draft, jnp.float32), children
+    )
+    return {"root_acceptance": root_acceptance, "optimal_acceptance": float(optimum)}
+
+
 def _total_variation(a, b):
     return 0.5 * float(np.abs(np.asarray(a) - np.asarray(b)).sum())
 
@@ -166,7 +182,11 @@ def evaluate_verifier(
     distribution and the target's); `distance_per_position`; `acceptance_rate` (accepted
     draft tokens over drafted, $E[n] / G$); `tokens_per_step` ($1 + E[n]$);
     `reached` ($P(n \\ge k)$, $k = 0..G$, or up to the tree's depth; for a tree the
-    positions of `distance_per_position` are its contexts, root first); with Monte Carlo
+    positions of `distance_per_position` are its contexts, root first); for a tree whose
+    drafting rule implements `optimal_acceptance`, also `root_acceptance` (the
+    probability that some child of the root is accepted) and `optimal_acceptance`
+    ($\\alpha^*$ of the rule's draft law with that many children, the best any lossless
+    verifier reaches there; see [`eqx_specdec.optimal_acceptance`][]); with Monte Carlo
     also `draws` and
     `chi_square` (per position the statistic, degrees of freedom and tail threshold
     $\\mathrm{df} + 10\\sqrt{2\\,\\mathrm{df}}$ of
@@ -217,6 +237,8 @@ def evaluate_verifier(
         "tokens_per_step": 1.0 + accepted,
         "reached": [float(r) for r in reached],
     }
+    if isinstance(verifier, AbstractTreeVerifier):
+        result.update(_root_optimum(verifier, tree, q, p, float(reached[1])))
     if method == "monte-carlo":
         result["draws"] = num_draws
         chi = estimate.chi_square(target)

@@ -10,6 +10,7 @@ from equinox import AbstractClassVar
 from jaxtyping import Array, Bool, Float, Int
 
 from ._errors import missing_capability
+from ._optimal import optimal_acceptance
 from ._search import has_mass
 
 
@@ -33,7 +34,14 @@ class AbstractNodeRule(eqx.Module):
 
     **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
     `candidate_law` (how the decoding loop and the evaluation tools draft a node's
-    children), `pass_threshold` (exact evaluation of trees).
+    children), `pass_threshold` (exact evaluation of trees), `optimal_acceptance` (the
+    best acceptance of the rule's draft law, reported by
+    [`eqx_specdec.evaluate_verifier`][]).
+
+    A rule may accept a child after an earlier sibling failed by testing it against the
+    residual (as [`eqx_specdec.GreedyMultiDraft`][] does): a draw from the residual that
+    lands on a drafted child is the same, in distribution, as testing the drafted
+    children one by one against it.
     """
 
     uses_draft_probs: AbstractClassVar[bool]
@@ -97,6 +105,25 @@ class AbstractNodeRule(eqx.Module):
             "drafting a tree (the decoding loop and the tree evaluation tools)",
         )
 
+    def optimal_acceptance(self, target: Row, draft: Row, num_children: int) -> Scalar:
+        """Capability for [`eqx_specdec.evaluate_verifier`][]: $\\alpha^*$, the best
+        probability of accepting some child that any lossless verifier reaches when
+        `num_children` children are drafted as this rule drafts them (see
+        [`eqx_specdec.optimal_acceptance`][]). Traced.
+
+        **Arguments:**
+
+        - `target`, `draft`: float `(vocab,)`, $p$ and $q$ at the node.
+        - `num_children`: the number of children $K$, a Python int.
+
+        **Returns:**
+
+        A float scalar.
+        """
+        raise missing_capability(
+            self, "optimal_acceptance", "reporting the optimal acceptance of its drafts"
+        )
+
     def pass_threshold(
         self, residual: Row, mass: Scalar, draft: Row, token: Int[Array, ""]
     ) -> Scalar:
@@ -153,6 +180,9 @@ class IIDCandidates(AbstractNodeRule):
     def candidate_law(self, draft, drafted):
         return draft
 
+    def optimal_acceptance(self, target, draft, num_children):
+        return optimal_acceptance(target, draft, num_children, drafting="iid")
+
     def pass_threshold(self, residual, mass, draft, token):
         return _threshold(residual, mass, draft, token)
 
@@ -175,6 +205,11 @@ class WithoutReplacementCandidates(AbstractNodeRule):
         remaining = jnp.where(drafted, 0, draft)
         total = jnp.sum(remaining)
         return jnp.where(total > 0, remaining / jnp.where(total > 0, total, 1), draft)
+
+    def optimal_acceptance(self, target, draft, num_children):
+        return optimal_acceptance(
+            target, draft, num_children, drafting="without replacement"
+        )
 
     def pass_threshold(self, residual, mass, draft, token):
         return _threshold(residual, mass, draft, token)
@@ -206,6 +241,10 @@ class DeterministicCandidates(AbstractNodeRule):
         best = jnp.argmax(jnp.where(drafted, -1, draft))
         return jax.nn.one_hot(best, draft.shape[0], dtype=draft.dtype)
 
+    def optimal_acceptance(self, target, draft, num_children):
+        # A deterministic set D: P(S in H) is 1 when H holds D, else 0, so alpha* = p(D).
+        return jnp.sum(jnp.where(_top_mask(draft, num_children), target, 0))
+
     def pass_threshold(self, residual, mass, draft, token):
         return residual[token] / mass
 
@@ -219,3 +258,133 @@ class DeterministicCandidates(AbstractNodeRule):
         )
         residual, mass = _subtract(residual, mass, one_hot)
         return residual, mass, draft
+
+
+def _top_mask(draft, k: int):
+    """The draft's `k` most likely tokens (ties: the lowest ids), as a boolean mask."""
+    if k <= 0:
+        return jnp.zeros(draft.shape, bool)
+    _, top = jax.lax.top_k(draft, k)
+    return jnp.zeros(draft.shape, bool).at[top].set(True)
+
+
+def _restricted(draft, excluded):
+    """`draft` restricted to the tokens not `excluded`, renormalised (zeros if none)."""
+    rest = jnp.where(excluded, 0, draft)
+    total = jnp.sum(rest)
+    return rest / jnp.where(total > 0, total, 1)
+
+
+class _TopPlusOne(AbstractNodeRule):
+    """The shared rule of drafts made of the draft's top `K - 1` tokens $D$ and one token
+    $x \\sim q' = q$ restricted to the rest, the sampled child tried first: accept $x$ if
+    $u\\, q'(x) < p(x)$; else the residual is $r = (p - q')_+$ off $D$ and $p$ on $D$,
+    against which the children in $D$ are then tested one by one, as
+    [`eqx_specdec.DeterministicCandidates`][] tests its children. The first phase is
+    marked by the evolving draft, zeroed after it."""
+
+    uses_draft_probs: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def _drafted_set(self, draft):
+        """The deterministic children's tokens $D$, as a boolean mask."""
+
+    def _first_phase(self, draft):
+        return jnp.any(draft > 0)
+
+    def _sampled_law(self, draft):
+        return _restricted(draft, self._drafted_set(draft))
+
+    def candidate_law(self, draft, drafted):
+        first = ~jnp.any(drafted)
+        best = jnp.argmax(jnp.where(drafted, -1, draft))
+        one_hot = jax.nn.one_hot(best, draft.shape[0], dtype=draft.dtype)
+        return jnp.where(first, self._sampled_law(draft), one_hot)
+
+    def pass_threshold(self, residual, mass, draft, token):
+        sampled = _threshold(residual, mass, self._sampled_law(draft), token)
+        return jnp.where(self._first_phase(draft), sampled, residual[token] / mass)
+
+    def test(self, residual, mass, draft, token, uniform):
+        u = uniform.astype(residual.dtype)
+        law = self._sampled_law(draft)
+        sampled = _passes(residual, mass, law, token, uniform)
+        deterministic = u * mass < residual[token]
+        return jnp.where(self._first_phase(draft), sampled, deterministic)
+
+    def reject(self, residual, mass, draft, token):
+        ids = jnp.arange(residual.shape[0], dtype=jnp.int32)
+        # First phase: r = (p - q')_+ off D (q' is zero on D, so p stays there).
+        law = self._sampled_law(draft)
+        first_residual, first_mass = _subtract(residual, mass, law)
+        # Then: the tested child's token leaves the residual.
+        rest = jnp.where(ids == token, 0, residual)
+        rest_mass = jnp.sum(rest)
+        keep = has_mass(rest_mass, residual.dtype)
+        later_residual = jnp.where(keep, rest, residual)
+        later_mass = jnp.where(keep, rest_mass, mass)
+        first = self._first_phase(draft)
+        return (
+            jnp.where(first, first_residual, later_residual),
+            jnp.where(first, first_mass, later_mass),
+            jnp.zeros_like(draft),
+        )
+
+    def _acceptance(self, target, draft):
+        law = self._sampled_law(draft)
+        in_set = self._drafted_set(draft)
+        return jnp.sum(jnp.where(in_set, target, jnp.minimum(target, law)))
+
+
+class GreedyMultiDraft(_TopPlusOne):
+    """Greedy multi-draft (Hu et al., ICLR 2025): the children of a node are the draft's
+    top $K - 1$ tokens $D$ (deterministic) and one token $x \\sim q'$, $q$ restricted to
+    the other tokens and renormalised, drafted first (the layout's first child).
+
+    Verification: accept $x$ with probability $\\min(1, p(x) / q'(x))$; else the residual
+    $r(v) = p(v) - \\min(p(v), q'(v))$ off $D$, $r(d) = p(d)$ on $D$, and a draw from it
+    that lands on a child in $D$ descends into that child: the children in $D$ are tested
+    one by one against $r$ (the same in distribution). Lossless; the probability that
+    some child is accepted is $p(D) + \\sum_{v \\notin D} \\min(p(v), q'(v))$, the optimum
+    ($\\alpha^*$) of its own draft law.
+
+    **Arguments:**
+
+    - `num_drafts`: $K$, the number of children per node (a Python int $\\ge 1$;
+        $K = 1$ is the standard single-candidate rule).
+    """
+
+    num_drafts: int = eqx.field(static=True)
+
+    def __check_init__(self):
+        if not isinstance(self.num_drafts, int) or self.num_drafts < 1:
+            raise ValueError(
+                "GreedyMultiDraft(`num_drafts`=...) must be a Python int >= 1 (the "
+                f"children per node); got {self.num_drafts!r}."
+            )
+
+    def _drafted_set(self, draft):
+        return _top_mask(draft, self.num_drafts - 1)
+
+    def optimal_acceptance(self, target, draft, num_children):
+        return self._acceptance(target, draft)
+
+
+class SpecHub(_TopPlusOne):
+    """SpecHub (Sun et al., EMNLP 2024), two candidates per node: the hub
+    $a = \\arg\\max q$ and, drawing $f \\sim q$, the pair $(f, a)$ if $f \\ne a$, else
+    $(a, i)$ with $i \\sim q$ restricted to the other tokens. The non-hub candidate then
+    follows $q' = q$ without $a$, renormalised, whatever $f$ was; it is drafted first and
+    the hub second.
+
+    Verification by sequential transport: accept the non-hub candidate with probability
+    $\\min(1, p / q')$; else the hub, with the leftover target mass at it over the
+    leftover mass; else the correction follows the leftover mass. Lossless, and it
+    reaches $\\alpha^*$ of its draft law, $p(a) + \\sum_{v \\ne a} \\min(p(v), q'(v))$.
+    """
+
+    def _drafted_set(self, draft):
+        return _top_mask(draft, 1)
+
+    def optimal_acceptance(self, target, draft, num_children):
+        return self._acceptance(target, draft)

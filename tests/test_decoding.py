@@ -56,6 +56,11 @@ LOOP_VERIFIERS = {
     ),
     "tree, top-k": (es.TreeVerifier(es.DeterministicCandidates()), dict(tree=TREE)),
     "traversal": (es.TraversalVerifier(), dict(tree=TREE)),
+    "tree, greedy multi-draft": (
+        es.TreeVerifier(es.GreedyMultiDraft(2)),
+        dict(tree=TREE),
+    ),
+    "tree, SpecHub": (es.TreeVerifier(es.SpecHub()), dict(tree=TREE)),
     "log space, logits models": (
         es.Verifier(
             es.RatioTest(log_space=True),

@@ -39,7 +39,7 @@ def test_the_public_api_is_what_the_docs_list():
         "GreedyRatioTest", "LenientRatioTest", "TypicalRatioTest", "BlockRatioTest",
         "LastSuccessCounter", "AbstractNodeRule", "IIDCandidates",
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",
-        "AbstractTreeVerifier", "TraversalVerifier",
+        "AbstractTreeVerifier", "TraversalVerifier", "GreedyMultiDraft", "SpecHub",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
         "DecodeResult", "NGramModel", "ShardedVerifier", "AbstractVerifier",
         "VocabShard", "RowSums",

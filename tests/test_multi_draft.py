@@ -1,0 +1,133 @@
+"""Multi-draft verification: the optimum alpha* against exhaustive search over token sets,
+the one-node table of VARIANTS.md reproduced by the rules and by the optimum, and the
+multi-draft node rules lossless by exact quadrature."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import eqx_specdec as es
+
+
+# The one-node case of VARIANTS.md (V = 5, TV 0.560).
+P = np.array([0.432092, 0.163163, 0.283039, 0.115148, 0.006558])
+Q = np.array([0.192869, 0.285426, 0.051213, 0.025701, 0.444792])
+# (rule, K): (measured acceptance, alpha* of that draft law), to 1e-4.
+TABLE = {
+    (es.IIDCandidates(), 2): (0.5907, 0.6365),
+    (es.WithoutReplacementCandidates(), 2): (0.6986, 0.7634),
+    (es.GreedyMultiDraft(2), 2): (0.6556, 0.6556),
+    (es.SpecHub(), 2): (0.6556, 0.6556),
+    (es.IIDCandidates(), 3): (0.7011, 0.7804),
+    (es.WithoutReplacementCandidates(), 3): (0.8385, 0.9767),
+    (es.GreedyMultiDraft(3), 3): (0.8869, 0.8869),
+}
+DRAFTING = {
+    "iid": es.IIDCandidates(),
+    "without replacement": es.WithoutReplacementCandidates(),
+}
+
+
+def _inclusion(q, subset, k, drafting):
+    """P(every one of k drafts lies in `subset`), by enumerating the draws."""
+    if drafting == "iid":
+        return q[list(subset)].sum() ** k
+    total = 0.0
+    for draws in itertools.permutations(subset, k):
+        probability, removed = 1.0, 0.0
+        for a in draws:
+            probability *= q[a] / (1 - removed)
+            removed += q[a]
+        total += probability
+    return total
+
+
+def _exhaustive(p, q, k, drafting):
+    """min over every token set H of p(H) + 1 - P(S in H)."""
+    vocab = len(p)
+    return min(
+        p[list(h)].sum() + 1 - _inclusion(q, h, k, drafting)
+        for r in range(vocab + 1)
+        for h in itertools.combinations(range(vocab), r)
+    )
+
+
+@pytest.mark.parametrize("drafting", list(DRAFTING))
+def test_optimal_acceptance_equals_exhaustive_search(drafting):
+    rng = np.random.default_rng(5)
+    for vocab in (3, 5, 6):
+        # Flat, peaked and sparse rows, batched in one call per K.
+        concentration = np.repeat([0.3, 1.0, 3.0], 3)[:, None]
+        p = np.stack([rng.dirichlet(np.full(vocab, c)) for c in concentration[:, 0]])
+        q = np.stack([rng.dirichlet(np.full(vocab, c)) for c in concentration[::-1, 0]])
+        for k in range(1, min(vocab, 4) + 1):
+            got = np.asarray(es.optimal_acceptance(p, q, k, drafting=drafting))
+            expected = [_exhaustive(p[b], q[b], k, drafting) for b in range(len(p))]
+            np.testing.assert_allclose(got, expected, atol=2e-6, err_msg=(vocab, k))
+    # K = 1: one draft, for either law, accepts sum min(p, q).
+    np.testing.assert_allclose(
+        es.optimal_acceptance(P, Q, 1, drafting=drafting),
+        np.minimum(P, Q).sum(),
+        atol=2e-6,
+    )
+
+
+def test_the_one_node_table():
+    """Each rule's acceptance at a root with K children, by exact quadrature, and alpha*
+    (of the public function and of the rule's capability, which evaluate_verifier
+    reports) reproduce VARIANTS.md to 1e-4; no rule beats its optimum."""
+    for (rule, k), (acceptance, optimum) in TABLE.items():
+        result = es.evaluate_verifier(
+            es.TreeVerifier(rule),
+            np.tile(Q, (k + 1, 1)),
+            np.tile(P, (k + 1, 1)),
+            tree=(-1,) * k,
+            method="quadrature",
+        )
+        name = f"{type(rule).__name__}, K = {k}"
+        assert result["distance"] < 1e-6, name
+        assert abs(result["root_acceptance"] - acceptance) < 1e-4, name
+        assert abs(result["optimal_acceptance"] - optimum) < 1e-4, name
+        assert result["root_acceptance"] <= result["optimal_acceptance"] + 1e-6, name
+    for drafting, k, optimum in [
+        ("iid", 2, 0.6365),
+        ("without replacement", 2, 0.7634),
+        ("iid", 3, 0.7804),
+        ("without replacement", 3, 0.9767),
+    ]:
+        assert (
+            abs(float(es.optimal_acceptance(P, Q, k, drafting=drafting)) - optimum)
+            < 1e-4
+        )
+
+
+@pytest.mark.parametrize(
+    "rule, tree",
+    [
+        (es.GreedyMultiDraft(2), (-1, 0, 0, -1)),
+        (es.SpecHub(), (-1, 0, 0, -1)),
+        (es.GreedyMultiDraft(3), (-1, 0, -1, -1)),
+    ],
+    ids=["greedy K=2", "SpecHub", "greedy K=3"],
+)
+def test_multi_draft_rules_are_lossless_on_trees(rule, tree):
+    rng = np.random.default_rng(2)
+    p = rng.dirichlet(np.ones(4), len(tree) + 1)
+    q = rng.dirichlet(np.ones(4), len(tree) + 1)
+    result = es.evaluate_verifier(
+        es.TreeVerifier(rule), q, p, tree=tree, method="quadrature"
+    )
+    assert result["distance"] < 1e-6
+    assert result["root_acceptance"] <= result["optimal_acceptance"] + 1e-6
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="`num_drafts` must be a Python int >= 1"):
+        es.optimal_acceptance(P, Q, 0)
+    with pytest.raises(ValueError, match='`drafting` must be "iid" or "without'):
+        es.optimal_acceptance(P, Q, 2, drafting="top-k")
+    with pytest.raises(ValueError, match="same shape"):
+        es.optimal_acceptance(P, Q[:4], 2)
+    with pytest.raises(ValueError, match=r"GreedyMultiDraft\(`num_drafts`"):
+        es.GreedyMultiDraft(0)
