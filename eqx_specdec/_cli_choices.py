@@ -3,12 +3,14 @@
 import sys
 from typing import Literal, NamedTuple
 
-from ._node_rules import IIDCandidates
+from ._abstract_tree_verifier import AbstractTreeVerifier
+from ._node_rules import GreedyMultiDraft, IIDCandidates
 from ._stages.block import BlockRatioTest
 from ._stages.gumbel_argmax import ArgmaxSampler, GumbelSampler
 from ._stages.prefix_counters import LastSuccessCounter
 from ._stages.ratio_tests import GreedyRatioTest, LenientRatioTest
 from ._stages.typical import TypicalRatioTest, TypicalSampler
+from ._traversal import TraversalVerifier
 from ._tree import TreeVerifier
 from ._verifier import Verifier
 
@@ -16,7 +18,7 @@ from ._verifier import Verifier
 class Choice(NamedTuple):
     """One verifier the command line offers, and how the demo drafts for it."""
 
-    verifier: Verifier | TreeVerifier
+    verifier: Verifier | AbstractTreeVerifier
     drafts: str  # the demo table's "drafts" column
     description: str
     drafting: Literal["sample", "argmax"] = "sample"
@@ -76,6 +78,20 @@ def verifiers(lenience: float) -> dict[str, Choice]:
             "2 i.i.d. candidates at the root, each continued to depth 4",
             tree=DEMO_TREE,
         ),
+        "traversal": Choice(
+            TraversalVerifier(),
+            "tree 2 x 4",
+            "traversal verification of the same tree (drafted without replacement)",
+            tree=DEMO_TREE,
+        ),
+        "multi-draft": Choice(
+            TreeVerifier(GreedyMultiDraft(2)),
+            "tree 2 x 4",
+            "greedy multi-draft, K = 2 at every node, on the same tree (the root's "
+            "children: one sampled from the rest, then the draft's top token; a chain "
+            "node's one child is the sampled one)",
+            tree=DEMO_TREE,
+        ),
     }
 
 
@@ -86,7 +102,16 @@ DEMO_TREE = (-1, 0, 1, 2, -1, 4, 5, 6)
 VERIFIER_NAMES = tuple(verifiers(0.5))
 # `evaluate` measures one verification step of a chain.
 CHAIN_NAMES = tuple(n for n, c in verifiers(0.5).items() if c.tree is None)
-DEMO_DEFAULT = ("standard", "one-hot", "block", "tree", "greedy", "typical")
+DEMO_DEFAULT = (
+    "standard",
+    "one-hot",
+    "block",
+    "tree",
+    "traversal",
+    "multi-draft",
+    "greedy",
+    "typical",
+)
 
 
 def fail(message: str, command: str):

@@ -83,11 +83,12 @@ class TraversalVerifier(AbstractTreeVerifier):
 
     def parent_update(
         self,
-        pa: Float[Array, ""],
-        total: Float[Array, ""],
-        removed: Float[Array, ""],
-    ) -> Float[Array, ""]:
-        """The parent's path acceptance probability after a child was deleted.
+        pa: Float[Array, "*batch"],
+        total: Float[Array, "*batch"],
+        removed: Float[Array, "*batch"],
+    ) -> Float[Array, "*batch"]:
+        """The parent's path acceptance probability after a child was deleted
+        (elementwise: the walk calls it on a batch of trees).
 
         **Arguments:**
 
@@ -108,136 +109,173 @@ class TraversalVerifier(AbstractTreeVerifier):
         )
 
     def _walk(self, node_tokens, parents, draft_probs, target_probs, decide) -> _Walk:
-        nodes, vocab = node_tokens.shape[0], target_probs.shape[1]
+        """The walk on a batch `(B, ...)`, batched by hand: every step updates each row
+        by masks and writes one vocabulary row per tree (a `vmap` of a per-tree
+        `while_loop` would select over the whole carry, the residual stack included, at
+        every step). `decide(nodes, pa)` is each row's test outcome."""
+        batch, nodes = node_tokens.shape
+        vocab = target_probs.shape[-1]
         dtype = compute_dtype(target_probs.dtype, draft_probs.dtype)
         p_rows, q_rows = target_probs, draft_probs
         tokens = node_tokens.astype(jnp.int32)
-        nav = tree_navigation(parents.astype(jnp.int32))
+        nav = jax.vmap(tree_navigation)(parents.astype(jnp.int32))
         limit = self.depth_limit(nodes)
-        # The pristine ratio of each node at its parent: p_parent(x) and q_parent(x).
-        p_at = p_rows[nav.parents + 1, tokens].astype(dtype)
-        q_at = q_rows[nav.parents + 1, tokens].astype(dtype)
+        rows = jnp.arange(batch)
+        # The pristine p_parent(x) and q_parent(x) of each node.
+        p_at = _gather(p_rows, nav.parents + 1, tokens).astype(dtype)
+        q_at = _gather(q_rows, nav.parents + 1, tokens).astype(dtype)
 
-        def descend(node, depth, stack_nodes, stack_pa):
-            """From `node` (just entered, at `depth`, its pa set), down the first
-            children to the first leaf of its subtree; every node entered is fresh."""
+        def descend(moving, node, depth, stack_nodes, stack_pa):
+            """For the rows `moving`, from `node` (just entered at `depth`, its pa set)
+            down the first children to the first leaf of its subtree (every node entered
+            is fresh, so its ratio is the pristine one)."""
 
-            def cond(state):
+            def can(state):
                 node, depth, _, _ = state
-                return (nav.first_child[node] >= 0) & (depth < limit)
+                child = nav.first_child[rows, jnp.maximum(node, 0)]
+                return moving & (node >= 0) & (child >= 0) & (depth < limit)
 
             def body(state):
                 node, depth, stack_nodes, stack_pa = state
-                child = nav.first_child[node]
-                pa = _path_probability(stack_pa[depth], p_at[child], q_at[child])
-                depth = depth + 1
+                go = can(state)
+                child = jnp.maximum(nav.first_child[rows, jnp.maximum(node, 0)], 0)
+                pa = _path_probability(
+                    stack_pa[rows, depth], p_at[rows, child], q_at[rows, child]
+                )
+                below = jnp.minimum(depth + 1, limit)
                 return (
-                    child,
-                    depth,
-                    stack_nodes.at[depth].set(child),
-                    stack_pa.at[depth].set(pa),
+                    jnp.where(go, child, node),
+                    jnp.where(go, below, depth),
+                    stack_nodes.at[rows, below].set(
+                        jnp.where(go, child, stack_nodes[rows, below])
+                    ),
+                    stack_pa.at[rows, below].set(
+                        jnp.where(go, pa, stack_pa[rows, below])
+                    ),
                 )
 
-            return jax.lax.while_loop(cond, body, (node, depth, stack_nodes, stack_pa))
+            return jax.lax.while_loop(
+                lambda state: jnp.any(can(state)),
+                body,
+                (node, depth, stack_nodes, stack_pa),
+            )
 
         def residual_rows(node, depth, mb, ms, modified):
-            keep = modified[depth]
+            keep = modified[rows, depth][:, None]
             row = jnp.maximum(node + 1, 0)
-            target = jnp.where(keep, mb[depth], p_rows[row].astype(dtype))
-            draft = jnp.where(keep, ms[depth], q_rows[row].astype(dtype))
+            target = jnp.where(keep, mb[rows, depth], p_rows[rows, row].astype(dtype))
+            draft = jnp.where(keep, ms[rows, depth], q_rows[rows, row].astype(dtype))
             return target, draft
 
-        stack_nodes = jnp.full((limit + 1,), -1, jnp.int32)
-        stack_pa = jnp.zeros((limit + 1,), dtype).at[0].set(1)
-        mb = jnp.zeros((limit + 1, vocab), dtype)
-        ms = jnp.zeros((limit + 1, vocab), dtype)
-        modified = jnp.zeros((limit + 1,), bool)
-        thresholds = jnp.full((nodes,), jnp.nan, dtype)
         start = nav.first_child_of_root
         has_start = start >= 0
-        node, depth, stack_nodes, stack_pa = descend(
-            jnp.maximum(start, 0),
-            jnp.int32(1),
-            stack_nodes.at[1].set(start),
-            stack_pa.at[1].set(
-                _path_probability(
-                    jnp.ones((), dtype),
-                    p_at[jnp.maximum(start, 0)],
-                    q_at[jnp.maximum(start, 0)],
-                )
-            ),
+        first = jnp.maximum(start, 0)
+        stack_nodes = jnp.full((batch, limit + 1), -1, jnp.int32).at[:, 1].set(start)
+        stack_pa = jnp.zeros((batch, limit + 1), dtype).at[:, 0].set(1)
+        stack_pa = stack_pa.at[:, 1].set(
+            _path_probability(
+                jnp.ones((batch,), dtype), p_at[rows, first], q_at[rows, first]
+            )
         )
-        node = jnp.where(has_start, node, -1)
-        depth = jnp.where(has_start, depth, 0)
+        node, depth, stack_nodes, stack_pa = descend(
+            has_start,
+            jnp.where(has_start, first, -1),
+            jnp.where(has_start, 1, 0).astype(jnp.int32),
+            stack_nodes,
+            stack_pa,
+        )
+        mb = jnp.zeros((batch, limit + 1, vocab), dtype)
+        ms = jnp.zeros((batch, limit + 1, vocab), dtype)
+        modified = jnp.zeros((batch, limit + 1), bool)
+        thresholds = jnp.full((batch, nodes), jnp.nan, dtype)
+        ids = jnp.arange(vocab, dtype=jnp.int32)
 
-        def cond(state):
+        def active_rows(state):
             node, _, _, _, _, _, _, _, done = state
             return ~done & (node >= 0)
 
         def body(state):
-            node, depth, stack_nodes, stack_pa, mb, ms, modified, thresholds, _ = state
-            pa = stack_pa[depth]
-            thresholds = thresholds.at[node].set(pa)
-            accept = decide(node, pa)
-            # The rejection: the parent (one level up) takes the residual.
-            up = depth - 1
-            parent = stack_nodes[up]
+            node, depth, stack_nodes, stack_pa, mb, ms, modified, thresholds, done = (
+                state
+            )
+            active = active_rows(state)
+            at = jnp.maximum(node, 0)
+            pa = stack_pa[rows, depth]
+            thresholds = thresholds.at[rows, at].set(
+                jnp.where(active, pa, thresholds[rows, at])
+            )
+            accept = active & decide(at, pa)
+            reject = active & ~accept
+            # A rejection: the parent (one level up) takes the residual.
+            up = jnp.maximum(depth - 1, 0)
+            parent = stack_nodes[rows, up]
             target, draft = residual_rows(parent, up, mb, ms, modified)
-            pa_parent = stack_pa[up]
-            residual = jnp.maximum(pa_parent * target - draft, 0)
-            total = jnp.sum(residual)
-            keep = has_mass(total, dtype)
-            new_target = jnp.where(keep, residual / jnp.where(keep, total, 1), target)
-            token = tokens[node]
-            remaining = 1 - draft[token]
-            ids = jnp.arange(vocab, dtype=jnp.int32)
+            pa_parent = stack_pa[rows, up]
+            residual = jnp.maximum(pa_parent[:, None] * target - draft, 0)
+            total = jnp.sum(residual, axis=1)
+            keep = has_mass(total, dtype)[:, None]
+            new_target = jnp.where(
+                keep, residual / jnp.where(keep, total[:, None], 1), target
+            )
+            token = tokens[rows, at]
+            removed = draft[rows, token]
+            remaining = (1 - removed)[:, None]
             new_draft = jnp.where(
-                (ids == token) | (remaining <= 0),
+                (ids[None, :] == token[:, None]) | (remaining <= 0),
                 0,
                 draft / jnp.where(remaining > 0, remaining, 1),
             )
             new_pa = jnp.where(
                 up == 0,
                 jnp.ones((), dtype),
-                self.parent_update(pa_parent, total, draft[token]),
+                self.parent_update(pa_parent, total, removed),
             )
-            # One row written per step (never a select over the whole stack).
-            mb = mb.at[up].set(jnp.where(accept, mb[up], new_target))
-            ms = ms.at[up].set(jnp.where(accept, ms[up], new_draft))
+            written = reject[:, None]
+            mb = mb.at[rows, up].set(jnp.where(written, new_target, mb[rows, up]))
+            ms = ms.at[rows, up].set(jnp.where(written, new_draft, ms[rows, up]))
             # Only the current path's ancestors with a deleted child are modified: the
             # parent now is, the deleted node's level no longer.
-            modified = jnp.where(
-                accept, modified, modified.at[up].set(True).at[depth].set(False)
+            modified = modified.at[rows, up].set(modified[rows, up] | reject)
+            modified = modified.at[rows, depth].set(modified[rows, depth] & ~reject)
+            stack_pa = stack_pa.at[rows, up].set(
+                jnp.where(reject, new_pa, stack_pa[rows, up])
             )
-            stack_pa = jnp.where(accept, stack_pa, stack_pa.at[up].set(new_pa))
             # The next node in post-order: the next sibling's first leaf, or the parent.
-            sibling = nav.next_sibling[node]
-            has_sibling = sibling >= 0
+            sibling = nav.next_sibling[rows, at]
+            to_sibling = reject & (sibling >= 0)
+            to_parent = reject & (sibling < 0)
             s = jnp.maximum(sibling, 0)
             pa_sibling = _path_probability(
-                new_pa, new_target[tokens[s]], new_draft[tokens[s]]
+                new_pa,
+                new_target[rows, tokens[rows, s]],
+                new_draft[rows, tokens[rows, s]],
             )
-            entered = descend(
-                s,
-                depth,
-                stack_nodes.at[depth].set(s),
-                stack_pa.at[depth].set(pa_sibling),
+            stack_nodes = stack_nodes.at[rows, depth].set(
+                jnp.where(
+                    to_sibling,
+                    s,
+                    jnp.where(to_parent, -1, stack_nodes[rows, depth]),
+                )
             )
-            cleared = stack_nodes.at[depth].set(-1)
-            next_node = jnp.where(has_sibling, entered[0], parent)
-            next_depth = jnp.where(has_sibling, entered[1], up)
-            next_nodes = jnp.where(has_sibling, entered[2], cleared)
-            next_pa = jnp.where(has_sibling, entered[3], stack_pa)
+            stack_pa = stack_pa.at[rows, depth].set(
+                jnp.where(to_sibling, pa_sibling, stack_pa[rows, depth])
+            )
+            node = jnp.where(to_sibling, s, jnp.where(to_parent, parent, node))
+            depth = jnp.where(to_parent, up, depth)
+            node, depth, stack_nodes, stack_pa = descend(
+                to_sibling, node, depth, stack_nodes, stack_pa
+            )
+            done = done | accept
             return (
-                jnp.where(accept, node, next_node),
-                jnp.where(accept, depth, next_depth),
-                jnp.where(accept, stack_nodes, next_nodes),
-                jnp.where(accept, stack_pa, next_pa),
+                node,
+                depth,
+                stack_nodes,
+                stack_pa,
                 mb,
                 ms,
                 modified,
                 thresholds,
-                accept,
+                done,
             )
 
         init = (
@@ -249,17 +287,21 @@ class TraversalVerifier(AbstractTreeVerifier):
             ms,
             modified,
             thresholds,
-            jnp.zeros((), bool),
+            jnp.zeros((batch,), bool),
         )
         node, depth, stack_nodes, _, mb, ms, modified, thresholds, done = (
-            jax.lax.while_loop(cond, body, init)
+            jax.lax.while_loop(lambda state: jnp.any(active_rows(state)), body, init)
         )
         depth = jnp.where(done, depth, 0)
         node = jnp.where(done, node, -1)
         correction, _ = residual_rows(node, depth, mb, ms, modified)
         positions = jnp.arange(nodes, dtype=jnp.int32)
-        on_path = jnp.full((nodes,), -1, jnp.int32).at[:limit].set(stack_nodes[1:])
-        path = jnp.where(positions < depth, on_path, -1)
+        on_path = (
+            jnp.full((batch, nodes), -1, jnp.int32)
+            .at[:, :limit]
+            .set(stack_nodes[:, 1:])
+        )
+        path = jnp.where(positions[None, :] < depth[:, None], on_path, -1)
         return _Walk(depth, path, thresholds, correction)
 
     @jaxtyped(typechecker=beartype)
@@ -278,13 +320,27 @@ class TraversalVerifier(AbstractTreeVerifier):
                 "TraversalVerifier reads the draft distributions: pass `draft_probs`, "
                 "float (N + 1, V), the law each node's children were drawn from."
             )
+        one = [a[None] for a in (node_tokens, parents, draft_probs, target_probs)]
+        out = self._verify(*one, accept_uniforms[None], sample_uniform[None])
+        return {key: value[0] for key, value in out.items()}
+
+    def _verify(self, node_tokens, parents, draft_probs, target_probs, u, s):
         dtype = compute_dtype(target_probs.dtype, draft_probs.dtype)
+        rows = jnp.arange(node_tokens.shape[0])
 
         def decide(node, pa):
-            return accept_uniforms[node].astype(dtype) < pa
+            return u[rows, node].astype(dtype) < pa
 
         walk = self._walk(node_tokens, parents, draft_probs, target_probs, decide)
-        return _outputs(walk, node_tokens, sample_uniform)
+        return jax.vmap(_outputs)(walk, node_tokens, s)
+
+    def __call__(self, *inputs) -> dict[str, Int[Array, "..."]]:
+        """Verifies a batch of trees, batched by hand (the same outputs as `row`
+        vmapped, without the whole-carry selects a vmapped walk would make)."""
+        node_tokens, parents, draft_probs, target_probs, u, s = inputs
+        if draft_probs is None:
+            return self.row(*inputs)  # raises the error naming the argument
+        return self._verify(node_tokens, parents, draft_probs, target_probs, u, s)
 
     def forced_walk(
         self,
@@ -294,10 +350,9 @@ class TraversalVerifier(AbstractTreeVerifier):
         target_probs: Float[Array, "nodes+1 vocab"],
         outcomes: Bool[Array, " nodes"],
     ) -> tuple[Float[Array, " nodes"], Float[Array, " vocab"]]:
-        walk = self._walk(
-            node_tokens, parents, draft_probs, target_probs, lambda n, pa: outcomes[n]
-        )
-        return walk.thresholds, walk.correction
+        one = [a[None] for a in (node_tokens, parents, draft_probs, target_probs)]
+        walk = self._walk(*one, lambda n, pa: outcomes[n])
+        return walk.thresholds[0], walk.correction[0]
 
 
 def _outputs(walk: _Walk, node_tokens, sample_uniform):
@@ -308,3 +363,9 @@ def _outputs(walk: _Walk, node_tokens, sample_uniform):
     tokens = jnp.concatenate([path_tokens, jnp.full((1,), -1, jnp.int32)])
     tokens = tokens.at[walk.depth].set(correction.astype(jnp.int32))
     return {"num_accepted": walk.depth, "tokens": tokens, "path": walk.path}
+
+
+def _gather(probs, contexts, tokens):
+    """`probs[b, contexts[b, i], tokens[b, i]]`: `(B, N)`."""
+    rows = jnp.arange(probs.shape[0])[:, None]
+    return probs[rows, contexts, tokens]
