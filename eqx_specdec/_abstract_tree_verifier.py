@@ -6,8 +6,16 @@ import typing
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int, Integer
+from jaxtyping import Array, Bool, Float, Int
 
+from ._custom_types import (
+    NodeTokensRow,
+    NodeUniformsRow,
+    ParentsRow,
+    SampleUniform,
+    TreeOutputs,
+    TreeProbsRow,
+)
 from ._errors import missing_capability
 from ._node_rules import AbstractNodeRule
 
@@ -35,13 +43,13 @@ class AbstractTreeVerifier(eqx.Module):
     @abc.abstractmethod
     def row(
         self,
-        node_tokens: Integer[Array, " nodes"],
-        parents: Integer[Array, " nodes"],
-        draft_probs: Float[Array, "nodes+1 vocab"] | None,
-        target_probs: Float[Array, "nodes+1 vocab"],
-        accept_uniforms: Float[Array, " nodes"],
-        sample_uniform: Float[Array, ""],
-    ) -> dict[str, Int[Array, "..."]]:
+        node_tokens: NodeTokensRow,
+        parents: ParentsRow,
+        draft_probs: TreeProbsRow | None,
+        target_probs: TreeProbsRow,
+        accept_uniforms: NodeUniformsRow,
+        sample_uniform: SampleUniform,
+    ) -> TreeOutputs:
         """Verifies one tree.
 
         **Arguments:**
@@ -86,10 +94,10 @@ class AbstractTreeVerifier(eqx.Module):
 
     def forced_walk(
         self,
-        node_tokens: Integer[Array, " nodes"],
-        parents: Integer[Array, " nodes"],
-        draft_probs: Float[Array, "nodes+1 vocab"] | None,
-        target_probs: Float[Array, "nodes+1 vocab"],
+        node_tokens: NodeTokensRow,
+        parents: ParentsRow,
+        draft_probs: TreeProbsRow | None,
+        target_probs: TreeProbsRow,
         outcomes: Bool[Array, " nodes"],
     ) -> tuple[Float[Array, " nodes"], Float[Array, " vocab"]]:
         """Capability for exact evaluation of trees

@@ -23,3 +23,10 @@ DraftProbs = Float[Array, "batch gamma vocab"]
 TargetProbs = Float[Array, "batch gamma+1 vocab"]
 AcceptUniforms = Float[Array, "batch gamma"]
 SampleRandomnessBatch = Float[Array, " batch"] | Key[Array, " batch"]
+
+# One tree (see AbstractTreeVerifier for the layout): `nodes` is N.
+NodeTokensRow = Integer[Array, " nodes"]
+ParentsRow = Integer[Array, " nodes"]
+TreeProbsRow = Float[Array, "nodes+1 vocab"]
+NodeUniformsRow = Float[Array, " nodes"]
+TreeOutputs = dict[str, Int[Array, "..."]]

@@ -7,9 +7,17 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, Bool, Float, Int, Integer, jaxtyped
+from jaxtyping import Array, Bool, Float, Int, jaxtyped
 
 from ._abstract_tree_verifier import AbstractTreeVerifier, tree_navigation
+from ._custom_types import (
+    NodeTokensRow,
+    NodeUniformsRow,
+    ParentsRow,
+    SampleUniform,
+    TreeOutputs,
+    TreeProbsRow,
+)
 from ._misc import compute_dtype
 from ._node_rules import AbstractNodeRule, WithoutReplacementCandidates
 from ._search import has_mass, inverse_cdf
@@ -307,13 +315,13 @@ class TraversalVerifier(AbstractTreeVerifier):
     @jaxtyped(typechecker=beartype)
     def row(
         self,
-        node_tokens: Integer[Array, " nodes"],
-        parents: Integer[Array, " nodes"],
-        draft_probs: Float[Array, "nodes+1 vocab"] | None,
-        target_probs: Float[Array, "nodes+1 vocab"],
-        accept_uniforms: Float[Array, " nodes"],
-        sample_uniform: Float[Array, ""],
-    ) -> dict[str, Int[Array, "..."]]:
+        node_tokens: NodeTokensRow,
+        parents: ParentsRow,
+        draft_probs: TreeProbsRow | None,
+        target_probs: TreeProbsRow,
+        accept_uniforms: NodeUniformsRow,
+        sample_uniform: SampleUniform,
+    ) -> TreeOutputs:
         """Verifies one tree (outputs as for [`eqx_specdec.TreeVerifier.row`][])."""
         if draft_probs is None:
             raise TypeError(
@@ -344,10 +352,10 @@ class TraversalVerifier(AbstractTreeVerifier):
 
     def forced_walk(
         self,
-        node_tokens: Integer[Array, " nodes"],
-        parents: Integer[Array, " nodes"],
-        draft_probs: Float[Array, "nodes+1 vocab"] | None,
-        target_probs: Float[Array, "nodes+1 vocab"],
+        node_tokens: NodeTokensRow,
+        parents: ParentsRow,
+        draft_probs: TreeProbsRow | None,
+        target_probs: TreeProbsRow,
         outcomes: Bool[Array, " nodes"],
     ) -> tuple[Float[Array, " nodes"], Float[Array, " vocab"]]:
         one = [a[None] for a in (node_tokens, parents, draft_probs, target_probs)]

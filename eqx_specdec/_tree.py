@@ -18,6 +18,14 @@ from ._checks import (
     token_problems,
     uniform_problems,
 )
+from ._custom_types import (
+    NodeTokensRow,
+    NodeUniformsRow,
+    ParentsRow,
+    SampleUniform,
+    TreeOutputs,
+    TreeProbsRow,
+)
 from ._errors import implements, missing_capability
 from ._jit import entry_point
 from ._misc import compute_dtype
@@ -99,13 +107,13 @@ class TreeVerifier(AbstractTreeVerifier):
     @jaxtyped(typechecker=beartype)
     def row(
         self,
-        node_tokens: Integer[Array, " nodes"],
-        parents: Integer[Array, " nodes"],
-        draft_probs: Float[Array, "nodes+1 vocab"] | None,
-        target_probs: Float[Array, "nodes+1 vocab"],
-        accept_uniforms: Float[Array, " nodes"],
-        sample_uniform: Float[Array, ""],
-    ) -> dict[str, Int[Array, "..."]]:
+        node_tokens: NodeTokensRow,
+        parents: ParentsRow,
+        draft_probs: TreeProbsRow | None,
+        target_probs: TreeProbsRow,
+        accept_uniforms: NodeUniformsRow,
+        sample_uniform: SampleUniform,
+    ) -> TreeOutputs:
         """Verifies one tree.
 
         **Returns:**
