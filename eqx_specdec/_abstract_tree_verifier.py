@@ -140,6 +140,20 @@ class AbstractTreeVerifier(eqx.Module):
         return jax.vmap(self.row)(*inputs)
 
 
+def check_static_depth(verifier: AbstractTreeVerifier, tree: tuple[int, ...]):
+    """Trace-time check that a tree of known shape is within the verifier's depth
+    limit: a `ValueError` naming the verifier and the fix otherwise."""
+    depth = {-1: 0}
+    for i, parent in enumerate(tree):
+        depth[i] = depth[parent] + 1
+    deepest, limit = max(depth.values()), verifier.depth_limit(len(tree))
+    if deepest > limit:
+        raise ValueError(
+            f"`tree` has depth {deepest}, deeper than {type(verifier).__name__} walks "
+            f"({limit}): raise its `max_depth` to at least {deepest}."
+        )
+
+
 class TreeNavigation(typing.NamedTuple):
     """The links of a tree layout, for walking it: `-1` where there is none. Padding
     nodes (and any node below one) do not exist."""

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._abstract_tree_verifier import AbstractTreeVerifier
+from ._abstract_tree_verifier import AbstractTreeVerifier, check_static_depth
 from ._abstract_verifier import AbstractVerifier
 from ._errors import implements, missing_capability
 from ._node_rules import AbstractNodeRule
@@ -41,7 +41,9 @@ def check_tree(tree, verifier, drafting) -> tuple[int, ...] | None:
         raise missing_capability(
             rule, "candidate_law", "drafting a tree in the decoding loop"
         )
-    return check_tree_shape(tree)
+    tree = check_tree_shape(tree)
+    check_static_depth(verifier, tree)
+    return tree
 
 
 def check_decode_arguments(

@@ -297,7 +297,8 @@ def tree_accept(
     rule = verifier.drafting_rule()
     if draft_probs is None and rule.uses_draft_probs:
         raise TypeError(
-            f"{type(rule).__name__} reads the draft distributions: pass "
+            f"{type(verifier).__name__} (its trees drafted by {type(rule).__name__}) "
+            "reads the draft distributions: pass "
             "`draft_probs`, float (B, N + 1, V) (only rules with "
             "`uses_draft_probs = False`, such as DeterministicCandidates, take None)."
         )

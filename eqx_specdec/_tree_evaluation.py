@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._abstract_tree_verifier import AbstractTreeVerifier
+from ._abstract_tree_verifier import AbstractTreeVerifier, check_static_depth
 from ._drafting import tree_depths
 from ._emission import cells, EmissionEstimate, padded_size
 from ._errors import implements, missing_capability
@@ -22,6 +22,7 @@ _MAX_QUADRATURE_ROWS = 4_000_000
 
 def _check(verifier, tree, draft_probs, target_probs, *, exact: bool):
     tree = check_tree_shape(tree)
+    check_static_depth(verifier, tree)
     rule = verifier.drafting_rule()
     if not implements(rule, AbstractNodeRule, "candidate_law"):
         raise missing_capability(

@@ -140,3 +140,27 @@ def test_exact_evaluation_and_monte_carlo_tools():
     )
     assert abs(sampled["tokens_per_step"] - exact["tokens_per_step"]) < 0.02
     assert sampled["chi_square"]["passed"]
+
+
+def test_errors_name_the_verifier_and_the_fix():
+    tokens, parents, q, p, u, s = _batch_of_trees()
+    verifier = es.TraversalVerifier()
+    with pytest.raises(TypeError, match=r"^TraversalVerifier \(its trees drafted by"):
+        es.tree_accept(tokens, parents, None, p, u, s, verifier=verifier)
+    with pytest.raises(es.InvalidInputError, match="`node_tokens` holds a token id"):
+        es.tree_accept(tokens + 100, parents, q, p, u, s, verifier=verifier)
+    shallow = es.TraversalVerifier(max_depth=1)
+    with pytest.raises(ValueError, match="deeper than TraversalVerifier walks"):
+        es.evaluate_verifier(shallow, q[0, :4], p[0, :4], tree=(-1, 0, -1))
+    draft, target = es.builtin_models()
+    with pytest.raises(ValueError, match="raise its `max_depth` to at least 2"):
+        es.speculative_decode(
+            draft,
+            target,
+            np.zeros((2, 2), np.int32),
+            None,
+            4,
+            jax.random.key(0),
+            verifier=shallow,
+            tree=(-1, 0),
+        )
