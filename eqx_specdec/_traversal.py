@@ -323,11 +323,7 @@ class TraversalVerifier(AbstractTreeVerifier):
         sample_uniform: SampleUniform,
     ) -> TreeOutputs:
         """Verifies one tree (outputs as for [`eqx_specdec.TreeVerifier.row`][])."""
-        if draft_probs is None:
-            raise TypeError(
-                "TraversalVerifier reads the draft distributions: pass `draft_probs`, "
-                "float (N + 1, V), the law each node's children were drawn from."
-            )
+        _require_draft(draft_probs)
         one = [a[None] for a in (node_tokens, parents, draft_probs, target_probs)]
         out = self._verify(*one, accept_uniforms[None], sample_uniform[None])
         return {key: value[0] for key, value in out.items()}
@@ -346,8 +342,7 @@ class TraversalVerifier(AbstractTreeVerifier):
         """Verifies a batch of trees, batched by hand (the same outputs as `row`
         vmapped, without the whole-carry selects a vmapped walk would make)."""
         node_tokens, parents, draft_probs, target_probs, u, s = inputs
-        if draft_probs is None:
-            return self.row(*inputs)  # raises the error naming the argument
+        _require_draft(draft_probs)
         return self._verify(node_tokens, parents, draft_probs, target_probs, u, s)
 
     def forced_walk(
@@ -371,6 +366,14 @@ def _outputs(walk: _Walk, node_tokens, sample_uniform):
     tokens = jnp.concatenate([path_tokens, jnp.full((1,), -1, jnp.int32)])
     tokens = tokens.at[walk.depth].set(correction.astype(jnp.int32))
     return {"num_accepted": walk.depth, "tokens": tokens, "path": walk.path}
+
+
+def _require_draft(draft_probs):
+    if draft_probs is None:
+        raise TypeError(
+            "TraversalVerifier reads the draft distributions: pass `draft_probs`, "
+            "float (N + 1, V), the law each node's children were drawn from."
+        )
 
 
 def _gather(probs, contexts, tokens):

@@ -55,54 +55,89 @@ class TreeVerifier(AbstractTreeVerifier):
         return self.node_rule
 
     def exact_evaluation_problem(self) -> Exception | None:
-        for method in ("pass_threshold", "candidate_law"):
-            if not implements(self.node_rule, AbstractNodeRule, method):
-                return missing_capability(
-                    self.node_rule,
-                    method,
-                    "exact evaluation of trees",
-                    'use method="monte-carlo"',
-                )
+        if not implements(self.node_rule, AbstractNodeRule, "pass_threshold"):
+            return missing_capability(
+                self.node_rule,
+                "pass_threshold",
+                "exact evaluation of trees",
+                'use method="monte-carlo"',
+            )
         return None
 
-    def forced_walk(self, node_tokens, parents, draft_probs, target_probs, outcomes):
-        """The top-down walk with each tested child's outcome forced: the node rule's
-        `pass_threshold` at each tested node, and the final evolving target."""
+    def _walk(self, node_tokens, parents, draft_probs, target_probs, decide, record):
+        """The top-down walk. `decide(i, residual, mass, draft, token)` is node `i`'s
+        outcome; with `record`, each tested node's `pass_threshold` (NaN if not
+        tested). Returns the accepted length, path, tokens, the final evolving target
+        and the thresholds (`None` without `record`)."""
         rule = self.node_rule
         nodes, vocab = node_tokens.shape[0], target_probs.shape[1]
-        p = target_probs
+        dtypes = [target_probs.dtype] + (
+            [] if draft_probs is None else [draft_probs.dtype]
+        )
+        dtype = compute_dtype(*dtypes)
+        tokens_in = node_tokens.astype(jnp.int32)
+        parents = parents.astype(jnp.int32)
 
         def draft_row(i):
             if draft_probs is None:
-                return jnp.zeros((vocab,), p.dtype)
-            return draft_probs[i]
+                return jnp.zeros((vocab,), dtype)
+            return draft_probs[i].astype(dtype)
 
-        current, residual, mass, draft = (
-            jnp.int32(-1),
-            p[0],
-            jnp.ones((), p.dtype),
-            draft_row(0),
-        )
-        thresholds = []
-        for i in range(nodes):
+        def step(i, carry):
+            current, depth, residual, mass, draft, path, tokens, thresholds = carry
+            token = tokens_in[i]
             is_child = parents[i] == current
-            t = rule.pass_threshold(residual, mass, draft, node_tokens[i])
-            thresholds.append(jnp.where(is_child, t, jnp.nan))
-            accept, reject = is_child & outcomes[i], is_child & ~outcomes[i]
-            r_residual, r_mass, r_draft = rule.reject(
-                residual, mass, draft, node_tokens[i]
-            )
+            if record:
+                t = rule.pass_threshold(residual, mass, draft, token)
+                thresholds = thresholds.at[i].set(jnp.where(is_child, t, jnp.nan))
+            passed = decide(i, residual, mass, draft, token)
+            accept = is_child & passed
+            reject = is_child & ~passed
+            r_residual, r_mass, r_draft = rule.reject(residual, mass, draft, token)
             residual = jnp.where(
-                accept, p[i + 1], jnp.where(reject, r_residual, residual)
+                accept,
+                target_probs[i + 1].astype(dtype),
+                jnp.where(reject, r_residual, residual),
             )
-            mass = jnp.where(accept, 1.0, jnp.where(reject, r_mass, mass)).astype(
-                p.dtype
+            mass = jnp.where(
+                accept, jnp.ones((), dtype), jnp.where(reject, r_mass, mass)
             )
             draft = jnp.where(
                 accept, draft_row(i + 1), jnp.where(reject, r_draft, draft)
             )
+            path = jnp.where(accept, path.at[depth].set(i), path)
+            tokens = jnp.where(accept, tokens.at[depth].set(token), tokens)
             current = jnp.where(accept, i, current)
-        return jnp.stack(thresholds), residual
+            depth = depth + accept.astype(jnp.int32)
+            return current, depth, residual, mass, draft, path, tokens, thresholds
+
+        init = (
+            jnp.int32(-1),
+            jnp.int32(0),
+            target_probs[0].astype(dtype),
+            jnp.ones((), dtype),
+            draft_row(0),
+            jnp.full((nodes,), -1, jnp.int32),
+            jnp.full((nodes + 1,), -1, jnp.int32),
+            jnp.full((nodes,), jnp.nan, dtype) if record else None,
+        )
+        _, depth, residual, _, _, path, tokens, thresholds = jax.lax.fori_loop(
+            0, nodes, step, init
+        )
+        return depth, path, tokens, residual, thresholds
+
+    def forced_walk(self, node_tokens, parents, draft_probs, target_probs, outcomes):
+        """The top-down walk with each tested child's outcome forced: the node rule's
+        `pass_threshold` at each tested node, and the final evolving target."""
+        *_, residual, thresholds = self._walk(
+            node_tokens,
+            parents,
+            draft_probs,
+            target_probs,
+            lambda i, *state: outcomes[i],
+            record=True,
+        )
+        return thresholds, residual
 
     @jaxtyped(typechecker=beartype)
     def row(
@@ -122,58 +157,13 @@ class TreeVerifier(AbstractTreeVerifier):
         "tokens": int32 (nodes + 1,) (the path's tokens, the correction, then -1),
         "path": int32 (nodes,) (the accepted nodes' indices, then -1)}`.
         """
-        nodes, vocab = node_tokens.shape[0], target_probs.shape[1]
-        dtypes = [target_probs.dtype] + (
-            [] if draft_probs is None else [draft_probs.dtype]
+
+        def decide(i, residual, mass, draft, token):
+            return self.node_rule.test(residual, mass, draft, token, accept_uniforms[i])
+
+        depth, path, tokens, residual, _ = self._walk(
+            node_tokens, parents, draft_probs, target_probs, decide, record=False
         )
-        dtype = compute_dtype(*dtypes)
-        tokens_in = node_tokens.astype(jnp.int32)
-        parents = parents.astype(jnp.int32)
-
-        def draft_row(i):
-            if draft_probs is None:
-                return jnp.zeros((vocab,), dtype)
-            return draft_probs[i].astype(dtype)
-
-        def step(i, carry):
-            current, depth, residual, mass, draft, path, tokens = carry
-            token = tokens_in[i]
-            is_child = parents[i] == current
-            passed = self.node_rule.test(
-                residual, mass, draft, token, accept_uniforms[i]
-            )
-            accept = is_child & passed
-            reject = is_child & ~passed
-            r_residual, r_mass, r_draft = self.node_rule.reject(
-                residual, mass, draft, token
-            )
-            residual = jnp.where(
-                accept,
-                target_probs[i + 1].astype(dtype),
-                jnp.where(reject, r_residual, residual),
-            )
-            mass = jnp.where(
-                accept, jnp.ones((), dtype), jnp.where(reject, r_mass, mass)
-            )
-            draft = jnp.where(
-                accept, draft_row(i + 1), jnp.where(reject, r_draft, draft)
-            )
-            path = jnp.where(accept, path.at[depth].set(i), path)
-            tokens = jnp.where(accept, tokens.at[depth].set(token), tokens)
-            current = jnp.where(accept, i, current)
-            depth = depth + accept.astype(jnp.int32)
-            return current, depth, residual, mass, draft, path, tokens
-
-        init = (
-            jnp.int32(-1),
-            jnp.int32(0),
-            target_probs[0].astype(dtype),
-            jnp.ones((), dtype),
-            draft_row(0),
-            jnp.full((nodes,), -1, jnp.int32),
-            jnp.full((nodes + 1,), -1, jnp.int32),
-        )
-        _, depth, residual, _, _, path, tokens = jax.lax.fori_loop(0, nodes, step, init)
         correction = inverse_cdf(residual, sample_uniform)
         return {
             "num_accepted": depth,

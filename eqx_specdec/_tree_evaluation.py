@@ -80,6 +80,30 @@ def _depth(tree) -> int:
     return max(tree_depths(tree))
 
 
+def quadrature_cells(thresholds, cdfs, probability):
+    """The quadrature grid of a tree verifier, per token assignment `a`: the cells of
+    each node's uniform cut at every threshold it can be tested at (`thresholds`
+    `(A, O, N)` over the forced outcomes, NaN where untested), times the cells of the
+    correction's uniform cut at every breakpoint of its distributions (`cdfs`
+    `(A, O, V)`). Returns `(which, uniforms, weights)`: each cell's assignment index,
+    midpoint `(N + 1,)` and weight `probability[a]` times its volume."""
+    nodes = thresholds.shape[-1]
+    which, uniforms, weights = [], [], []
+    for a in range(len(probability)):
+        grids = []
+        for i in range(nodes):
+            found = thresholds[a, :, i]
+            grids.append(cells(found[np.isfinite(found)], 1))
+        grids.append(cells(cdfs[a].ravel(), 1))
+        mids = np.meshgrid(*[g[0] for g in grids], indexing="ij")
+        widths = np.meshgrid(*[g[1] for g in grids], indexing="ij")
+        volume = np.prod([w.ravel() for w in widths], axis=0)
+        which.append(np.full(len(volume), a))
+        uniforms.append(np.stack([m.ravel() for m in mids], -1))
+        weights.append(probability[a] * volume)
+    return np.concatenate(which), np.concatenate(uniforms), np.concatenate(weights)
+
+
 def tree_emission_by_quadrature(
     verifier: AbstractTreeVerifier,
     tree,
@@ -107,33 +131,15 @@ def tree_emission_by_quadrature(
     assignments, probability = assignments[keep], probability[keep]
     walks = _all_forced_walks(verifier, tree, q, p, jnp.asarray(assignments), outcomes)
     thresholds, cdfs = (np.asarray(a, np.float64) for a in walks)
-    rows = []
-    for a, x in enumerate(assignments):
-        grids = []
-        for i in range(nodes):
-            found = thresholds[a, :, i]
-            grids.append(cells(found[np.isfinite(found)], 1))
-        grids.append(cells(cdfs[a].ravel(), 1))
-        mids = np.meshgrid(*[g[0] for g in grids], indexing="ij")
-        widths = np.meshgrid(*[g[1] for g in grids], indexing="ij")
-        volume = np.prod([w.ravel() for w in widths], axis=0)
-        uniforms = np.stack([m.ravel() for m in mids], -1)
-        rows.append(
-            (
-                np.broadcast_to(x, (len(volume), nodes)),
-                uniforms,
-                probability[a] * volume,
-            )
-        )
-    total = sum(len(r[2]) for r in rows)
+    which, uniforms, weights = quadrature_cells(thresholds, cdfs, probability)
+    total = len(weights)
     if total > _MAX_QUADRATURE_ROWS:
         raise ValueError(
             f"Quadrature on this tree needs {total:,} verifier rows; use "
             'method="monte-carlo".'
         )
-    xs = np.concatenate([r[0] for r in rows])
-    uniforms = np.concatenate([r[1] for r in rows]).astype(np.float32)
-    weights = np.concatenate([r[2] for r in rows])
+    xs = assignments[which]
+    uniforms = uniforms.astype(np.float32)
     estimate = (
         np.zeros((nodes + 1, vocab)),
         np.zeros(nodes + 1),
@@ -183,6 +189,9 @@ def tree_emission_by_monte_carlo(
 
 def tree_quadrature_problem(verifier, tree, vocab: int):
     """Why exact quadrature does not apply to this tree (the error to raise), or None."""
+    problem = verifier.exact_evaluation_problem()
+    if problem is not None:
+        return problem
     rule = verifier.drafting_rule()
     if not implements(rule, AbstractNodeRule, "candidate_law"):
         return missing_capability(
@@ -191,9 +200,6 @@ def tree_quadrature_problem(verifier, tree, vocab: int):
             "exact evaluation of trees",
             'use method="monte-carlo"',
         )
-    problem = verifier.exact_evaluation_problem()
-    if problem is not None:
-        return problem
     nodes = len(tuple(tree)) if tree is not None else 0
     if nodes and vocab**nodes * 2**nodes > _MAX_QUADRATURE_ROWS:
         return ValueError(

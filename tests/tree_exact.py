@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqx_specdec._emission import cells
 from eqx_specdec._misc import numpy_softmax
+from eqx_specdec._tree_evaluation import quadrature_cells
 
 
 def markov_models(seed, vocab=3, sharpness=1.5):
@@ -140,22 +140,8 @@ def exact_tree(verifier, tree, target, draft, prompt=(0, 1)) -> TreeResult:
         for a in _forced_walks(verifier, x, parents, q, p, outcomes)
     )
     cdfs = np.cumsum(corrections, -1) / corrections.sum(-1, keepdims=True)
-    run_u, run_w, run_a = [], [], []
-    for a in range(len(xs)):
-        grids = []
-        for i in range(nodes):
-            found = thresholds[a, :, i]
-            grids.append(cells(found[np.isfinite(found)], 1))
-        grids.append(cells(cdfs[a].ravel(), 1))
-        mids = np.meshgrid(*[g[0] for g in grids], indexing="ij")
-        widths = np.meshgrid(*[g[1] for g in grids], indexing="ij")
-        volume = np.prod([w.ravel() for w in widths], axis=0)
-        run_u.append(np.stack([m.ravel() for m in mids], -1))
-        run_w.append(weights[a] * volume)
-        run_a.append(np.full(len(volume), a))
-    u = np.concatenate(run_u).astype(np.float32)
-    which = np.concatenate(run_a)
-    w = np.concatenate(run_w)
+    which, u, w = quadrature_cells(thresholds, cdfs, np.array(weights))
+    u = u.astype(np.float32)
     size = 1 << 17
     total = len(w)
     outs = []
