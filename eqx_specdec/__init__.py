@@ -47,6 +47,10 @@ from ._node_rules import (
     SpecHub as SpecHub,
     WithoutReplacementCandidates as WithoutReplacementCandidates,
 )
+from ._objectives import (
+    acceptance_by_position as acceptance_by_position,
+    expected_accepted_length as expected_accepted_length,
+)
 from ._optimal import optimal_acceptance as optimal_acceptance
 from ._sharding import ShardedVerifier as ShardedVerifier
 from ._stages.assemblers import (

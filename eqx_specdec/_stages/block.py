@@ -140,6 +140,16 @@ class BlockRatioTest(AbstractRatioTest):
         passed = accept_uniforms.astype(h.dtype) < h
         return Verdict(passed, cum[:-1])
 
+    def pass_probabilities_given_drafts(self, draft_tokens, draft_probs, target_probs):
+        """The weights $h_1, \\dots, h_G$: draft token $k - 1$ passes when
+        $u_{k-1} < h_k$, each with its own uniform."""
+        if self.log_space:
+            raise ValueError(
+                "BlockRatioTest.pass_probabilities_given_drafts takes probabilities: "
+                "build the test with BlockRatioTest() (log_space=False)."
+            )
+        return self.weights(draft_tokens, draft_probs, target_probs)[1]
+
     def pass_probabilities(self, draft_law, target_probs):
         # Block verification accepts at least as many tokens in expectation as the
         # standard rule (Sun et al., Theorem 2): the standard probabilities bound it.

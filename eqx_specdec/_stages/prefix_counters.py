@@ -3,11 +3,16 @@
 import abc
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import jaxtyped
+from jaxtyping import Array, Float, jaxtyped
 
 from .._custom_types import IntScalar, PassedRow
+from .._errors import missing_capability
+
+
+PassRow = Float[Array, " gamma"]
 
 
 class AbstractPrefixCounter(eqx.Module):
@@ -32,6 +37,25 @@ class AbstractPrefixCounter(eqx.Module):
         accepted.
         """
 
+    def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
+        """Capability for the acceptance objectives
+        ([`eqx_specdec.acceptance_by_position`][]): $P(n \\ge k)$ for $k = 1, \\dots,
+        \\gamma$ when the tests pass independently, position $i$ with probability
+        `pass_probs[i]`. Traced and differentiable.
+
+        **Arguments:**
+
+        - `pass_probs`: float of shape `(gamma,)`, in $[0, 1]$.
+
+        **Returns:**
+
+        Float of shape `(gamma,)`: entry $k - 1$ is the probability that at least $k$
+        draft tokens are accepted.
+        """
+        raise missing_capability(
+            self, "reach_probabilities", "the acceptance objectives"
+        )
+
 
 class PrefixCounter(AbstractPrefixCounter):
     """The standard count: the number of tests passed before the first failure,
@@ -44,6 +68,10 @@ class PrefixCounter(AbstractPrefixCounter):
     @jaxtyped(typechecker=beartype)
     def __call__(self, passed: PassedRow) -> IntScalar:
         return jnp.sum(jnp.cumprod(passed.astype(jnp.int32)), dtype=jnp.int32)
+
+    def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
+        """$P(n \\ge k) = \\prod_{i < k} a_i$."""
+        return jnp.cumprod(pass_probs)
 
 
 class LastSuccessCounter(AbstractPrefixCounter):
@@ -60,3 +88,8 @@ class LastSuccessCounter(AbstractPrefixCounter):
     def __call__(self, passed: PassedRow) -> IntScalar:
         positions = jnp.arange(1, passed.shape[0] + 1, dtype=jnp.int32)
         return jnp.max(jnp.where(passed, positions, 0)).astype(jnp.int32)
+
+    def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
+        """$P(n \\ge k) = 1 - \\prod_{i \\ge k - 1} (1 - a_i)$: some test from position
+        $k - 1$ on passes."""
+        return 1 - jax.lax.cumprod(1 - pass_probs, reverse=True)

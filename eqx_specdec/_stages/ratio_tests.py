@@ -106,7 +106,9 @@ class AbstractRatioTest(eqx.Module):
 
     **Capabilities** (methods with a default that raises
     [`eqx_specdec.MissingCapabilityError`][]; implement those the features you use
-    need): `pass_probabilities` (the decoding loop's theory), `quadrature_breakpoints`
+    need): `pass_probabilities` (the decoding loop's theory and the acceptance
+    objectives), `pass_probabilities_given_drafts` (the objectives given the draft
+    tokens; derived from exact `pass_probabilities` by default), `quadrature_breakpoints`
     (exact evaluation), `vocab_parallel` (vocabulary sharding). `emission_target` (what
     evaluation measures the tokens against) defaults to the target $p$.
 
@@ -173,6 +175,46 @@ class AbstractRatioTest(eqx.Module):
             "the decoding loop's theoretical acceptance (DecodeResult.theory_reached)",
             "ignore DecodeResult's theory (it is then 'none')",
         )
+
+    def pass_probabilities_given_drafts(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+    ) -> Float[Array, " gamma"]:
+        """Capability for the acceptance objectives
+        ([`eqx_specdec.acceptance_by_position`][] with `draft_tokens`): for each position
+        $i$ of one row, the probability over the uniforms that the test passes the drafted
+        token $x_i$, given every draft token of the row. The positions must pass
+        independently given the drafts (each reads its own uniform). Traced and
+        differentiable in the distributions and in the test's array fields.
+
+        The default reads the tokens' entries of `pass_probabilities` when that is
+        `"exact"` (the pass at $i$ then depends on $x_i$ alone); a test whose pass depends
+        on the other draft tokens (block verification) overrides it.
+
+        **Arguments:**
+
+        - `draft_tokens`, `draft_probs`, `target_probs`: one row, as `__call__` gets them
+            (probabilities, not log-probabilities).
+
+        **Returns:**
+
+        Float of shape `(gamma,)`, in $[0, 1]$.
+        """
+        if draft_probs is None:
+            draft_probs = jax.nn.one_hot(
+                draft_tokens, target_probs.shape[-1], dtype=target_probs.dtype
+            )
+        probs, kind = self.pass_probabilities(draft_probs, target_probs[:-1])
+        if kind != "exact":
+            raise missing_capability(
+                self,
+                "pass_probabilities_given_drafts",
+                "the acceptance objectives given the draft tokens (its "
+                f'`pass_probabilities` are a "{kind}", not exact)',
+            )
+        return jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)[:, 0]
 
     def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
         """Capability for exact quadrature
