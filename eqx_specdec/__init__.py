@@ -79,6 +79,7 @@ from ._stages.samplers import (
     AbstractResidualSampler as AbstractResidualSampler,
     ResidualSampler as ResidualSampler,
 )
+from ._stages.synthetic import SyntheticRatioTest as SyntheticRatioTest
 from ._stages.typical import (
     TypicalRatioTest as TypicalRatioTest,
     TypicalSampler as TypicalSampler,

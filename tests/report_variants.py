@@ -89,6 +89,12 @@ def main():
             quad(verifier, q, p, sample_breakpoints=breaks),
             p,
         )
+    synthetic = es.Verifier(es.SyntheticRatioTest(0.5))
+    _row(
+        "synthetic, rates 0.5",
+        quad(synthetic, q, p, accept_breakpoints=np.full((gamma, 1), 0.5)),
+        p,
+    )
     block = es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter())
     _row("block verification", quad(block, q, p), p)
     gumbel = es.Verifier(residual_sampler=es.GumbelSampler())
