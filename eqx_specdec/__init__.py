@@ -7,6 +7,7 @@ from ._abstract_verifier import AbstractVerifier as AbstractVerifier
 from ._autoregressive import autoregressive_decode as autoregressive_decode
 from ._decode_result import DecodeResult as DecodeResult
 from ._decoding import speculative_decode as speculative_decode
+from ._draft_vocab import DraftVocabulary as DraftVocabulary
 from ._errors import (
     InvalidInputError as InvalidInputError,
     MissingCapabilityError as MissingCapabilityError,

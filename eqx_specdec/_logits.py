@@ -29,11 +29,12 @@ def _per_row(value, logits):
 
 
 class Warp(eqx.Module):
-    """The sampling transform a model's logits go through: temperature, then top-k, then
-    top-p (nucleus). Returns log-probabilities.
+    """The sampling transform a model's logits go through, as serving stacks apply it:
+    a logit bias, then temperature, top-k, top-p (nucleus) and min-p. Returns
+    log-probabilities.
 
-    Each parameter is a scalar or a per-row array of shape `(B,)`, so one batch can mix
-    rows of different temperatures. A row with temperature 0 is greedy: its distribution
+    Each parameter is a scalar or a per-row array of shape `(B,)` (the logit bias: `(V,)`
+    or per row `(B, V)`), so one batch can mix rows of different settings. A row with temperature 0 is greedy: its distribution
     is one-hot at the most likely token (ties: the lowest id), and speculative sampling
     with it reduces exactly to greedy verification.
 
@@ -51,11 +52,19 @@ class Warp(eqx.Module):
     - `top_p`: keep the smallest set of most likely tokens whose probability reaches
         $p \\in (0, 1]$ (at least one token); ties with the last kept value are kept.
         `None` (the default) skips the sort.
+    - `min_p`: keep the tokens whose probability is at least `min_p` times the most
+        likely token's, after the warps before it ($\\in [0, 1]$; 0 keeps all).
+        `None` (the default) skips it.
+    - `logit_bias`: added to the logits before anything else (OpenAI's `logit_bias`):
+        float of shape `(V,)` or `(B, V)`, in target vocabulary ids; $-\\infty$ bans a
+        token. `None` (the default) adds nothing.
     """
 
     temperature: Float[Array, "*batch"] | float = 1.0
     top_k: Int[Array, "*batch"] | int | None = None
     top_p: Float[Array, "*batch"] | float | None = None
+    min_p: Float[Array, "*batch"] | float | None = None
+    logit_bias: Float[Array, "*batch vocab"] | None = None
 
     def __check_init__(self):
         check_hyperparameter(
@@ -65,6 +74,13 @@ class Warp(eqx.Module):
             check_hyperparameter("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if self.top_k is not None:
             check_hyperparameter("top_k", self.top_k, 0.0, float("inf"), low_open=False)
+        if self.min_p is not None:
+            check_hyperparameter("min_p", self.min_p, 0.0, 1.0, low_open=False)
+        if self.logit_bias is not None and jnp.ndim(self.logit_bias) not in (1, 2):
+            raise ValueError(
+                "`logit_bias` must have shape (V,) or (B, V); got shape "
+                f"{jnp.shape(self.logit_bias)}."
+            )
 
     def __call__(
         self, logits: Float[Array, "batch rows vocab"]
@@ -82,6 +98,8 @@ class Warp(eqx.Module):
         """
         x = logits.astype(compute_dtype(logits.dtype))
         vocab = x.shape[-1]
+        if self.logit_bias is not None:
+            x = x + self._bias(x)
         temperature = _per_row(self.temperature, x).astype(x.dtype)
         greedy = temperature == 0
         x_scaled = x / jnp.where(greedy, 1, temperature)
@@ -102,17 +120,35 @@ class Warp(eqx.Module):
             keep = jnp.maximum(jnp.sum(before < top_p, axis=-1, keepdims=True), 1)
             cutoff = jnp.take_along_axis(descending, keep - 1, axis=-1)
             x_scaled = jnp.where(log_probs < cutoff, -jnp.inf, x_scaled)
+        if self.min_p is not None:
+            min_p = _per_row(self.min_p, x).astype(x.dtype)
+            log_probs = jax.nn.log_softmax(x_scaled, axis=-1)
+            # The most likely token has log-probability max(log_probs): always kept.
+            floor = jnp.log(min_p) + jnp.max(log_probs, axis=-1, keepdims=True)
+            x_scaled = jnp.where(log_probs < floor, -jnp.inf, x_scaled)
         log_probs = jax.nn.log_softmax(x_scaled, axis=-1)
         ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
         best = jnp.argmax(x, axis=-1, keepdims=True).astype(jnp.int32)
         one_hot = jnp.where(ids == best, 0.0, -jnp.inf).astype(x.dtype)
         return jnp.where(greedy, one_hot, log_probs)
 
+    def _bias(self, x):
+        """The logit bias, shaped to broadcast against `(B, R, V)`."""
+        bias = jnp.asarray(self.logit_bias).astype(x.dtype)
+        batch, _, vocab = x.shape
+        if bias.shape[-1] != vocab or (bias.ndim == 2 and bias.shape[0] != batch):
+            raise ValueError(
+                f"`logit_bias` must have shape (V,) = ({vocab},) or (B, V) = ({batch}, "
+                f"{vocab}), in the target's vocabulary; got {tuple(bias.shape)}."
+            )
+        return bias[None, None] if bias.ndim == 1 else bias[:, None]
 
-def _warp_problems(name, warp: Warp, batch: int):
+
+def _warp_problems(name, warp: Warp, logits):
     def problem(bad, what, fix):
         return (bad, f"`{name}.{what} in row {{row}} (the first such row). {fix}")
 
+    batch = logits.shape[0]
     temperature = jnp.broadcast_to(jnp.asarray(warp.temperature), (batch,))
     bad = ~(temperature >= 0) | ~jnp.isfinite(temperature)
     problems = [
@@ -140,6 +176,36 @@ def _warp_problems(name, warp: Warp, batch: int):
                 "Use a top_k >= 0 (0 keeps every token).",
             )
         )
+    if warp.min_p is not None:
+        min_p = jnp.broadcast_to(jnp.asarray(warp.min_p), (batch,))
+        problems.append(
+            problem(
+                ~((min_p >= 0) & (min_p <= 1)),
+                "min_p` is outside [0, 1]",
+                "Use a min_p in [0, 1] (0 keeps every token).",
+            )
+        )
+    if warp.logit_bias is not None:
+        bias = jnp.asarray(warp.logit_bias)
+        bad = jnp.isnan(bias) | (bias == jnp.inf)
+        bad = jnp.broadcast_to(jnp.any(bad, axis=-1), (batch,))
+        problems.append(
+            problem(
+                bad,
+                "logit_bias` holds a NaN or +inf",
+                "Use finite biases, or -inf to ban a token.",
+            )
+        )
+        biased = logits.astype(compute_dtype(logits.dtype)) + warp._bias(logits)
+        banned = jnp.any(jnp.max(biased, axis=-1) == -jnp.inf, axis=-1)
+        problems.append(
+            problem(
+                banned & ~bad,
+                "logit_bias` bans every token of a distribution (with the logits' own "
+                "-inf)",
+                "Leave at least one token of each distribution unbanned.",
+            )
+        )
     return problems
 
 
@@ -165,7 +231,8 @@ def speculative_accept_logits(
     verifier: AbstractVerifier = LOGITS_VERIFIER,
     check_inputs: bool | Literal["all"] = True,
 ) -> dict[str, Int[Array, "..."]]:
-    """Runs one verification step on logits, with temperature, top-k and top-p.
+    """Runs one verification step on logits, with a logit bias, temperature, top-k, top-p
+    and min-p.
 
     Both sides are warped to log-probabilities, $\\log \\tilde p = $ `target_warp`(target
     logits) and $\\log \\tilde q = $ `draft_warp`(draft logits), and verified in log space:
@@ -195,7 +262,8 @@ def speculative_accept_logits(
         `True` and `"all"` check every logit (the warp reads them all): no
         NaN or $+\\infty$ logit, no distribution with every logit $-\\infty$, token ids
         and uniforms in range, temperatures $\\ge 0$, `top_p` in $(0, 1]$, `top_k`
-        $\\ge 0$.
+        $\\ge 0$, `min_p` in $[0, 1]$, no NaN or $+\\infty$ logit bias and none that bans
+        every token of a distribution.
 
     **Returns:**
 
@@ -216,9 +284,8 @@ def speculative_accept_logits(
     if level is None:
         return verifier(*arrays)
     outputs, report = verifier.checked_call(*arrays, values=False)
-    batch = draft_tokens.shape[0]
     problems = inputs.problems(verifier, outputs, report)
-    problems += _warp_problems("target_warp", target_warp, batch)
+    problems += _warp_problems("target_warp", target_warp, target_logits)
     if draft_logits is not None:
-        problems += _warp_problems("draft_warp", draft_warp, batch)
+        problems += _warp_problems("draft_warp", draft_warp, draft_logits)
     return checked(outputs, problems)

@@ -100,11 +100,13 @@ def test_one_hot_drafts_never_materialise_q():
 # --- Logits and warping ---------------------------------------------------------------
 
 
-def _warp_reference(logits, temperature, top_k=None, top_p=None):
+def _warp_reference(logits, temperature, top_k=None, top_p=None, min_p=None, bias=None):
     logits = np.asarray(logits, np.float64)
     out = np.empty_like(logits)
     for idx in np.ndindex(logits.shape[:-1]):
         row, t = logits[idx], temperature[idx[0]]
+        if bias is not None:
+            row = row + bias[idx[0]]
         if t == 0:
             out[idx] = np.where(np.arange(len(row)) == np.argmax(row), 0.0, -np.inf)
             continue
@@ -119,6 +121,9 @@ def _warp_reference(logits, temperature, top_k=None, top_p=None):
             keep = max(int(np.sum(before < top_p[idx[0]])), 1)
             cutoff = probs[order][keep - 1]
             z = np.where(probs < cutoff, -np.inf, z)
+        if min_p is not None:
+            probs = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+            z = np.where(probs < min_p[idx[0]] * probs.max(), -np.inf, z)
         out[idx] = z - np.log(np.sum(np.exp(z - z.max()))) - z.max()
     return out
 
@@ -147,6 +152,44 @@ def test_warp_against_reference(temperature, top_k, top_p):
     np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
     finite = np.isfinite(expected)
     np.testing.assert_allclose(got[finite], expected[finite], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, min_p, bias",
+    [
+        ([1.0, 0.7, 1.3], None, [0.1, 0.0, 0.5], False),
+        ([1.0, 0.0, 0.8], [10, 0, 5], [0.05, 0.2, 1.0], True),
+        ([0.9, 1.0, 0.0], None, None, True),
+    ],
+)
+def test_min_p_and_logit_bias_against_reference(temperature, top_k, min_p, bias):
+    """min-p after the other warps, the per-row logit bias before them (-inf bans a
+    token, and a greedy row takes the biased argmax)."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(3, 4, 50)) * 2
+    row_bias = None
+    if bias:
+        row_bias = rng.normal(size=(3, 50)) * 3
+        row_bias[:, :5] = -np.inf  # banned tokens
+    warp = eqx_specdec.Warp(
+        jnp.asarray(temperature, jnp.float32),
+        None if top_k is None else jnp.asarray(top_k, jnp.int32),
+        min_p=None if min_p is None else jnp.asarray(min_p, jnp.float32),
+        logit_bias=None if row_bias is None else jnp.asarray(row_bias, jnp.float32),
+    )
+    got = np.asarray(warp(jnp.asarray(logits, jnp.float32)))
+    expected = _warp_reference(
+        logits.astype(np.float32),
+        temperature,
+        top_k,
+        min_p=min_p,
+        bias=None if row_bias is None else row_bias.astype(np.float32),
+    )
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], atol=1e-5)
+    if bias:
+        assert np.all(np.isinf(got[..., :5]))
 
 
 def _logit_case(seed, batch=16, gamma=4, vocab=200, scale=1.0):
@@ -217,12 +260,19 @@ def test_mixed_greedy_and_sampled_rows_equal_rows_computed_separately():
             np.testing.assert_array_equal(mixed["tokens"][b], greedy["tokens"][0])
 
 
+BIAS = np.array([0.5, -np.inf, 0.0, 2.0, -1.0, 0.0], np.float32)  # V = 6
+
+
 @pytest.mark.parametrize(
     "target_warp, draft_warp",
     [
         (eqx_specdec.Warp(0.7, top_k=4), eqx_specdec.Warp(1.3)),
         (eqx_specdec.Warp(1.0, top_p=0.8), eqx_specdec.Warp(0.5, top_k=5)),
         (eqx_specdec.Warp(0.0), eqx_specdec.Warp(1.0)),
+        (
+            eqx_specdec.Warp(0.8, min_p=0.1, logit_bias=jnp.asarray(BIAS)),
+            eqx_specdec.Warp(0.8, min_p=0.1, logit_bias=jnp.asarray(BIAS)),
+        ),
     ],
 )
 def test_warped_verification_is_lossless(target_warp, draft_warp):

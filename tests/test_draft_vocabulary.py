@@ -1,0 +1,134 @@
+"""Serving inputs: a draft vocabulary mapped into the target's (EAGLE-3 `d2t`), and the
+warps' logit bias and min-p checked like every other input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_specdec
+
+
+LOG_SPACE = eqx_specdec.Verifier(
+    eqx_specdec.RatioTest(log_space=True),
+    residual_sampler=eqx_specdec.ResidualSampler(log_space=True),
+)
+# Draft ids 0..3 are target ids 0, 2, 3, 5 of a vocabulary of 6.
+VOCAB = eqx_specdec.DraftVocabulary(jnp.asarray([0, 1, 1, 2], jnp.int32), 6)
+
+
+def test_tokens_and_distributions_map_into_the_target_vocabulary():
+    np.testing.assert_array_equal(VOCAB.target_ids(), [0, 2, 3, 5])
+    tokens = VOCAB.tokens(jnp.asarray([[3, 0], [1, 4]], jnp.int32))
+    np.testing.assert_array_equal(tokens, [[5, 0], [2, -1]])  # 4: not a draft id
+    q = jnp.asarray([[0.1, 0.2, 0.3, 0.4]], jnp.float32)
+    np.testing.assert_allclose(VOCAB.probs(q), [[0.1, 0, 0.2, 0.3, 0, 0.4]])
+    logits = np.asarray(VOCAB.logits(jnp.log(q)))
+    np.testing.assert_array_equal(np.isinf(logits), [[0, 1, 0, 0, 1, 0]])
+
+
+def test_a_draft_id_outside_the_draft_vocabulary_is_an_error_not_a_token():
+    x, q, p, u, s = eqx_specdec.example_inputs(batch=2, gamma=3, vocab=6)
+    draft = jnp.asarray([[0, 1, 2], [3, 9, 0]], jnp.int32)  # 9 is no draft id
+    with pytest.raises(
+        eqx_specdec.InvalidInputError, match="`draft_tokens` holds a token id outside"
+    ):
+        eqx_specdec.speculative_accept(VOCAB.tokens(draft), None, p, u, s)
+
+
+@pytest.mark.parametrize(
+    "warp",
+    [
+        eqx_specdec.Warp(),
+        eqx_specdec.Warp(
+            0.8,
+            top_k=4,
+            min_p=0.05,
+            logit_bias=jnp.asarray([0.3, 0.0, -jnp.inf, 1.0, 0.0, -0.5]),
+        ),
+    ],
+)
+def test_verification_through_the_map_is_lossless(warp):
+    """Quadrature: draft tokens drawn from the draft's warped law, in its own vocabulary
+    and mapped, emit the warped target exactly; the same warp (in target ids) on both
+    sides, after the draft's logits are scattered."""
+    rng = np.random.default_rng(0)
+    target_logits = jnp.asarray(rng.normal(size=(1, 3, 6)) * 2, jnp.float32)
+    draft_logits = jnp.asarray(rng.normal(size=(1, 2, 4)) * 2, jnp.float32)
+    p = np.exp(np.asarray(warp(target_logits), np.float64))[0]
+    q = np.exp(np.asarray(warp(VOCAB.logits(draft_logits)), np.float64))[0]
+    assert np.all(q[:, [1, 4]] == 0)
+    estimate = eqx_specdec.emission_by_quadrature(LOG_SPACE, q, p, log_inputs=True)
+    assert estimate.max_error(p) < 1e-6
+
+
+def test_the_map_gives_the_tokens_of_dense_target_vocabulary_drafts():
+    """speculative_accept_logits on mapped tokens and scattered logits equals the same
+    call on drafts already in the target's vocabulary."""
+    rng = np.random.default_rng(1)
+    batch, gamma = 64, 3
+    draft_logits = jnp.asarray(rng.normal(size=(batch, gamma, 4)), jnp.float32)
+    target_logits = jnp.asarray(rng.normal(size=(batch, gamma + 1, 6)), jnp.float32)
+    keys = jax.random.split(jax.random.key(0), 3)
+    draft = jax.random.categorical(keys[0], draft_logits).astype(jnp.int32)
+    u = jax.random.uniform(keys[1], (batch, gamma))
+    s = jax.random.uniform(keys[2], (batch,))
+    mapped = eqx_specdec.speculative_accept_logits(
+        VOCAB.tokens(draft), VOCAB.logits(draft_logits), target_logits, u, s
+    )
+    dense_logits = np.full((batch, gamma, 6), -np.inf, np.float32)
+    dense_logits[..., [0, 2, 3, 5]] = np.asarray(draft_logits)
+    dense = eqx_specdec.speculative_accept_logits(
+        jnp.asarray(np.array([0, 2, 3, 5])[np.asarray(draft)], jnp.int32),
+        jnp.asarray(dense_logits),
+        target_logits,
+        u,
+        s,
+    )
+    np.testing.assert_array_equal(mapped["tokens"], dense["tokens"])
+    # Accepted draft tokens are always mapped draft ids, never ids the draft lacks.
+    n = np.asarray(mapped["num_accepted"])
+    accepted = np.asarray(mapped["tokens"])[np.arange(gamma + 1)[None] < n[:, None]]
+    assert accepted.size > 0 and not np.isin(accepted, [1, 4]).any()
+
+
+def test_bad_maps_and_warps_are_clear_errors():
+    with pytest.raises(ValueError, match="same target id"):
+        eqx_specdec.DraftVocabulary(jnp.asarray([0, 0, -1], jnp.int32), 6)
+    with pytest.raises(ValueError, match=r"outside the target's vocabulary \[0, 6\)"):
+        eqx_specdec.DraftVocabulary(jnp.asarray([0, 5], jnp.int32), 6)
+    with pytest.raises(ValueError, match=r"`min_p` must lie in \[0, 1\]"):
+        eqx_specdec.Warp(min_p=1.5)
+    x, q, p, u, s = eqx_specdec.example_inputs(batch=2, gamma=3, vocab=6)
+    logits = jnp.log(p)
+    with pytest.raises(
+        ValueError, match=r"`logit_bias` must have shape \(V,\) = \(6,\)"
+    ):
+        eqx_specdec.speculative_accept_logits(
+            x,
+            jnp.log(q),
+            logits,
+            u,
+            s,
+            target_warp=eqx_specdec.Warp(logit_bias=jnp.zeros(5)),
+        )
+    banned = jnp.zeros((2, 6)).at[1].set(-jnp.inf)
+    with pytest.raises(
+        eqx_specdec.InvalidInputError,
+        match=r"^`target_warp.logit_bias` bans every token of a distribution .* in row 1",
+    ):
+        eqx_specdec.speculative_accept_logits(
+            x, jnp.log(q), logits, u, s, target_warp=eqx_specdec.Warp(logit_bias=banned)
+        )
+    with pytest.raises(
+        eqx_specdec.InvalidInputError,
+        match=r"^`draft_warp.logit_bias` holds a NaN or \+inf in row 0",
+    ):
+        eqx_specdec.speculative_accept_logits(
+            x,
+            jnp.log(q),
+            logits,
+            u,
+            s,
+            draft_warp=eqx_specdec.Warp(logit_bias=jnp.zeros(6).at[2].set(jnp.nan)),
+        )
