@@ -7,6 +7,11 @@ from ._abstract_verifier import AbstractVerifier as AbstractVerifier
 from ._autoregressive import autoregressive_decode as autoregressive_decode
 from ._decode_result import DecodeResult as DecodeResult
 from ._decoding import speculative_decode as speculative_decode
+from ._draft_length import (
+    AbstractDraftLength as AbstractDraftLength,
+    FixedDraftLength as FixedDraftLength,
+    StopWhenUnlikely as StopWhenUnlikely,
+)
 from ._draft_vocab import DraftVocabulary as DraftVocabulary
 from ._errors import (
     InvalidInputError as InvalidInputError,
@@ -59,6 +64,7 @@ from ._stages.assemblers import (
     TokenAssembler as TokenAssembler,
 )
 from ._stages.block import BlockRatioTest as BlockRatioTest
+from ._stages.gather import gather_draft_probs as gather_draft_probs
 from ._stages.gumbel_argmax import (
     ArgmaxSampler as ArgmaxSampler,
     GumbelSampler as GumbelSampler,
@@ -70,7 +76,6 @@ from ._stages.prefix_counters import (
 )
 from ._stages.ratio_tests import (
     AbstractRatioTest as AbstractRatioTest,
-    gather_draft_probs as gather_draft_probs,
     GreedyRatioTest as GreedyRatioTest,
     LenientRatioTest as LenientRatioTest,
     RatioTest as RatioTest,

@@ -31,6 +31,9 @@ class DecodeResult(eqx.Module):
         verification: the standard rule's value, which it never falls below) or
         `"none"` (trees, and ratio tests that do not implement `pass_probabilities`).
     - `theory_missing`: when `theory` is `"none"`, why.
+    - `drafted`: int32 of shape `(B,)`, the draft tokens each row drafted (one draft
+        call each for a chain: $G$ per step, or the draft-length policy's choice; a
+        tree's node count per step).
     """
 
     tokens: Int[Array, "batch length"]
@@ -39,6 +42,7 @@ class DecodeResult(eqx.Module):
     theory_reached: Float[Array, "batch gamma_plus_1"]
     theory: Literal["exact", "lower bound", "none"] = eqx.field(static=True)
     theory_missing: str = eqx.field(static=True, default="")
+    drafted: Int[Array, " batch"] | None = None
 
     def _theory_reached(self) -> np.ndarray:
         if self.theory == "none":
@@ -50,6 +54,13 @@ class DecodeResult(eqx.Module):
         its accepted draft tokens and one correction or bonus token."""
         hist = np.asarray(self.accepted_histogram, np.float64).sum(0)
         return float((hist * np.arange(1, hist.size + 1)).sum() / hist.sum())
+
+    def draft_calls_per_token(self) -> float:
+        """Draft tokens drafted per token committed, over the whole batch: the draft's
+        cost per generated token (one draft call per drafted chain token)."""
+        hist = np.asarray(self.accepted_histogram, np.float64).sum(0)
+        committed = (hist * np.arange(1, hist.size + 1)).sum()
+        return float(np.asarray(self.drafted, np.float64).sum() / committed)
 
     def accepted_length_distribution(self) -> np.ndarray:
         """The observed distribution of the number of accepted draft tokens per step,

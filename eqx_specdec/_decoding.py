@@ -13,6 +13,7 @@ from ._abstract_tree_verifier import AbstractTreeVerifier
 from ._abstract_verifier import AbstractVerifier
 from ._decode_arguments import check_decode_arguments, check_tree
 from ._decode_result import DecodeResult, reached_probabilities
+from ._draft_length import AbstractDraftLength, FixedDraftLength, verify_at_lengths
 from ._drafting import (
     ChainDrafting,
     draft_chain,
@@ -71,6 +72,7 @@ class _DecodeLoop(eqx.Module):
     outputs: ModelOutputs = eqx.field(static=True)
     progress: Callable | None = eqx.field(static=True)
     tree: tuple[int, ...] | None = eqx.field(static=True)
+    draft_length: AbstractDraftLength = FixedDraftLength()
 
     @property
     def room(self) -> int:
@@ -134,13 +136,18 @@ class _DecodeLoop(eqx.Module):
         def space(a):
             return jnp.log(a) if log_space else a
 
-        out = verifier(
-            xs, None if given is None else space(given), space(p), accept, sample
-        )
+        arrays = (xs, None if given is None else space(given), space(p), accept, sample)
+        if self.draft_length.always_full:
+            drafted = jnp.full((xs.shape[0],), self.gamma, jnp.int32)
+            out = verifier(*arrays)
+        else:
+            drafted = jax.vmap(self.draft_length)(xs, law, p).astype(jnp.int32)
+            drafted = jnp.clip(drafted, 1, self.gamma)
+            out = verify_at_lengths(verifier, drafted, *arrays)
         kind, _ = self.theory()
         if kind == "none":
             reached = jnp.full((xs.shape[0], self.gamma + 1), jnp.nan, jnp.float32)
-            return out["num_accepted"], out["tokens"], reached, kind
+            return out["num_accepted"], out["tokens"], reached, kind, drafted
         kinds = []
 
         def passes_of(law, p):
@@ -149,9 +156,13 @@ class _DecodeLoop(eqx.Module):
             return passes
 
         passes = jax.vmap(passes_of)(law, p[:, : self.gamma])
+        # Positions past a row's draft length are never drafted: they never pass.
+        used = jnp.arange(self.gamma)[None] < drafted[:, None]
+        passes = jnp.where(used[..., None], passes, 0)
         kind = kinds[0]
         reached = jax.vmap(reached_probabilities)(passes, law, xs)
-        return out["num_accepted"], out["tokens"], reached.astype(jnp.float32), kind
+        tokens = out["tokens"]
+        return out["num_accepted"], tokens, reached.astype(jnp.float32), kind, drafted
 
     def propose_tree(self, buffer, lengths, split, vocab):
         """Drafts a tree, scores every node, walks it with the tree verifier."""
@@ -173,7 +184,8 @@ class _DecodeLoop(eqx.Module):
         draft_rows = dq if rule.uses_draft_probs else None
         out = self.verifier(nodes, parents, draft_rows, p, accept, sample)
         reached = jnp.full((nodes.shape[0], self.histogram_size), jnp.nan, jnp.float32)
-        return out["num_accepted"], out["tokens"], reached, "none"
+        drafted = jnp.full((nodes.shape[0],), len(self.tree), jnp.int32)
+        return out["num_accepted"], out["tokens"], reached, "none", drafted
 
     def __call__(self, prompt_tokens, prompt_lengths, key) -> DecodeResult:
         batch, room, hist_size = prompt_tokens.shape[0], self.room, self.histogram_size
@@ -184,10 +196,10 @@ class _DecodeLoop(eqx.Module):
         theory = []  # the kind the first trace of a step reports
 
         def step(state):
-            t, buffer, lengths, calls, hist, reached_sum = state
+            t, buffer, lengths, calls, hist, reached_sum, drafted_sum = state
             active = lengths - prompt_lengths < self.num_tokens
             split = jax.vmap(lambda k: jax.random.split(k, 4))(_row_keys(key, t, batch))
-            n, new, reached, kind = propose(buffer, lengths, split, vocab)
+            n, new, reached, kind, drafted = propose(buffer, lengths, split, vocab)
             theory.append(kind)
             # Commit: accepted tokens and the correction; the slots after it are scratch.
             index = lengths[:, None] + jnp.arange(room, dtype=jnp.int32)[None]
@@ -201,10 +213,11 @@ class _DecodeLoop(eqx.Module):
                 n, hist_size, dtype=jnp.int32
             )
             reached_sum = reached_sum + jnp.where(active[:, None], reached, 0.0)
+            drafted_sum = drafted_sum + jnp.where(active, drafted, 0)
             if self.progress is not None:
                 done = jnp.minimum(lengths - prompt_lengths, self.num_tokens).sum()
                 jax.debug.callback(self.progress, done, batch * self.num_tokens)
-            return t + 1, buffer, lengths, calls, hist, reached_sum
+            return t + 1, buffer, lengths, calls, hist, reached_sum, drafted_sum
 
         def unfinished(state):
             return jnp.any(state[2] - prompt_lengths < self.num_tokens)
@@ -216,8 +229,9 @@ class _DecodeLoop(eqx.Module):
             jnp.zeros((batch,), jnp.int32),
             jnp.zeros((batch, hist_size), jnp.int32),
             jnp.zeros((batch, hist_size), jnp.float32),
+            jnp.zeros((batch,), jnp.int32),
         )
-        _, buffer, lengths, calls, hist, reached = jax.lax.while_loop(
+        _, buffer, lengths, calls, hist, reached, drafted = jax.lax.while_loop(
             unfinished, step, state
         )
         take = (
@@ -225,7 +239,9 @@ class _DecodeLoop(eqx.Module):
         )
         tokens = jnp.take_along_axis(buffer, take, axis=1)
         _, missing = self.theory()
-        return DecodeResult(tokens, calls, hist, reached, theory[0], missing)
+        return DecodeResult(
+            tokens, calls, hist, reached, theory[0], missing, drafted=drafted
+        )
 
 
 @FilterJit
@@ -248,6 +264,7 @@ def speculative_decode(
     outputs: ModelOutputs = "probs",
     progress: Callable | None = None,
     tree: tuple[int, ...] | None = None,
+    draft_length: AbstractDraftLength = FixedDraftLength(),
 ) -> DecodeResult:
     """Generates `num_tokens` tokens for each of a batch of prompts by speculative
     decoding, in one compiled `jax.lax.while_loop`.
@@ -306,6 +323,12 @@ def speculative_decode(
         node with the target (one call per node here, vmapped; a transformer would use
         a tree attention mask), and commits the accepted path and the correction.
         `gamma` is unused, and `DecodeResult.theory` is `"none"`.
+    - `draft_length`: for chains, the [`eqx_specdec.AbstractDraftLength`][] policy
+        that decides each row's draft length $L \\in [1, G]$ every step: all $G$
+        ([`eqx_specdec.FixedDraftLength`][], the default) or a stopping rule
+        ([`eqx_specdec.StopWhenUnlikely`][]). The buffers keep $G$ slots; a row verifies
+        a chain of its own length $L$ (the verifier runs once per possible length,
+        and each row takes its own), and `DecodeResult.drafted` counts the $L$s.
 
     **Returns:**
 
@@ -315,6 +338,16 @@ def speculative_decode(
     prompt_lengths = check_decode_arguments(
         prompt_tokens, prompt_lengths, num_tokens, gamma, outputs, verifier
     )
+    if not isinstance(draft_length, AbstractDraftLength):
+        raise TypeError(
+            "`draft_length` must be an eqx_specdec.AbstractDraftLength (FixedDraftLength, "
+            f"StopWhenUnlikely or your own), got {type(draft_length).__name__}."
+        )
+    if tree is not None and not draft_length.always_full:
+        raise ValueError(
+            "`draft_length` policies apply to chains; a tree's size is its shape "
+            "(`tree`). Leave `draft_length` at its default with a tree."
+        )
     loop = _DecodeLoop(
         draft_model,
         target_model,
@@ -325,5 +358,6 @@ def speculative_decode(
         outputs,
         progress,
         tree,
+        draft_length,
     )
     return _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key)

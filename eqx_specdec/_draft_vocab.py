@@ -68,7 +68,10 @@ class DraftVocabulary(eqx.Module):
         int32, the same shape.
         """
         return jnp.take(
-            self.target_ids(), draft_tokens.astype(jnp.int32), mode="fill", fill_value=-1
+            self.target_ids(),
+            draft_tokens.astype(jnp.int32),
+            mode="fill",
+            fill_value=-1,
         )
 
     def _scatter(self, values, fill):

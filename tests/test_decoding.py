@@ -41,6 +41,22 @@ def _sequence_probabilities(target, prompt_token, length):
     return out
 
 
+class FirstTokenLength(es.AbstractDraftLength):
+    """A user's policy: draft one token after an even first draft token, two after an
+    odd one (a stopping time: the decision reads only the tokens before the next)."""
+
+    def __call__(self, draft_tokens, draft_probs, target_probs):
+        return (1 + draft_tokens[0] % 2).astype(jnp.int32)
+
+
+class PeekingLength(es.AbstractDraftLength):
+    """A lossy policy: keeps the second draft token only when it is token 0, a decision
+    that reads the token it keeps."""
+
+    def __call__(self, draft_tokens, draft_probs, target_probs):
+        return jnp.where(draft_tokens[1] == 0, 2, 1).astype(jnp.int32)
+
+
 # Two candidates at the root, each with one child: a tree of depth 2.
 TREE = (-1, 0, -1, 2)
 
@@ -61,6 +77,18 @@ LOOP_VERIFIERS = {
         dict(tree=TREE),
     ),
     "tree, SpecHub": (es.TreeVerifier(es.SpecHub()), dict(tree=TREE)),
+    "standard, stop on the draft's confidence": (
+        es.Verifier(),
+        dict(draft_length=es.StopWhenUnlikely(0.5)),
+    ),
+    "block, stop by the oracle": (
+        es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()),
+        dict(draft_length=es.StopWhenUnlikely(0.5, "oracle")),
+    ),
+    "standard, a user's draft length": (
+        es.Verifier(),
+        dict(draft_length=FirstTokenLength()),
+    ),
     "log space, logits models": (
         es.Verifier(
             es.RatioTest(log_space=True),
@@ -129,11 +157,13 @@ class _IIDRuleDraftingWithoutReplacement(DraftlessIIDRule):
         (es.Verifier(es.LenientRatioTest(0.3)), {}),
         (es.Verifier(es.BlockRatioTest(), es.PrefixCounter()), {}),
         (es.TreeVerifier(_IIDRuleDraftingWithoutReplacement()), dict(tree=TREE)),
+        (es.Verifier(), dict(draft_length=PeekingLength())),
     ],
     ids=[
         "lenience 0.3",
         "block weights, first-failure count",
         "siblings drawn without replacement, verified as i.i.d.",
+        "a draft length that peeks at the token it keeps",
     ],
 )
 def test_the_whole_loop_catches_a_lossy_verifier(verifier, options):

@@ -42,7 +42,8 @@ def test_the_public_api_is_what_the_docs_list():
         "AbstractTreeVerifier", "TraversalVerifier", "GreedyMultiDraft", "SpecHub",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
         "DecodeResult", "NGramModel", "ShardedVerifier", "AbstractVerifier",
-        "VocabShard", "RowSums",
+        "VocabShard", "RowSums", "SyntheticRatioTest", "DraftVocabulary",
+        "AbstractDraftLength", "FixedDraftLength", "StopWhenUnlikely",
     }  # fmt: skip
     assert issubclass(eqx_specdec.MissingCapabilityError, NotImplementedError)
     assert callable(eqx_specdec.speculative_accept)

@@ -16,7 +16,8 @@ from .._custom_types import (
     DraftTokensRow,
     TargetProbsRow,
 )
-from .ratio_tests import AbstractRatioTest, clipped_ratio, gather_draft_probs
+from .gather import gather_draft_probs
+from .ratio_tests import AbstractRatioTest, clipped_ratio
 from .verdict import Verdict
 
 

@@ -19,45 +19,14 @@ from .._custom_types import (
     TargetProbsRow,
 )
 from .._errors import missing_capability, missing_quadrature, missing_vocab_parallel
-from .._misc import check_hyperparameter, compute_dtype
+from .._misc import check_hyperparameter
 from .._vocab_shard import VocabShard
+from .gather import gather_draft_probs
 from .verdict import Verdict
 
 
 PassProbabilities = Float[Array, "gamma vocab"]
 TheoryKind = Literal["exact", "lower bound"]
-
-
-def gather_draft_probs(
-    draft_tokens: DraftTokensRow,
-    draft_probs: DraftProbsRow | None,
-    target_probs: TargetProbsRow,
-    *,
-    log_space: bool = False,
-):
-    """Gathers $p_i(x_i)$ and $q_i(x_i)$ for every draft position of one row.
-
-    With `draft_probs=None` (one-hot drafts, $q_i = \\mathrm{onehot}(x_i)$), $q_i(x_i) = 1$
-    (0 in log space). Both are returned in the row's compute dtype (at least float32).
-
-    **Arguments:**
-
-    - `draft_tokens`, `draft_probs`, `target_probs`: one row, as a ratio test gets them.
-    - `log_space`: whether the distributions are log-probabilities.
-
-    **Returns:**
-
-    `(p_x, q_x)`, two float arrays of shape `(gamma,)`.
-    """
-    index = draft_tokens[:, None]
-    p_x = jnp.take_along_axis(target_probs[:-1], index, axis=1)[:, 0]
-    if draft_probs is None:
-        dtype = compute_dtype(target_probs.dtype)
-        q_x = jnp.full(p_x.shape, 0.0 if log_space else 1.0, dtype)
-    else:
-        dtype = compute_dtype(target_probs.dtype, draft_probs.dtype)
-        q_x = jnp.take_along_axis(draft_probs, index, axis=1)[:, 0]
-    return p_x.astype(dtype), q_x.astype(dtype)
 
 
 def _ratio_test(p_x, q_x, u, lenience, log_space):
@@ -182,25 +151,16 @@ class AbstractRatioTest(eqx.Module):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
     ) -> Float[Array, " gamma"]:
-        """Capability for the acceptance objectives
-        ([`eqx_specdec.acceptance_by_position`][] with `draft_tokens`): for each position
-        $i$ of one row, the probability over the uniforms that the test passes the drafted
-        token $x_i$, given every draft token of the row. The positions must pass
-        independently given the drafts (each reads its own uniform). Traced and
-        differentiable in the distributions and in the test's array fields.
+        """Capability for the acceptance objectives given the drafts
+        ([`eqx_specdec.acceptance_by_position`][] with `draft_tokens`): per position of
+        one row, the probability over the uniforms that the test passes $x_i$, given all
+        the draft tokens (positions must pass independently given them). Traced,
+        differentiable. By default, the drafts' entries of an `"exact"`
+        `pass_probabilities`; block verification overrides it.
 
-        The default reads the tokens' entries of `pass_probabilities` when that is
-        `"exact"` (the pass at $i$ then depends on $x_i$ alone); a test whose pass depends
-        on the other draft tokens (block verification) overrides it.
+        **Arguments:** one row of probabilities, as for `__call__`.
 
-        **Arguments:**
-
-        - `draft_tokens`, `draft_probs`, `target_probs`: one row, as `__call__` gets them
-            (probabilities, not log-probabilities).
-
-        **Returns:**
-
-        Float of shape `(gamma,)`, in $[0, 1]$.
+        **Returns:** float of shape `(gamma,)`, in $[0, 1]$.
         """
         if draft_probs is None:
             draft_probs = jax.nn.one_hot(

@@ -1,0 +1,111 @@
+"""Draft-length policies in the decoding loop: the stopping rule's lengths, variable
+lengths verified as chains of their own length, the statistics and the errors. (The
+whole-loop losslessness of each policy is in test_decoding.py.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_specdec as es
+
+
+def test_stopping_rule_lengths_against_a_reference():
+    rng = np.random.default_rng(0)
+    gamma, vocab = 6, 5
+    for predictor in ("confidence", "oracle"):
+        for threshold in (0.0, 0.3, 0.6, 0.9, 1.0):
+            rule = es.StopWhenUnlikely(threshold, predictor)
+            for _ in range(20):
+                q = rng.dirichlet(np.ones(vocab) * 0.5, size=gamma)
+                p = rng.dirichlet(np.ones(vocab) * 0.5, size=gamma + 1)
+                x = rng.integers(0, vocab, gamma)
+                if predictor == "confidence":
+                    a = q.max(-1)
+                else:
+                    a = np.minimum(p[:gamma], q).sum(-1)
+                risk = 1 - np.cumprod(a)
+                over = np.nonzero(risk > threshold)[0]
+                expected = gamma if over.size == 0 else over[0] + 1
+                got = rule(
+                    jnp.asarray(x, jnp.int32),
+                    jnp.asarray(q, jnp.float32),
+                    jnp.asarray(p, jnp.float32),
+                )
+                # Away from ties of the risk with the threshold (float32 products).
+                if np.all(np.abs(risk - threshold) > 1e-5):
+                    assert int(got) == expected, (predictor, threshold)
+    assert (
+        int(
+            es.StopWhenUnlikely(0.0)(
+                jnp.zeros(4, jnp.int32), jnp.full((4, 2), 0.5), jnp.full((5, 2), 0.5)
+            )
+        )
+        == 1
+    )
+
+
+def _run(gamma, draft_length, num_tokens=96):
+    draft, target = es.builtin_models()
+    texts = es.BUILTIN_PROMPTS[:8]
+    prompts = np.zeros((8, max(map(len, texts))), np.int32)
+    for row, text in enumerate(texts):
+        prompts[row, : len(text)] = es.encode(text)
+    lengths = np.array([len(t) for t in texts])
+    return es.speculative_decode(
+        draft,
+        target,
+        prompts,
+        lengths,
+        num_tokens,
+        jax.random.key(0),
+        gamma=gamma,
+        draft_length=draft_length,
+    )
+
+
+def test_full_length_and_variable_length_statistics():
+    """A threshold of 1 drafts all G every step: the tokens of the fixed-length loop,
+    bit for bit. A threshold between drafts fewer: fewer draft calls per token, the
+    theory still equal to the measurement within the noise, and lengths under G."""
+    fixed = _run(4, es.FixedDraftLength())
+    always = _run(4, es.StopWhenUnlikely(1.0))
+    np.testing.assert_array_equal(fixed.tokens, always.tokens)
+    np.testing.assert_array_equal(fixed.drafted, always.drafted)
+    assert int(np.asarray(fixed.drafted).sum()) == 4 * int(
+        np.asarray(fixed.target_calls).sum()
+    )
+    stopped = _run(4, es.StopWhenUnlikely(0.5))
+    steps = int(np.asarray(stopped.target_calls).sum())
+    drafted = int(np.asarray(stopped.drafted).sum())
+    assert (
+        steps < drafted < 4 * steps
+    )  # some steps drafted fewer than G, some more than 1
+    assert stopped.draft_calls_per_token() < fixed.draft_calls_per_token()
+    # No accepted count exceeds what was drafted: the histogram's top bins are sparse.
+    assert abs(stopped.tokens_per_call() - stopped.theoretical_tokens_per_call()) < 0.05
+
+
+def test_draft_length_errors():
+    with pytest.raises(ValueError, match=r"`threshold` must lie in \[0, 1\]"):
+        es.StopWhenUnlikely(1.5)
+    with pytest.raises(ValueError, match='`predictor`=...\\) must be "confidence"'):
+        es.StopWhenUnlikely(0.5, "entropy")
+    draft, target = es.builtin_models()
+    prompts = np.ones((2, 3), np.int32)
+    with pytest.raises(TypeError, match="`draft_length` must be an eqx_specdec"):
+        es.speculative_decode(
+            draft, target, prompts, None, 8, jax.random.key(0), draft_length=3
+        )
+    with pytest.raises(ValueError, match="`draft_length` policies apply to chains"):
+        es.speculative_decode(
+            draft,
+            target,
+            prompts,
+            None,
+            8,
+            jax.random.key(0),
+            verifier=es.TreeVerifier(),
+            tree=(-1, 0),
+            draft_length=es.StopWhenUnlikely(0.5),
+        )
