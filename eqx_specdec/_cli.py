@@ -12,11 +12,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._cli_choices import CHAIN_NAMES, DEMO_DEFAULT, fail, VERIFIER_NAMES, verifiers
+from ._cli_choices import (
+    CHAIN_NAMES,
+    DEMO_DEFAULT,
+    draft_length,
+    DRAFT_LENGTH_DEFAULT,
+    DRAFT_LENGTH_FORMS,
+    fail,
+    VERIFIER_NAMES,
+    verifiers,
+)
 from ._cli_demo import run_demo
 from ._errors import MissingCapabilityError
 from ._evaluate import evaluate_verifier, synthetic_distributions, SYNTHETIC_KINDS
 from ._models import builtin_models, encode
+
+
+def _draft_lengths(text: str) -> list[str]:
+    """`--draft-lengths`: policy names, or "" for none."""
+    names = [n.strip() for n in text.split(",")] if text.strip() else []
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"empty name in {text!r}; give comma-separated policies: "
+            f"{DRAFT_LENGTH_FORMS}."
+        )
+    unknown = [n for n in names if draft_length(n) is None]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown)}; give {DRAFT_LENGTH_FORMS} "
+            '(comma-separated; "" for none).'
+        )
+    return names
 
 
 def _names(text: str) -> list[str]:
@@ -230,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument(
         "--samples", type=int, default=3, help="generated samples to print (default 3)"
+    )
+    demo.add_argument(
+        "--draft-lengths",
+        type=_draft_lengths,
+        default=list(DRAFT_LENGTH_DEFAULT),
+        help=f"draft-length policies compared with the standard rule: "
+        f'{DRAFT_LENGTH_FORMS}; "" for none (default: {",".join(DRAFT_LENGTH_DEFAULT)})',
     )
     demo.add_argument(
         "--plot",

@@ -4,6 +4,7 @@ import sys
 from typing import Literal, NamedTuple
 
 from ._abstract_tree_verifier import AbstractTreeVerifier
+from ._draft_length import FixedDraftLength, StopWhenUnlikely
 from ._node_rules import GreedyMultiDraft, IIDCandidates
 from ._stages.block import BlockRatioTest
 from ._stages.gumbel_argmax import ArgmaxSampler, GumbelSampler
@@ -118,3 +119,31 @@ def fail(message: str, command: str):
     """Exits with one line on standard error, as argparse does for its own errors."""
     print(f"eqx-specdec {command}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+# The demo's draft-length policies, with the standard rule: fixed lengths and the
+# stopping rule with either predictor, capped at DRAFT_LENGTH_CAP draft tokens.
+DRAFT_LENGTH_CAP = 8
+DRAFT_LENGTH_DEFAULT = (
+    "fixed-1",
+    "fixed-2",
+    "fixed-4",
+    "fixed-8",
+    "confidence-0.5",
+    "oracle-0.5",
+)
+DRAFT_LENGTH_FORMS = "fixed-G (G = 1..8), confidence-H or oracle-H (H in [0, 1])"
+
+
+def draft_length(name: str):
+    """`(policy, gamma)` for a policy name, or `None` if the name is not one."""
+    kind, _, value = name.partition("-")
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    if kind == "fixed" and number.is_integer() and 1 <= number <= DRAFT_LENGTH_CAP:
+        return FixedDraftLength(), int(number)
+    if kind in ("confidence", "oracle") and 0 <= number <= 1:
+        return StopWhenUnlikely(number, kind), DRAFT_LENGTH_CAP
+    return None

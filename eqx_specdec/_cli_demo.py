@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._autoregressive import autoregressive_decode
-from ._cli_choices import verifiers
+from ._cli_choices import draft_length, verifiers
 from ._decoding import speculative_decode
 from ._models import builtin_models, BUILTIN_PROMPTS, decode, encode
 
@@ -63,7 +63,7 @@ def run_demo(args) -> dict:
     draft, target = builtin_models()
     tokens, lengths = _prompt_batch(args.batch)
     table = verifiers(args.lenience)
-    bar = ProgressBar(len(args.verifiers))
+    bar = ProgressBar(len(args.verifiers) + len(args.draft_lengths))
     key = jax.random.key(args.seed)
     results = {}
     for name in args.verifiers:
@@ -83,6 +83,23 @@ def run_demo(args) -> dict:
         )
         jax.block_until_ready(result.tokens)
         results[name] = (result, time.perf_counter() - start)
+        bar.finish_task()
+    policies = {}
+    for name in args.draft_lengths:
+        policy, gamma = draft_length(name)
+        bar.start(name)
+        result = speculative_decode(
+            draft,
+            target,
+            tokens,
+            lengths,
+            args.tokens,
+            key,
+            gamma=gamma,
+            draft_length=policy,
+            progress=bar.update if bar.enabled else None,
+        )
+        policies[name] = result
         bar.finish_task()
 
     print(
@@ -129,6 +146,8 @@ def run_demo(args) -> dict:
         "every step (standard rule: 1 + sum_k E[prod_{j<k} beta_j]); '>=' marks the "
         "standard rule's value, a lower bound for block verification."
     )
+    if policies:
+        _print_policies(policies)
     if "greedy" in results:
         greedy = autoregressive_decode(target, tokens, lengths, args.tokens)
         same = bool(jnp.all(greedy == results["greedy"][0].tokens))
@@ -140,6 +159,28 @@ def run_demo(args) -> dict:
         _plot(results, args.plot)
         print(f"figure written to {args.plot}")
     return results
+
+
+def _print_policies(policies):
+    print(
+        "\n| draft length (standard rule) | tokens per target call | theory | "
+        "draft calls per token | mean draft length |"
+    )
+    print("|---|---|---|---|---|")
+    for name, result in policies.items():
+        steps = int(np.asarray(result.target_calls).sum())
+        mean = float(np.asarray(result.drafted).sum()) / steps
+        print(
+            f"| {name} | {result.tokens_per_call():.3f} | "
+            f"{result.theoretical_tokens_per_call():.3f} | "
+            f"{result.draft_calls_per_token():.3f} | {mean:.2f} |"
+        )
+    print(
+        "\nconfidence-H and oracle-H: stop drafting (at most 8 tokens) once the "
+        "predicted probability that some draft token is rejected exceeds H "
+        "(SpecDec++); the predictor is the draft's confidence max q, or the oracle "
+        "sum min(p, q) (an upper bound: it reads the target)."
+    )
 
 
 def _plot(results, path):

@@ -27,6 +27,8 @@ def test_demo_prints_the_table_and_writes_the_figure(tmp_path, capsys):
             "48",
             "--gamma",
             "3",
+            "--draft-lengths",
+            "fixed-2,confidence-0.5",
             "--plot",
             str(figure),
         ],
@@ -50,6 +52,10 @@ def test_demo_prints_the_table_and_writes_the_figure(tmp_path, capsys):
         "greedy speculative decoding equals greedy decoding of the target: yes" in out
     )
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| draft length (standard rule) | tokens per target call |" in out
+    fixed, stopped = rows["fixed-2"].split("|"), rows["confidence-0.5"].split("|")
+    assert float(fixed[5]) == 2.0 and 1.0 <= float(stopped[5]) <= 8.0
+    assert abs(float(fixed[2]) - float(fixed[3])) < 0.3  # measured against theory
 
 
 def test_demo_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatch):
@@ -116,6 +122,10 @@ def test_evaluate_by_monte_carlo(capsys):
         (
             ["demo", "--plot", "x.txt"],
             "--plot: 'x.txt' has no image suffix; use one of",
+        ),
+        (
+            ["demo", "--draft-lengths", "fixed-2,oracle-1.5"],
+            "--draft-lengths: unknown policy oracle-1.5; give fixed-G",
         ),
         (["demo", "--batch", "0"], "must be positive"),
         (["demo", "--lenience", "2"], "must lie in (0, 1]"),
