@@ -80,6 +80,11 @@ from ._stages.ratio_tests import (
     LenientRatioTest as LenientRatioTest,
     RatioTest as RatioTest,
 )
+from ._stages.relaxed import (
+    FLyRatioTest as FLyRatioTest,
+    ScheduledRatioTest as ScheduledRatioTest,
+    TopNRelaxedRatioTest as TopNRelaxedRatioTest,
+)
 from ._stages.row_sums import row_sums as row_sums, RowSums as RowSums
 from ._stages.samplers import (
     AbstractResidualSampler as AbstractResidualSampler,

@@ -25,6 +25,7 @@ from ._drafting import (
 from ._errors import implements, missing_capability
 from ._jit import FilterJit
 from ._stages.ratio_tests import AbstractRatioTest
+from ._stages.row_fields import per_row_values, with_row_values
 from ._verifier import Verifier
 
 
@@ -39,6 +40,18 @@ def _checked_output(name, value, shape):
     if not jnp.issubdtype(value.dtype, jnp.floating):
         raise TypeError(f"`{name}` must return floating values, got {value.dtype}.")
     return value
+
+
+def _with_ratio_test(verifier, test):
+    """`verifier` running `test`, the ratio test its `in_decoding_loop` returned."""
+    try:
+        return eqx.tree_at(lambda v: v.ratio_test, verifier, test)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"{type(verifier).__name__} does not hold its ratio test as a field, so "
+            f"the decoding loop cannot run the step's test that {type(test).__name__}."
+            "in_decoding_loop returns. Use an eqx_specdec.Verifier."
+        ) from error
 
 
 def _row_keys(key, step, batch):
@@ -110,8 +123,9 @@ class _DecodeLoop(eqx.Module):
         _checked_output("draft_model", draft, (1, vocab))
         return vocab
 
-    def propose_chain(self, buffer, lengths, split, vocab):
-        """Drafts a chain, scores it, verifies it: `(n, tokens, P(n >= k), kind)`."""
+    def propose_chain(self, buffer, lengths, split, vocab, generated):
+        """Drafts a chain, scores it, verifies it: `(n, tokens, P(n >= k), kind,
+        drafted)`."""
         xs, qs, p = jax.vmap(
             lambda t, n, k: draft_chain(
                 self.draft_model,
@@ -125,6 +139,9 @@ class _DecodeLoop(eqx.Module):
             )
         )(buffer, lengths, split[:, 0])
         verifier = self.verifier
+        test = verifier.ratio_test.in_decoding_loop(generated)
+        if test is not verifier.ratio_test:
+            verifier = _with_ratio_test(verifier, test)
         key_sampler = verifier.residual_sampler.randomness == "key"
         accept, sample = _uniforms(split, self.gamma, key_sampler)
         if self.drafting == "argmax":
@@ -150,21 +167,22 @@ class _DecodeLoop(eqx.Module):
             return out["num_accepted"], out["tokens"], reached, kind, drafted
         kinds = []
 
-        def passes_of(law, p):
-            passes, kind = verifier.ratio_test.pass_probabilities(law, p)
+        def passes_of(values, law, p):
+            row_test = with_row_values(test, values)
+            passes, kind = row_test.pass_probabilities(law, p)
             kinds.append(kind)
             return passes
 
-        passes = jax.vmap(passes_of)(law, p[:, : self.gamma])
+        passes = jax.vmap(passes_of)(per_row_values(test), law, p[:, : self.gamma])
         # Positions past a row's draft length are never drafted: they never pass.
-        used = jnp.arange(self.gamma)[None] < drafted[:, None]
+        used = jnp.arange(self.gamma, dtype=jnp.int32)[None] < drafted[:, None]
         passes = jnp.where(used[..., None], passes, 0)
         kind = kinds[0]
         reached = jax.vmap(reached_probabilities)(passes, law, xs)
         tokens = out["tokens"]
         return out["num_accepted"], tokens, reached.astype(jnp.float32), kind, drafted
 
-    def propose_tree(self, buffer, lengths, split, vocab):
+    def propose_tree(self, buffer, lengths, split, vocab, generated):
         """Drafts a tree, scores every node, walks it with the tree verifier."""
         rule = self.verifier.drafting_rule()
         nodes, dq, p = jax.vmap(
@@ -199,7 +217,10 @@ class _DecodeLoop(eqx.Module):
             t, buffer, lengths, calls, hist, reached_sum, drafted_sum = state
             active = lengths - prompt_lengths < self.num_tokens
             split = jax.vmap(lambda k: jax.random.split(k, 4))(_row_keys(key, t, batch))
-            n, new, reached, kind, drafted = propose(buffer, lengths, split, vocab)
+            generated = lengths - prompt_lengths
+            n, new, reached, kind, drafted = propose(
+                buffer, lengths, split, vocab, generated
+            )
             theory.append(kind)
             # Commit: accepted tokens and the correction; the slots after it are scratch.
             index = lengths[:, None] + jnp.arange(room, dtype=jnp.int32)[None]

@@ -24,6 +24,7 @@ from ._misc import no_type_check
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
 from ._stages.ratio_tests import AbstractRatioTest
+from ._stages.row_fields import per_row_values
 from ._stages.samplers import AbstractResidualSampler
 from ._verifier import Verifier
 from ._vocab_shard import VocabShard
@@ -120,6 +121,13 @@ class ShardedVerifier(AbstractVerifier):
             )
         if self.vocab_axis is not None:
             _check_vocab_parallel(self.verifier)
+        if per_row_values(self.verifier.ratio_test):
+            raise ValueError(
+                f"ShardedVerifier: the ratio test {type(self.verifier.ratio_test).__name__} "
+                "holds per-row field values (a leading batch axis), which are not "
+                "sharded with the rows. Give them without the batch axis (shared by the "
+                "batch), or verify unsharded."
+            )
 
     # The stages, so that the entry points see this as the verifier it wraps.
     @property

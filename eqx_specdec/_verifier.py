@@ -29,6 +29,7 @@ from ._misc import no_type_check
 from ._stages.assemblers import AbstractTokenAssembler, TokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter, PrefixCounter
 from ._stages.ratio_tests import AbstractRatioTest, RatioTest
+from ._stages.row_fields import per_row_values, with_row_values
 from ._stages.samplers import AbstractResidualSampler, ResidualSampler
 
 
@@ -129,7 +130,7 @@ class Verifier(AbstractVerifier):
         also validates the inputs; call this directly only on inputs already checked.
         """
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        return self._map(self.row, inputs + (sample_uniforms,))
+        return self._map(Verifier.row, inputs + (sample_uniforms,))
 
     def checked_call(
         self,
@@ -145,16 +146,27 @@ class Verifier(AbstractVerifier):
         checked inside its row, and rows n of `p` and `q` summarised where the sampler
         reads them."""
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        row = functools.partial(verify_row, self, report=True, values=values)
+        row = functools.partial(verify_row, report=True, values=values)
         return self._map(row, inputs + (sample_uniforms,))
 
     def _map(self, row, inputs):
+        """`row(verifier, *arrays)` over the rows, each row's verifier holding the
+        ratio test's per-row field values of that row."""
+        rows = per_row_values(self.ratio_test)
+
+        def one(values, *arrays):
+            test = with_row_values(self.ratio_test, values)
+            verifier = (
+                self if not values else eqx.tree_at(lambda v: v.ratio_test, self, test)
+            )
+            return row(verifier, *arrays)
+
         batching = self.batching
         if batching == "auto":
             batching = "map" if jax.default_backend() == "cpu" else "vmap"
         if batching == "vmap":
-            return jax.vmap(row)(*inputs)
-        return jax.lax.map(lambda arrays: row(*arrays), inputs)
+            return jax.vmap(one)(rows, *inputs)
+        return jax.lax.map(lambda arrays: one(*arrays), (rows,) + inputs)
 
 
 @entry_point

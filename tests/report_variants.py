@@ -95,6 +95,18 @@ def main():
         quad(synthetic, q, p, accept_breakpoints=np.full((gamma, 1), 0.5)),
         p,
     )
+    relaxed = es.TopNRelaxedRatioTest(top_n=10, delta=0.6)
+    _row("top-N relaxed, N = 10, delta = 0.6", quad(es.Verifier(relaxed), q, p), p)
+    _row(
+        "top-N relaxed at the second position only",
+        quad(es.Verifier(es.TopNRelaxedRatioTest(relaxed=np.arange(gamma) == 1)), q, p),
+        p,
+    )
+    _row("FLy, theta = 0.3, W = 1", quad(es.Verifier(es.FLyRatioTest(0.3, 1)), q, p), p)
+    schedule = es.ScheduledRatioTest(es.RatioTest(), relaxed, exact_tokens=1)
+    _row(
+        "schedule: exact for 1 token, then top-N", quad(es.Verifier(schedule), q, p), p
+    )
     block = es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter())
     _row("block verification", quad(block, q, p), p)
     gumbel = es.Verifier(residual_sampler=es.GumbelSampler())

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from beartype import beartype
 from equinox import AbstractClassVar, AbstractVar
-from jaxtyping import Array, Float, jaxtyped
+from jaxtyping import Array, Float, Int, jaxtyped
 
 from .._custom_types import (
     AcceptUniformsRow,
@@ -87,11 +87,22 @@ class AbstractRatioTest(eqx.Module):
         that the entry points' default checks (`check_inputs=True`) validate exactly
         those: `"draft tokens"` ($p_i(x_i)$ and $q_i(x_i)$ only, as the standard test)
         or `"whole rows"` (the default, always safe: every row is then checked).
+    - `row_fields` (class attribute, default `{}`): fields that may hold one value per
+        row, by name with the rank of one row's value (`{"relaxed": 1}`: a `(G,)` mask
+        shared by the batch, or `(B, G)`, one per row). The verifier hands each row its
+        own slice; `in_decoding_loop` may fill them each step.
     """
 
     uses_uniforms: AbstractClassVar[bool]
     log_space: AbstractVar[bool | None]
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "whole rows"
+    row_fields: ClassVar[dict[str, int]] = {}
+
+    def in_decoding_loop(self, generated: Int[Array, " batch"]) -> "AbstractRatioTest":
+        """Called by [`eqx_specdec.speculative_decode`][] before each verification with
+        each row's number of tokens generated so far; returns the test to run (the
+        default: itself). A test keyed on the generated position fills a row field."""
+        return self
 
     @abc.abstractmethod
     def __call__(
