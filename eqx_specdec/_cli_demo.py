@@ -65,9 +65,8 @@ def run_demo(args) -> dict:
     table = verifiers(args.lenience)
     bar = ProgressBar(len(args.verifiers) + len(args.draft_lengths))
     key = jax.random.key(args.seed)
-    results = {}
-    for name in args.verifiers:
-        choice = table[name]
+
+    def run(name, **options):
         bar.start(name)
         start = time.perf_counter()
         result = speculative_decode(
@@ -77,30 +76,22 @@ def run_demo(args) -> dict:
             lengths,
             args.tokens,
             key,
-            verifier=choice.verifier,
             progress=bar.update if bar.enabled else None,
-            **choice.decode_options(args.gamma),
+            **options,
         )
         jax.block_until_ready(result.tokens)
-        results[name] = (result, time.perf_counter() - start)
         bar.finish_task()
+        return result, time.perf_counter() - start
+
+    results = {}
+    for name in args.verifiers:
+        choice = table[name]
+        options = choice.decode_options(args.gamma)
+        results[name] = run(name, verifier=choice.verifier, **options)
     policies = {}
     for name in args.draft_lengths:
         policy, gamma = draft_length(name)
-        bar.start(name)
-        result = speculative_decode(
-            draft,
-            target,
-            tokens,
-            lengths,
-            args.tokens,
-            key,
-            gamma=gamma,
-            draft_length=policy,
-            progress=bar.update if bar.enabled else None,
-        )
-        policies[name] = result
-        bar.finish_task()
+        policies[name] = run(name, gamma=gamma, draft_length=policy)[0]
 
     print(
         f"Built-in models: character {target.order}-gram target and "
