@@ -122,7 +122,7 @@ def fail(message: str, command: str):
 
 
 # The demo's draft-length policies, with the standard rule: fixed lengths and the
-# stopping rule with either predictor, capped at DRAFT_LENGTH_CAP draft tokens.
+# stopping rule with either predictor, drafting at most the demo's `--gamma` tokens.
 DRAFT_LENGTH_CAP = 8
 DRAFT_LENGTH_DEFAULT = (
     "fixed-1",
@@ -135,8 +135,9 @@ DRAFT_LENGTH_DEFAULT = (
 DRAFT_LENGTH_FORMS = "fixed-G (G = 1..8), confidence-H or oracle-H (H in [0, 1])"
 
 
-def draft_length(name: str):
-    """`(policy, gamma)` for a policy name, or `None` if the name is not one."""
+def draft_length(name: str, gamma: int = DRAFT_LENGTH_CAP):
+    """`(policy, gamma)` for a policy name (a stopping rule drafts at most `gamma`), or
+    `None` if the name is not one."""
     kind, _, value = name.partition("-")
     try:
         number = float(value)
@@ -145,5 +146,5 @@ def draft_length(name: str):
     if kind == "fixed" and number.is_integer() and 1 <= number <= DRAFT_LENGTH_CAP:
         return FixedDraftLength(), int(number)
     if kind in ("confidence", "oracle") and 0 <= number <= 1:
-        return StopWhenUnlikely(number, kind), DRAFT_LENGTH_CAP
+        return StopWhenUnlikely(number, kind), gamma
     return None

@@ -90,7 +90,7 @@ def run_demo(args) -> dict:
         results[name] = run(name, verifier=choice.verifier, **options)
     policies = {}
     for name in args.draft_lengths:
-        policy, gamma = draft_length(name)
+        policy, gamma = draft_length(name, args.gamma)
         policies[name] = run(name, gamma=gamma, draft_length=policy)[0]
 
     print(
@@ -138,7 +138,7 @@ def run_demo(args) -> dict:
         "standard rule's value, a lower bound for block verification."
     )
     if policies:
-        _print_policies(policies)
+        _print_policies(policies, args.gamma)
     if "greedy" in results:
         greedy = autoregressive_decode(target, tokens, lengths, args.tokens)
         same = bool(jnp.all(greedy == results["greedy"][0].tokens))
@@ -152,7 +152,7 @@ def run_demo(args) -> dict:
     return results
 
 
-def _print_policies(policies):
+def _print_policies(policies, gamma):
     print(
         "\n| draft length (standard rule) | tokens per target call | theory | "
         "draft calls per token | mean draft length |"
@@ -167,7 +167,8 @@ def _print_policies(policies):
             f"{result.draft_calls_per_token():.3f} | {mean:.2f} |"
         )
     print(
-        "\nconfidence-H and oracle-H: stop drafting (at most 8 tokens) once the "
+        f"\nconfidence-H and oracle-H: stop drafting (at most gamma = {gamma} tokens) "
+        "once the "
         "predicted probability that some draft token is rejected exceeds H "
         "(SpecDec++); the predictor is the draft's confidence max q, or the oracle "
         "sum min(p, q) (an upper bound: it reads the target)."
