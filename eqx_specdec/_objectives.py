@@ -11,6 +11,7 @@ from jaxtyping import Array, Float
 
 from ._custom_types import DraftProbs, DraftTokens, TargetProbs
 from ._misc import compute_dtype
+from ._stages.row_fields import per_row_values, with_row_values
 from ._verifier import Verifier
 
 
@@ -157,14 +158,16 @@ def _reached(name, draft_probs, target_probs, verifier, draft_tokens, logits):
 
     q, p = as_probs(draft_probs), as_probs(target_probs)
     ratio_test, counter = verifier.ratio_test, verifier.prefix_counter
-    if draft_tokens is None:
-        passes = jax.vmap(
-            lambda q_row, p_row: _row_pass_probabilities(ratio_test, q_row, p_row)
-        )(q, p)
-    else:
-        passes = jax.vmap(ratio_test.pass_probabilities_given_drafts)(
-            draft_tokens, q, p
-        )
+
+    # Each row's test holds that row's per-row field values (a mask per row, say).
+    def row_passes(values, x_row, q_row, p_row):
+        test = with_row_values(ratio_test, values)
+        if x_row is None:
+            return _row_pass_probabilities(test, q_row, p_row)
+        return test.pass_probabilities_given_drafts(x_row, q_row, p_row)
+
+    values = per_row_values(ratio_test)
+    passes = jax.vmap(row_passes)(values, draft_tokens, q, p)
     return jax.vmap(counter.reach_probabilities)(passes.astype(dtype))
 
 

@@ -165,6 +165,27 @@ def test_pass_probabilities_match_exact_quadrature(name):
         )
 
 
+def test_objectives_read_each_rows_mask():
+    """A per-row mask in the objectives: each row's objective is that of the row alone
+    with its own mask."""
+    q, p, _ = es.synthetic_distributions("peaked", 2, 4, 0)
+    mask = jnp.asarray([[True, False], [False, True], [False, False]])
+    batch_q = jnp.asarray(np.broadcast_to(q, (3,) + q.shape), jnp.float32)
+    batch_p = jnp.asarray(np.broadcast_to(p, (3,) + p.shape), jnp.float32)
+
+    def objective(relaxed, rows):
+        test = es.TopNRelaxedRatioTest(top_n=2, delta=0.3, relaxed=relaxed)
+        return es.acceptance_by_position(
+            batch_q[rows], batch_p[rows], verifier=es.Verifier(ratio_test=test)
+        )
+
+    together = objective(mask, slice(None))
+    for b in range(3):
+        alone = objective(mask[b], slice(b, b + 1))
+        np.testing.assert_allclose(together[b], alone[0], rtol=1e-6)
+    assert not np.allclose(together[0], together[2])
+
+
 def test_fly_accepts_at_least_the_standard_rule():
     """FLy's declared lower bound holds, strictly, by exact quadrature."""
     q, p, _ = es.synthetic_distributions("flat", 3, 4, 0)
