@@ -153,6 +153,14 @@ class Verifier(AbstractVerifier):
         """`row(verifier, *arrays)` over the rows, each row's verifier holding the
         ratio test's per-row field values of that row."""
         rows = per_row_values(self.ratio_test)
+        batch = inputs[0].shape[0]
+        for name, value in rows.items():
+            if value.shape[0] != batch:
+                raise ValueError(
+                    f"{type(self.ratio_test).__name__}'s `{name}` holds values for "
+                    f"{value.shape[0]} rows, but the batch has {batch}: give one per row "
+                    "(leading axis B), or one shared by the batch (no batch axis)."
+                )
 
         def one(values, *arrays):
             test = with_row_values(self.ratio_test, values)

@@ -210,6 +210,11 @@ def test_relaxed_errors():
     bad = es.TopNRelaxedRatioTest(relaxed=jnp.asarray([True, False]))
     with pytest.raises(ValueError, match="`relaxed` has 2 positions for 3 draft"):
         es.speculative_accept(x, q, p, u, s, verifier=es.Verifier(ratio_test=bad))
+    three_rows = es.TopNRelaxedRatioTest(relaxed=jnp.ones((3, 3), bool))
+    with pytest.raises(ValueError, match="`relaxed` holds values for 3 rows, but the"):
+        es.speculative_accept(
+            x, q, p, u, s, verifier=es.Verifier(ratio_test=three_rows)
+        )
     mesh = jax.make_mesh((1,), ("batch",))
     per_row = es.TopNRelaxedRatioTest(relaxed=jnp.ones((2, 3), bool))
     with pytest.raises(ValueError, match="holds per-row field values"):
