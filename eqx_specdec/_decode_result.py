@@ -58,6 +58,11 @@ class DecodeResult(eqx.Module):
     def draft_calls_per_token(self) -> float:
         """Draft tokens drafted per token committed, over the whole batch: the draft's
         cost per generated token (one draft call per drafted chain token)."""
+        if self.drafted is None:
+            raise ValueError(
+                "This DecodeResult has no `drafted` counts (it was not made by "
+                "speculative_decode): build it with `drafted=`."
+            )
         hist = np.asarray(self.accepted_histogram, np.float64).sum(0)
         committed = (hist * np.arange(1, hist.size + 1)).sum()
         return float(np.asarray(self.drafted, np.float64).sum() / committed)
