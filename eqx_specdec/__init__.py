@@ -59,6 +59,7 @@ from ._objectives import (
 )
 from ._optimal import optimal_acceptance as optimal_acceptance
 from ._sharding import ShardedVerifier as ShardedVerifier
+from ._stages.abstract_ratio_test import AbstractRatioTest as AbstractRatioTest
 from ._stages.assemblers import (
     AbstractTokenAssembler as AbstractTokenAssembler,
     TokenAssembler as TokenAssembler,
@@ -75,7 +76,6 @@ from ._stages.prefix_counters import (
     PrefixCounter as PrefixCounter,
 )
 from ._stages.ratio_tests import (
-    AbstractRatioTest as AbstractRatioTest,
     GreedyRatioTest as GreedyRatioTest,
     LenientRatioTest as LenientRatioTest,
     RatioTest as RatioTest,

@@ -17,10 +17,10 @@ from ._custom_types import (
     SampleRandomnessBatch,
     TargetProbs,
 )
+from ._stages.abstract_ratio_test import AbstractRatioTest
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.gather import gather_draft_probs
 from ._stages.prefix_counters import AbstractPrefixCounter
-from ._stages.ratio_tests import AbstractRatioTest
 from ._stages.row_sums import row_sums, RowSums
 from ._stages.samplers import AbstractResidualSampler
 from ._stages.verdict import Verdict

@@ -24,7 +24,7 @@ from ._drafting import (
 )
 from ._errors import implements, missing_capability
 from ._jit import FilterJit
-from ._stages.ratio_tests import AbstractRatioTest
+from ._stages.abstract_ratio_test import AbstractRatioTest
 from ._stages.row_fields import per_row_values, with_row_values
 from ._verifier import Verifier
 
@@ -179,8 +179,8 @@ class _DecodeLoop(eqx.Module):
         passes = jnp.where(used[..., None], passes, 0)
         kind = kinds[0]
         reached = jax.vmap(reached_probabilities)(passes, law, xs)
-        tokens = out["tokens"]
-        return out["num_accepted"], tokens, reached.astype(jnp.float32), kind, drafted
+        reached = reached.astype(jnp.float32)
+        return out["num_accepted"], out["tokens"], reached, kind, drafted
 
     def propose_tree(self, buffer, lengths, split, vocab, generated):
         """Drafts a tree, scores every node, walks it with the tree verifier."""

@@ -5,7 +5,6 @@ import abc
 from typing import ClassVar, Literal
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Float, jaxtyped
@@ -53,7 +52,7 @@ class AbstractDraftLength(eqx.Module):
 
         **Returns:**
 
-        An int32 scalar in $[1, G]$.
+        An int32 scalar in $[1, G]$ (the loop clips other values into it).
         """
 
 
@@ -155,8 +154,7 @@ def verify_at_lengths(
         pad = jnp.full((draft_tokens.shape[0], gamma - length), -1, jnp.int32)
         counts.append(out["num_accepted"])
         tokens.append(jnp.concatenate([out["tokens"], pad], axis=1))
-    pick = jax.nn.one_hot(lengths - 1, gamma, dtype=jnp.bool_)  # (B, G)
-    num_accepted = jnp.sum(jnp.where(pick, jnp.stack(counts, 1), 0), axis=1)
-    stacked = jnp.stack(tokens, 1)  # (B, G, G + 1)
-    chosen = jnp.take_along_axis(stacked, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    index = (lengths - 1)[:, None]  # each row's own length, among the G verified
+    num_accepted = jnp.take_along_axis(jnp.stack(counts, 1), index, axis=1)[:, 0]
+    chosen = jnp.take_along_axis(jnp.stack(tokens, 1), index[..., None], axis=1)[:, 0]
     return {"num_accepted": num_accepted.astype(jnp.int32), "tokens": chosen}

@@ -21,9 +21,9 @@ from ._custom_types import (
 from ._errors import implements, missing_vocab_parallel
 from ._inputs import StepArguments
 from ._misc import no_type_check
+from ._stages.abstract_ratio_test import AbstractRatioTest
 from ._stages.assemblers import AbstractTokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter
-from ._stages.ratio_tests import AbstractRatioTest
 from ._stages.row_fields import per_row_values
 from ._stages.samplers import AbstractResidualSampler
 from ._verifier import Verifier

@@ -26,9 +26,10 @@ from ._custom_types import (
 from ._inputs import prepare_inputs
 from ._jit import entry_point
 from ._misc import no_type_check
+from ._stages.abstract_ratio_test import AbstractRatioTest
 from ._stages.assemblers import AbstractTokenAssembler, TokenAssembler
 from ._stages.prefix_counters import AbstractPrefixCounter, PrefixCounter
-from ._stages.ratio_tests import AbstractRatioTest, RatioTest
+from ._stages.ratio_tests import RatioTest
 from ._stages.row_fields import per_row_values, with_row_values
 from ._stages.samplers import AbstractResidualSampler, ResidualSampler
 

@@ -13,6 +13,7 @@ import eqx_specdec as es
 def test_stopping_rule_lengths_against_a_reference():
     rng = np.random.default_rng(0)
     gamma, vocab = 6, 5
+    compared = 0
     for predictor in ("confidence", "oracle"):
         for threshold in (0.0, 0.3, 0.6, 0.9, 1.0):
             rule = es.StopWhenUnlikely(threshold, predictor)
@@ -35,6 +36,8 @@ def test_stopping_rule_lengths_against_a_reference():
                 # Away from ties of the risk with the threshold (float32 products).
                 if np.all(np.abs(risk - threshold) > 1e-5):
                     assert int(got) == expected, (predictor, threshold)
+                    compared += 1
+    assert compared > 150  # of 200: ties with the threshold are rare
     assert (
         int(
             es.StopWhenUnlikely(0.0)(
@@ -82,7 +85,7 @@ def test_full_length_and_variable_length_statistics():
         steps < drafted < 4 * steps
     )  # some steps drafted fewer than G, some more than 1
     assert stopped.draft_calls_per_token() < fixed.draft_calls_per_token()
-    # No accepted count exceeds what was drafted: the histogram's top bins are sparse.
+    # The theory counts only the positions drafted: it still predicts the measurement.
     assert abs(stopped.tokens_per_call() - stopped.theoretical_tokens_per_call()) < 0.05
 
 

@@ -16,8 +16,9 @@ from .._custom_types import (
     DraftTokensRow,
     TargetProbsRow,
 )
+from .abstract_ratio_test import AbstractRatioTest
 from .gather import gather_draft_probs
-from .ratio_tests import AbstractRatioTest, clipped_ratio
+from .ratio_tests import clipped_ratio
 from .verdict import Verdict
 
 

@@ -20,9 +20,9 @@ from .._custom_types import (
 from .._misc import check_hyperparameter, compute_dtype, no_type_check
 from .gather import gather_draft_probs
 from .ratio_tests import (
-    _ratio_test,
     AbstractRatioTest,
     clipped_ratio,
+    ratio_passes,
     RatioTest,
 )
 from .row_fields import per_row_values
@@ -36,7 +36,7 @@ def _rows(target_probs):
 
 def _standard(draft_tokens, draft_probs, target_probs, accept_uniforms):
     p_x, q_x = gather_draft_probs(draft_tokens, draft_probs, target_probs)
-    return _ratio_test(p_x, q_x, accept_uniforms, None, False), p_x
+    return ratio_passes(p_x, q_x, accept_uniforms, None, False), p_x
 
 
 @no_type_check

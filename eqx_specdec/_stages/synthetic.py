@@ -15,7 +15,7 @@ from .._custom_types import (
     TargetProbsRow,
 )
 from .._misc import check_hyperparameter
-from .ratio_tests import AbstractRatioTest
+from .abstract_ratio_test import AbstractRatioTest
 from .verdict import Verdict
 
 

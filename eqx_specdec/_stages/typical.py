@@ -18,7 +18,7 @@ from .._custom_types import (
 )
 from .._misc import check_hyperparameter, compute_dtype
 from .._search import has_mass, inverse_cdf
-from .ratio_tests import AbstractRatioTest
+from .abstract_ratio_test import AbstractRatioTest
 from .samplers import AbstractResidualSampler
 from .verdict import Verdict
 
