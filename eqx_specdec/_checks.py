@@ -194,10 +194,16 @@ def _raise_first(messages, status):
 
 def checked(outputs, problems) -> Checked:
     """`outputs` with the status of `problems` (a list of `(flags (B,), message)`): the
-    first problem in the list that occurs, and its first offending row."""
-    flags = jnp.stack([flag for flag, _ in problems])
-    any_row = jnp.any(flags, axis=1)
-    first = jnp.argmax(any_row).astype(jnp.int32)
-    row = jnp.argmax(flags[first]).astype(jnp.int32)
-    status = jnp.where(jnp.any(any_row), jnp.stack([first, row]), -1)
+    first problem in the list that occurs, and its first offending row.
+
+    Computed as each row's first problem (one elementwise pass, which XLA fuses), then
+    the least of them and the first row holding it: a few kernels whatever the number of
+    problems, where stacking the flags compiles a kernel per problem."""
+    count = len(problems)
+    code = jnp.full(problems[0][0].shape, count, jnp.int32)
+    for index in reversed(range(count)):
+        code = jnp.where(problems[index][0], jnp.int32(index), code)
+    first = jnp.min(code)
+    row = jnp.argmax(code == first).astype(jnp.int32)
+    status = jnp.where(first < count, jnp.stack([first, row]), -1)
     return Checked(outputs, status.astype(jnp.int32), tuple(m for _, m in problems))

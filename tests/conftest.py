@@ -1,12 +1,27 @@
 import os
 
 
-# Eight host CPU devices, for the sharding tests (set before JAX starts its backend; the
-# other tests run on the default device, as before).
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
+# XLA flags, set before JAX starts its backend:
+# - eight host CPU devices, for the sharding tests (the other tests run on the default
+#   device);
+# - quick compilation: most of the suite's time is XLA compiling small programs, and
+#   LLVM's optimisation passes and the new fusion emitters cost most of that. With them
+#   off, compilation takes a third of the time; the programs compute the same values (no
+#   fast math either way), and the suite's bit-for-bit comparisons are between programs
+#   compiled alike. The demo in CI, the benchmarks and the CLI test's console script
+#   (`tests/test_cli.py`) compile with XLA's defaults; `SPECDEC_TEST_XLA_DEFAULTS=1` runs
+#   the whole suite with them.
+TEST_XLA_FLAGS = {
+    "xla_force_host_platform_device_count": "8",
+    "xla_cpu_use_fusion_emitters": "false",
+}
+if os.environ.get("SPECDEC_TEST_XLA_DEFAULTS") == "1":
+    del TEST_XLA_FLAGS["xla_cpu_use_fusion_emitters"]
+_flags = os.environ.get("XLA_FLAGS", "")
+for _name, _value in TEST_XLA_FLAGS.items():
+    if _name not in _flags:
+        _flags += f" --{_name}={_value}"
+os.environ["XLA_FLAGS"] = _flags.strip()
 
 import pathlib  # noqa: E402
 

@@ -2,11 +2,16 @@
 CPU devices each, verified with `ShardedVerifier` after `jax.distributed.initialize`."""
 
 import os
+import re
 import sys
 
 
 process_id, port = int(sys.argv[1]), sys.argv[2]
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+# Four devices per process; the test suite's other flags (quick compilation) are kept.
+_flags = re.sub(
+    r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")
+)
+os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=4".strip()
 
 import jax  # noqa: E402
 
