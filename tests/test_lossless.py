@@ -8,6 +8,7 @@ from lossless_cases import (
     acceptance_products,
     distributions,
     MONTE_CARLO_CASES,
+    MONTE_CARLO_VOCAB,
     NUM_DRAWS,
     QUADRATURE_CASES,
     TargetOnlySampler,
@@ -106,7 +107,9 @@ def test_monte_carlo_chi_square(case):
     ids=["lenience-0.5", "correction-from-p"],
 )
 def test_monte_carlo_detects_lossy_verifiers(verifier):
-    _, p, _, estimate = _monte_carlo(verifier, ("peaked", 1, 4096, 7), seed=1)
+    _, p, _, estimate = _monte_carlo(
+        verifier, ("peaked", 1, MONTE_CARLO_VOCAB, 7), seed=1
+    )
     stats = estimate.chi_square(p)
     assert stats["statistic"][0] > stats["threshold"][0]
 
