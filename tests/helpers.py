@@ -1,5 +1,8 @@
 """A NumPy reference written from SPEC.md section 1, and random test cases."""
 
+import os
+import pathlib
+
 import jax
 import numpy as np
 
@@ -103,3 +106,13 @@ def float_dtypes():
     if jax.config.jax_enable_x64:
         dtypes.append(np.float64)
     return dtypes
+
+
+def default_xla_environment() -> dict:
+    """The environment for a subprocess that runs as a user would: XLA's default flags
+    (the suite's own, `conftest.py`, compile quickly but run slowly), and this checkout's
+    package on the path."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    root = str(pathlib.Path(__file__).parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env

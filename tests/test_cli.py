@@ -3,11 +3,11 @@
 import importlib.metadata
 import io
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from helpers import default_xla_environment
 
 from eqx_specdec import _cli, _cli_demo
 
@@ -221,12 +221,11 @@ def test_module_and_console_script():
     assert script.load() is _cli.main
     # With XLA's default flags (the suite compiles quickly, `conftest.py`): what a user
     # runs.
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     done = subprocess.run(
         [sys.executable, "-m", "eqx_specdec", "evaluate", "--json"],
         capture_output=True,
         text=True,
         check=True,
-        env=env,
+        env=default_xla_environment(),
     )
     assert json.loads(done.stdout)["verifier"] == "standard"
