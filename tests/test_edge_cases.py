@@ -43,14 +43,15 @@ def test_residual_lost_to_rounding_draws_from_p():
     sampler = eqx_specdec.ResidualSampler()
     verdict = eqx_specdec.Verdict(jnp.zeros(1, bool))
     cdf = np.cumsum(p_row.astype(np.float64))
-    for s in np.linspace(0.005, 0.995, 100):
-        if np.min(np.abs(cdf - s)) < 1e-5:
-            continue
-        y = sampler(
-            jnp.int32(0), verdict, jnp.zeros(1, jnp.int32), jnp.asarray(q_row[None]),
-            jnp.asarray(np.stack([p_row, p_row])), jnp.float32(s),
-        )  # fmt: skip
-        assert int(y) == np.argmax(cdf > s)
+    uniforms = np.linspace(0.005, 0.995, 100)
+    uniforms = uniforms[[np.min(np.abs(cdf - s)) >= 1e-5 for s in uniforms]]
+    draw = jax.jit(jax.vmap(lambda s: sampler(
+        jnp.int32(0), verdict, jnp.zeros(1, jnp.int32), jnp.asarray(q_row[None]),
+        jnp.asarray(np.stack([p_row, p_row])), s,
+    )))  # fmt: skip
+    tokens = np.asarray(draw(jnp.asarray(uniforms, jnp.float32)))
+    assert len(uniforms) > 90
+    np.testing.assert_array_equal(tokens, [np.argmax(cdf > s) for s in uniforms])
 
 
 def _bonus_token(weights, s):
