@@ -5,23 +5,27 @@ import os
 # - eight host CPU devices, for the sharding tests (the other tests run on the default
 #   device);
 # - quick compilation: most of the suite's time is XLA compiling small programs. XLA
-#   CPU's classic emitters (not the new fusion emitters) and LLVM without optimisation
-#   passes compile them in about a third of the time. The programs compute the same
-#   values (no fast math either way) and run up to a few times slower, which the suite's
-#   small cases do not notice; its bit-for-bit comparisons are between programs compiled
-#   alike. What runs as a user runs it compiles with XLA's defaults: the demo in CI, the
-#   benchmarks, and the tests' subprocesses (`helpers.default_xla_environment`: the
-#   console script, the draft-training example). `SPECDEC_TEST_XLA_DEFAULTS=1` runs the
-#   whole suite with XLA's defaults.
+#   CPU's classic emitters (not the new fusion emitters), and LLVM without its optimisation
+#   passes (`jax_disable_most_optimizations`, below), compile them in about a third of the
+#   time. The programs compute the same values (no fast math either way) and run up to a
+#   few times slower, which most of the suite's small cases do not notice; the tests whose
+#   time is running, not compiling, are marked `execution_bound` and compile with full
+#   optimisation. Bit-for-bit comparisons are between programs compiled alike. What runs
+#   as a user runs it compiles with XLA's defaults: the demo in CI, the benchmarks, and
+#   the tests' subprocesses (`helpers.default_xla_environment`: the console script, the
+#   draft-training example). `SPECDEC_TEST_XLA_DEFAULTS=1` runs the whole suite with
+#   XLA's defaults.
+QUICK_COMPILE = os.environ.get("SPECDEC_TEST_XLA_DEFAULTS") != "1"
 TEST_XLA_FLAGS = {"xla_force_host_platform_device_count": "8"}
-if os.environ.get("SPECDEC_TEST_XLA_DEFAULTS") != "1":
+if QUICK_COMPILE:
     TEST_XLA_FLAGS["xla_cpu_use_fusion_emitters"] = "false"
-    TEST_XLA_FLAGS["xla_backend_optimization_level"] = "0"
 _flags = os.environ.get("XLA_FLAGS", "")
 for _name, _value in TEST_XLA_FLAGS.items():
     if _name not in _flags:
         _flags += f" --{_name}={_value}"
 os.environ["XLA_FLAGS"] = _flags.strip()
+if QUICK_COMPILE:  # also for the subprocesses that keep the suite's settings
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
 
 import pathlib  # noqa: E402
 
@@ -50,6 +54,11 @@ jax.config.update("jax_include_full_tracebacks_in_locations", False)
 jax.config.update("jax_traceback_in_locations_limit", 0)
 
 
+# Without LLVM's optimisation passes (XLA's `xla_backend_optimization_level=0` and no
+# expensive passes), except for the tests marked `execution_bound` (the fixture below).
+jax.config.update("jax_disable_most_optimizations", QUICK_COMPILE)
+
+
 # Strict promotion catches silent dtype and rank mixing (int64 with int32, float64 with
 # float32) in the library. `JAX_ENABLE_X64` chooses the mode; CI runs both.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
@@ -70,3 +79,19 @@ def _clear_provoked_callback_errors():
         if "(the first such row)" not in str(error):
             raise
         dispatch.runtime_tokens.clear()
+
+
+@pytest.fixture(autouse=True)
+def _optimise_execution_bound(request):
+    """A test marked `execution_bound` (large Monte Carlo runs, big quadrature grids:
+    seconds of running against a fraction of a second of compiling) compiles its
+    programs with XLA's full optimisation, which runs them about twice as fast. JAX reads
+    the setting at each compilation; programs compiled earlier are reused as they are."""
+    if not QUICK_COMPILE or request.node.get_closest_marker("execution_bound") is None:
+        yield
+        return
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", True)

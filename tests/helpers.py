@@ -112,7 +112,8 @@ def default_xla_environment() -> dict:
     """The environment for a subprocess that runs as a user would: XLA's default flags
     (the suite's own, `conftest.py`, compile quickly but run slowly), and this checkout's
     package on the path."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    quick = ("XLA_FLAGS", "JAX_DISABLE_MOST_OPTIMIZATIONS")
+    env = {k: v for k, v in os.environ.items() if k not in quick}
     root = str(pathlib.Path(__file__).parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env

@@ -63,6 +63,7 @@ def test_block_is_lossless_by_quadrature(case):
     assert estimate.max_error(p) < 1e-6
 
 
+@pytest.mark.execution_bound
 def test_block_is_lossless_by_chi_square():
     q, p, law = distributions("near-equal", 3, 1024, 5)
     estimate = eqx_specdec.emission_by_monte_carlo(

@@ -75,8 +75,10 @@ def test_demo_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatc
 
 @pytest.mark.parametrize(
     "verifier, lossless",
-    [("standard", True), ("block", True), ("one-hot", True), ("greedy", True),
-     ("lenient", False), ("typical-sampled", False)],
+    [("standard", True),
+     pytest.param("block", True, marks=pytest.mark.execution_bound),
+     ("one-hot", True), ("greedy", True), ("lenient", False),
+     ("typical-sampled", False)],
 )  # fmt: skip
 def test_evaluate_by_quadrature(verifier, lossless, capsys):
     out = _run(["evaluate", "--verifier", verifier, "--json"], capsys)

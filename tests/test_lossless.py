@@ -81,6 +81,7 @@ def _monte_carlo(verifier, case, seed):
     return q, p, law, estimate
 
 
+@pytest.mark.execution_bound
 @pytest.mark.parametrize("case", MONTE_CARLO_CASES, ids=_id)
 def test_monte_carlo_chi_square(case):
     q, p, law, estimate = _monte_carlo(eqx_specdec.Verifier(), case, seed=case[3])
@@ -106,6 +107,7 @@ def test_monte_carlo_chi_square(case):
     ],
     ids=["lenience-0.5", "correction-from-p"],
 )
+@pytest.mark.execution_bound
 def test_monte_carlo_detects_lossy_verifiers(verifier):
     _, p, _, estimate = _monte_carlo(
         verifier, ("peaked", 1, MONTE_CARLO_VOCAB, 7), seed=1

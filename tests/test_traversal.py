@@ -44,6 +44,7 @@ def test_a_chain_is_block_verification(gamma):
     np.testing.assert_array_equal(got["num_accepted"], expected["num_accepted"])
 
 
+@pytest.mark.execution_bound
 def test_lossless_and_never_below_top_down():
     """Exact enumeration (every token assignment, every cell of the uniforms): each
     emitted token follows the Markov target given the tokens before it, and the expected

@@ -108,6 +108,7 @@ def test_one_node_acceptance_rates(rule):
 PARENTS = jnp.asarray([-1, 0, 0, -1, -1], jnp.int32)
 
 
+@pytest.mark.execution_bound
 @pytest.mark.parametrize("rule", list(RULES))
 def test_small_trees_are_lossless(rule):
     """Chi-square (V = 16, 200,000 steps): the first emitted token follows the root's

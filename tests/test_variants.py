@@ -410,6 +410,7 @@ def test_typical_threshold_rule():
 # --- Samplers and keys -------------------------------------------------------------------
 
 
+@pytest.mark.execution_bound
 @pytest.mark.parametrize("case", [("flat", 1, 64, 100), ("peaked", 3, 64, 101)])
 def test_gumbel_sampler_is_lossless(case):
     q, p, law = distributions(*case)
