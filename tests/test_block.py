@@ -75,6 +75,12 @@ def test_block_is_lossless_by_chi_square():
     assert np.all(stats["statistic"][reached] < stats["threshold"][reached])
 
 
+# Compiled once per shape, for the hundred cases below.
+_BLOCK_WEIGHTS = jax.jit(
+    jax.vmap(eqx_specdec.BlockRatioTest().weights, in_axes=(0, None, None))
+)
+
+
 def _expected_accepted(q, p):
     """Exact E[n] of the standard and the block rule, by enumerating draft sequences:
     standard P(n >= k | x) = prod_{i<k} min(1, r_i); block P(n >= k | x) =
@@ -86,8 +92,7 @@ def _expected_accepted(q, p):
         1, p[np.arange(gamma), sequences] / q[np.arange(gamma), sequences]
     )
     standard = np.cumprod(ratio, axis=1).sum(axis=1)
-    weights = jax.vmap(eqx_specdec.BlockRatioTest().weights, in_axes=(0, None, None))
-    _, h = weights(
+    _, h = _BLOCK_WEIGHTS(
         jnp.asarray(sequences, jnp.int32),
         jnp.asarray(q, jnp.float32),
         jnp.asarray(p, jnp.float32),
@@ -140,7 +145,7 @@ def test_block_through_the_entry_points():
 def test_last_success_counter():
     counter = eqx_specdec.LastSuccessCounter()
     patterns = np.array(list(itertools.product([False, True], repeat=4)))
-    counts = jax.vmap(counter)(jnp.asarray(patterns))
+    counts = jax.jit(jax.vmap(counter))(jnp.asarray(patterns))
     expected = [
         max([i + 1 for i, ok in enumerate(row) if ok], default=0) for row in patterns
     ]

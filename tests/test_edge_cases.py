@@ -90,7 +90,9 @@ def test_never_a_zero_weight_token(vocab):
     for _ in range(5):
         near_one.append(np.nextafter(near_one[-1], np.float32(0)))
     uniforms = jnp.asarray([0.0, 1e-9, 0.3, 0.5, 0.999, *near_one], jnp.float32)
-    tokens = jax.vmap(lambda s: _bonus_token(jnp.asarray(weights), s))(uniforms)
+    tokens = jax.jit(jax.vmap(lambda s: _bonus_token(jnp.asarray(weights), s)))(
+        uniforms
+    )
     tokens = np.asarray(tokens)
     assert ((tokens >= 0) & (tokens < vocab)).all()
     assert (weights[tokens] > 0).all()

@@ -91,7 +91,7 @@ def test_through_tree_accept_jit_and_vmap():
     verifier = es.TraversalVerifier()
     out = es.tree_accept(*inputs, verifier=verifier)
     jitted = jax.jit(lambda *a: es.tree_accept(*a, verifier=verifier))(*inputs)
-    rows = jax.vmap(verifier.row)(*(jnp.asarray(a) for a in inputs))
+    rows = jax.jit(jax.vmap(verifier.row))(*(jnp.asarray(a) for a in inputs))
     for key in ("num_accepted", "tokens", "path"):
         assert out[key].dtype == jnp.int32
         np.testing.assert_array_equal(out[key], jitted[key])
