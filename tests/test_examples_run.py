@@ -39,7 +39,7 @@ def test_training_a_draft_for_acceptance_raises_it():
     """The trained draft beats the maximum-likelihood one on the objective and in the
     decoding loop's measured tokens per target call, as the docs' table says. (Run as a
     user runs it, with XLA's default flags: its 1,000 training steps are the suite's
-    heaviest computation, and the suite's quick-compile flags would slow them 5x.)"""
+    heaviest computation, and the suite's quick compilation would slow them 5x.)"""
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "train_draft.py")],
         capture_output=True,
