@@ -28,10 +28,7 @@ WIDTHS = {"laptop": 1280, "phone": 412}
 def main():
     site = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "site").resolve()
     out = pathlib.Path(sys.argv[2] if len(sys.argv) > 2 else "screenshots").resolve()
-    browser = next(
-        (shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)),
-        None,
-    )
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         sys.exit("screenshot_docs: no chromium on PATH (apt-get install chromium)")
     out.mkdir(parents=True, exist_ok=True)

@@ -24,8 +24,10 @@ for _name, _value in TEST_XLA_FLAGS.items():
     if _name not in _flags:
         _flags += f" --{_name}={_value}"
 os.environ["XLA_FLAGS"] = _flags.strip()
-if QUICK_COMPILE:  # also for the subprocesses that keep the suite's settings
-    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+# LLVM without its optimisation passes (XLA's `xla_backend_optimization_level=0` and no
+# expensive passes), read by JAX when it is imported, and by the subprocesses that keep
+# the suite's settings; the tests marked `execution_bound` turn it off (the fixture below).
+os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1" if QUICK_COMPILE else "0"
 
 import pathlib  # noqa: E402
 
@@ -52,11 +54,6 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 # carrying them costs about a tenth of the suite's lowering and compile time.
 jax.config.update("jax_include_full_tracebacks_in_locations", False)
 jax.config.update("jax_traceback_in_locations_limit", 0)
-
-
-# Without LLVM's optimisation passes (XLA's `xla_backend_optimization_level=0` and no
-# expensive passes), except for the tests marked `execution_bound` (the fixture below).
-jax.config.update("jax_disable_most_optimizations", QUICK_COMPILE)
 
 
 # Strict promotion catches silent dtype and rank mixing (int64 with int32, float64 with
