@@ -3,6 +3,8 @@ array leaves traced, every other leaf static."""
 
 import collections
 import functools
+import threading
+import weakref
 
 import equinox as eqx
 import jax
@@ -13,13 +15,20 @@ from ._checks import check_level, Checked
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 _SCALAR_TYPES = (bool, int, float, str, type(None))
-# Calls remembered by the identity of their Equinox-module arguments (a small LRU).
-_FAST_ENTRIES = 16
+# Static configurations compiled per entry point (least recently used dropped first).
+COMPILED_ENTRIES = 64
+# Calls remembered by the identity of their Equinox-module arguments (least recently
+# used dropped first).
+FAST_ENTRIES = 16
 
 
 def _static_key(leaf):
     # The type too: `1 == 1.0 == True` hash alike but trace differently.
     return type(leaf), leaf
+
+
+def _is_concrete(leaf) -> bool:
+    return not isinstance(leaf, jax.core.Tracer)
 
 
 class FilterJit:
@@ -34,12 +43,26 @@ class FilterJit:
     same leaves, remembered with its compiled function. Outputs pass through, except
     [`Checked`][eqx_specdec._checks.Checked] ones: the outputs of a program with
     run-time checks, resolved (raised or unwrapped) after the program has finished.
+
+    **Soundness.**
+
+    - Both caches are bounded least-recently-used maps: at most `COMPILED_ENTRIES` (64)
+        static configurations per entry point (a configuration's static leaves, model
+        callables included, are held until it is dropped), and `FAST_ENTRIES` (16)
+        remembered modules, held by weak reference (a module that is garbage collected
+        drops its entry).
+    - Nothing traced is remembered: a call whose modules hold tracers (inside a caller's
+        `jax.jit`, `jax.vmap` or `jax.grad`) takes the flattening path, which keeps only
+        static leaves.
+    - The caches are guarded by a lock, so an entry point may be called from several
+        threads.
     """
 
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._compiled = {}
+        self._lock = threading.Lock()
+        self._compiled = collections.OrderedDict()
         self._fast = collections.OrderedDict()
 
     def _compile(self, treedef, static):
@@ -76,14 +99,37 @@ class FilterJit:
                 return None
         return tuple(pattern), tuple(named)
 
+    def _fast_entry(self, fast, kwargs):
+        """The remembered `(module leaves, compiled)` of a fast key whose modules are
+        still the very objects passed, or `None`."""
+        with self._lock:
+            entry = self._fast.get(fast)
+            if entry is None:
+                return None
+            modules, module_leaves, compiled = entry
+            if not all(kwargs[name] is ref() for name, ref in modules):
+                return None  # a module died and its id was reused
+            self._fast.move_to_end(fast)
+            return module_leaves, compiled
+
+    def _lookup(self, key, treedef, static):
+        with self._lock:
+            compiled = self._compiled.get(key)
+            if compiled is None:
+                compiled = self._compiled[key] = self._compile(treedef, static)
+                while len(self._compiled) > COMPILED_ENTRIES:
+                    self._compiled.popitem(last=False)
+            else:
+                self._compiled.move_to_end(key)
+            return compiled
+
     def __call__(self, *args, **kwargs):
         fast = self._fast_key(args, kwargs)
-        entry = None if fast is None else self._fast.get(fast)
+        entry = None if fast is None else self._fast_entry(fast, kwargs)
         if entry is not None:
-            modules, module_leaves, compiled = entry
-            if all(kwargs[name] is module for name, module in modules):
-                dynamic = [a for a in args if a is not None] + module_leaves
-                return self._finish(compiled(dynamic))
+            module_leaves, compiled = entry
+            dynamic = [a for a in args if a is not None] + module_leaves
+            return self._finish(compiled(dynamic))
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         static = tuple(
             None if isinstance(leaf, _ARRAY_TYPES) else _static_key(leaf)
@@ -91,7 +137,7 @@ class FilterJit:
         )
         key = (treedef, static)
         try:
-            compiled = self._compiled.get(key)
+            hash(key)
         except TypeError:  # an unhashable static leaf
             bad = next(
                 leaf
@@ -104,8 +150,7 @@ class FilterJit:
                 "are static (compiled in): make it an array (traced) or a hashable "
                 "value (a tuple, not a list or dict inside a field)."
             ) from None
-        if compiled is None:
-            compiled = self._compiled[key] = self._compile(treedef, static)
+        compiled = self._lookup(key, treedef, static)
         dynamic = [leaf for leaf, s in zip(leaves, static) if s is None]
         if fast is not None:
             self._remember(fast, kwargs, compiled)
@@ -114,21 +159,33 @@ class FilterJit:
     def _remember(self, fast, kwargs, compiled):
         # The flatten order is the positional arguments, then the keywords sorted by
         # name: the modules' array leaves follow the positional arrays in that order.
-        modules = tuple(
+        modules = [
             (name, kwargs[name])
             for name in sorted(kwargs)
             if isinstance(kwargs[name], eqx.Module)
-        )
+        ]
         module_leaves = [
             leaf
             for _, module in modules
             for leaf in jax.tree_util.tree_leaves(module)
             if isinstance(leaf, _ARRAY_TYPES)
         ]
-        self._fast[fast] = (modules, module_leaves, compiled)
-        self._fast.move_to_end(fast)
-        while len(self._fast) > _FAST_ENTRIES:
-            self._fast.popitem(last=False)
+        if not all(map(_is_concrete, module_leaves)):
+            return  # never keep a tracer beyond its trace
+        try:
+            refs = tuple((name, weakref.ref(module)) for name, module in modules)
+        except TypeError:  # a module type without weak references: not remembered
+            return
+        with self._lock:
+            self._fast[fast] = (refs, module_leaves, compiled)
+            self._fast.move_to_end(fast)
+            while len(self._fast) > FAST_ENTRIES:
+                self._fast.popitem(last=False)
+
+    def cache_sizes(self) -> tuple[int, int]:
+        """How many static configurations and remembered modules are held now."""
+        with self._lock:
+            return len(self._compiled), len(self._fast)
 
     @staticmethod
     def _finish(outputs):
@@ -156,4 +213,5 @@ def entry_point(fn):
         check_level(check_inputs)
         return compiled(*args, check_inputs=check_inputs, **kwargs)
 
+    wrapper.compiled = compiled
     return wrapper

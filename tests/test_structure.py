@@ -3,14 +3,17 @@ on the abstract bases, no import cycles, no module-level mutable state, no speci
 of the library's own stages by name, files small enough to read in one sitting."""
 
 import ast
+import collections
 import inspect
 import pathlib
 import re
+import sys
 
 import equinox as eqx
 import pytest
 
 import eqx_specdec
+from eqx_specdec._jit import FilterJit
 
 
 PUBLIC_CLASSES = [
@@ -156,6 +159,39 @@ def test_no_module_level_mutable_state():
                 call = isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
                 mutable |= call and value.func.id in ("list", "dict", "set")
                 assert not mutable, f"{path.name}:{node.lineno} {ast.unparse(node)}"
+
+
+_MUTABLE = (dict, list, set, collections.OrderedDict, collections.deque)
+
+
+def _package_closure(value):
+    """The closure cells of a function and of the functions it wraps, where they were
+    written in the package (not the wrappers of the test run's runtime type checks)."""
+    while value is not None:
+        code = getattr(value, "__code__", None)
+        if code is not None and code.co_filename.startswith(str(PACKAGE)):
+            yield from value.__closure__ or ()
+        value = getattr(value, "__wrapped__", None)
+
+
+def test_the_only_module_level_caches_are_the_bounded_dispatch():
+    """At run time too: no module-level object of the package, and no closure of a
+    module-level function, holds a mutable container, except the compiled dispatch
+    ([`FilterJit`][eqx_specdec._jit.FilterJit]: bounded, locked, weak on modules)."""
+    dispatchers = 0
+    for module in list(sys.modules.values()):
+        if not getattr(module, "__name__", "").startswith("eqx_specdec"):
+            continue
+        for name, value in vars(module).items():
+            if name.startswith("__"):
+                continue
+            assert not isinstance(value, _MUTABLE), f"{module.__name__}.{name}"
+            for cell in _package_closure(value):
+                held = cell.cell_contents
+                assert not isinstance(held, _MUTABLE), f"{module.__name__}.{name}"
+                dispatchers += isinstance(held, FilterJit)
+            dispatchers += isinstance(value, FilterJit)
+    assert dispatchers >= 5  # the entry points were found
 
 
 def _concrete_library_stages() -> dict:
