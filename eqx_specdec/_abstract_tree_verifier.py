@@ -2,12 +2,14 @@
 
 import abc
 import typing
+from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from ._capabilities import capability
 from ._custom_types import (
     NodeTokensRow,
     NodeUniformsRow,
@@ -16,7 +18,6 @@ from ._custom_types import (
     TreeOutputs,
     TreeProbsRow,
 )
-from ._errors import missing_capability
 from ._node_rules import AbstractNodeRule
 
 
@@ -37,8 +38,12 @@ class AbstractTreeVerifier(eqx.Module):
     **Declared by every subclass:** `row` and `drafting_rule`.
 
     **Capabilities** (default raises [`eqx_specdec.MissingCapabilityError`][]):
-    `forced_walk` (exact evaluation of trees).
+    `forced_walk` (exact evaluation of trees). A verifier that delegates a capability
+    to a field (the top-down walk's `forced_walk` needs its node rule's
+    `pass_threshold`) declares it in the class attribute `capabilities_from`.
     """
+
+    capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
 
     @abc.abstractmethod
     def row(
@@ -92,6 +97,7 @@ class AbstractTreeVerifier(eqx.Module):
         """
         return nodes
 
+    @capability
     def forced_walk(
         self,
         node_tokens: NodeTokensRow,
@@ -114,26 +120,6 @@ class AbstractTreeVerifier(eqx.Module):
         was given passes exactly when its uniform is below $t$ (NaN for a node not
         tested), and the (unnormalised) distribution the correction is drawn from.
         """
-        raise missing_capability(
-            self, "forced_walk", "exact evaluation of trees", 'use method="monte-carlo"'
-        )
-
-    def exact_evaluation_problem(self) -> Exception | None:
-        """Why exact evaluation does not apply to this verifier (the error to raise),
-        or `None`; by default, whether `forced_walk` is implemented.
-
-        **Returns:**
-
-        An exception or `None`.
-        """
-        if type(self).forced_walk is AbstractTreeVerifier.forced_walk:
-            return missing_capability(
-                self,
-                "forced_walk",
-                "exact evaluation of trees",
-                'use method="monte-carlo"',
-            )
-        return None
 
     def __call__(self, *inputs) -> dict[str, Int[Array, "..."]]:
         """Verifies a batch of trees: `row` vmapped."""

@@ -6,8 +6,7 @@ import numpy as np
 
 from ._abstract_tree_verifier import AbstractTreeVerifier, check_static_depth
 from ._abstract_verifier import AbstractVerifier
-from ._errors import implements, missing_capability
-from ._node_rules import AbstractNodeRule
+from ._capabilities import require
 from ._tree import check_tree_shape
 
 
@@ -37,10 +36,7 @@ def check_tree(tree, verifier, drafting) -> tuple[int, ...] | None:
             "`candidate_law`. Subclass the node rule to change how they are drawn."
         )
     rule = verifier.drafting_rule()
-    if not implements(rule, AbstractNodeRule, "candidate_law"):
-        raise missing_capability(
-            rule, "candidate_law", "drafting a tree in the decoding loop"
-        )
+    require(rule, "candidate_law", "drafting a tree in the decoding loop")
     tree = check_tree_shape(tree)
     check_static_depth(verifier, tree)
     return tree

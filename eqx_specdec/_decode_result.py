@@ -30,7 +30,6 @@ class DecodeResult(eqx.Module):
         [`eqx_specdec.AbstractRatioTest.pass_probabilities`][]), `"lower bound"` (block
         verification: the standard rule's value, which it never falls below) or
         `"none"` (trees, and ratio tests that do not implement `pass_probabilities`).
-    - `theory_missing`: when `theory` is `"none"`, why.
     - `drafted`: int32 of shape `(B,)`, the draft tokens each row drafted (one draft
         call each for a chain: $G$ per step, or the draft-length policy's choice; a
         tree's node count per step).
@@ -41,12 +40,17 @@ class DecodeResult(eqx.Module):
     accepted_histogram: Int[Array, "batch gamma_plus_1"]
     theory_reached: Float[Array, "batch gamma_plus_1"]
     theory: Literal["exact", "lower bound", "none"] = eqx.field(static=True)
-    theory_missing: str = eqx.field(static=True, default="")
     drafted: Int[Array, " batch"] | None = None
 
     def _theory_reached(self) -> np.ndarray:
         if self.theory == "none":
-            raise MissingCapabilityError(self.theory_missing)
+            raise MissingCapabilityError(
+                "This DecodeResult has no theoretical acceptance (`theory` is "
+                "'none'): the run verified trees, or its ratio test does not "
+                "implement `pass_probabilities`. Implement "
+                "`AbstractRatioTest.pass_probabilities` on the chain's ratio test (see "
+                "the abstract base's documentation) to get it."
+            )
         return np.asarray(self.theory_reached, np.float64).sum(0)
 
     def tokens_per_call(self) -> float:

@@ -3,6 +3,7 @@ tokens for a batch of sequences, each advancing at its own pace."""
 
 import typing
 from collections.abc import Callable
+from typing import Literal
 
 import equinox as eqx
 import jax
@@ -11,6 +12,7 @@ from jaxtyping import Array, Int, Key
 
 from ._abstract_tree_verifier import AbstractTreeVerifier
 from ._abstract_verifier import AbstractVerifier
+from ._capabilities import has_capability
 from ._decode_arguments import check_decode_arguments, check_tree
 from ._decode_result import DecodeResult, reached_probabilities
 from ._draft_length import AbstractDraftLength, FixedDraftLength, verify_at_lengths
@@ -22,9 +24,7 @@ from ._drafting import (
     token_buffer,
     tree_depths,
 )
-from ._errors import implements, missing_capability
 from ._jit import FilterJit
-from ._stages.abstract_ratio_test import AbstractRatioTest
 from ._stages.row_fields import per_row_values, with_row_values
 from ._verifier import Verifier
 
@@ -97,19 +97,15 @@ class _DecodeLoop(eqx.Module):
         """The number of possible accepted counts, 0..(deepest accepted path)."""
         return self.gamma + 1 if self.tree is None else max(tree_depths(self.tree)) + 1
 
-    def theory(self) -> tuple[str, str]:
-        """`(kind, why none)`: whether the ratio test gives the loop's theory."""
-        if self.tree is not None:
-            return "none", "Tree verification has no theoretical acceptance here."
-        test = self.verifier.ratio_test
-        if not implements(test, AbstractRatioTest, "pass_probabilities"):
-            error = missing_capability(
-                test,
-                "pass_probabilities",
-                "the decoding loop's theoretical acceptance",
-            )
-            return "none", str(error)
-        return "pending", ""
+    @property
+    def theory(self) -> Literal["exact", "lower bound", "none"]:
+        """The loop's theory, from static declarations only (read before tracing):
+        none for trees and for ratio tests without `pass_probabilities`, otherwise the
+        test's declared `theory`."""
+        test = None if self.tree is not None else self.verifier.ratio_test
+        if test is None or not has_capability(test, "pass_probabilities"):
+            return "none"
+        return test.theory
 
     def check_models(self, buffer):
         """Traces the models once to learn V and check what they return."""
@@ -124,7 +120,7 @@ class _DecodeLoop(eqx.Module):
         return vocab
 
     def propose_chain(self, buffer, lengths, split, vocab, generated):
-        """Drafts a chain, scores it, verifies it: `(n, tokens, P(n >= k), kind,
+        """Drafts a chain, scores it, verifies it: `(n, tokens, P(n >= k),
         drafted)`."""
         xs, qs, p = jax.vmap(
             lambda t, n, k: draft_chain(
@@ -161,26 +157,20 @@ class _DecodeLoop(eqx.Module):
             drafted = jax.vmap(self.draft_length)(xs, law, p).astype(jnp.int32)
             drafted = jnp.clip(drafted, 1, self.gamma)
             out = verify_at_lengths(verifier, drafted, *arrays)
-        kind, _ = self.theory()
-        if kind == "none":
+        if self.theory == "none":
             reached = jnp.full((xs.shape[0], self.gamma + 1), jnp.nan, jnp.float32)
-            return out["num_accepted"], out["tokens"], reached, kind, drafted
-        kinds = []
+            return out["num_accepted"], out["tokens"], reached, drafted
 
         def passes_of(values, law, p):
-            row_test = with_row_values(test, values)
-            passes, kind = row_test.pass_probabilities(law, p)
-            kinds.append(kind)
-            return passes
+            return with_row_values(test, values).pass_probabilities(law, p)
 
         passes = jax.vmap(passes_of)(per_row_values(test), law, p[:, : self.gamma])
         # Positions past a row's draft length are never drafted: they never pass.
         used = jnp.arange(self.gamma, dtype=jnp.int32)[None] < drafted[:, None]
         passes = jnp.where(used[..., None], passes, 0)
-        kind = kinds[0]
         reached = jax.vmap(reached_probabilities)(passes, law, xs)
         reached = reached.astype(jnp.float32)
-        return out["num_accepted"], out["tokens"], reached, kind, drafted
+        return out["num_accepted"], out["tokens"], reached, drafted
 
     def propose_tree(self, buffer, lengths, split, vocab, generated):
         """Drafts a tree, scores every node, walks it with the tree verifier."""
@@ -203,7 +193,7 @@ class _DecodeLoop(eqx.Module):
         out = self.verifier(nodes, parents, draft_rows, p, accept, sample)
         reached = jnp.full((nodes.shape[0], self.histogram_size), jnp.nan, jnp.float32)
         drafted = jnp.full((nodes.shape[0],), len(self.tree), jnp.int32)
-        return out["num_accepted"], out["tokens"], reached, "none", drafted
+        return out["num_accepted"], out["tokens"], reached, drafted
 
     def __call__(self, prompt_tokens, prompt_lengths, key) -> DecodeResult:
         batch, room, hist_size = prompt_tokens.shape[0], self.room, self.histogram_size
@@ -211,17 +201,13 @@ class _DecodeLoop(eqx.Module):
         lengths = prompt_lengths.astype(jnp.int32)
         vocab = self.check_models(buffer)
         propose = self.propose_chain if self.tree is None else self.propose_tree
-        theory = []  # the kind the first trace of a step reports
 
         def step(state):
             t, buffer, lengths, calls, hist, reached_sum, drafted_sum = state
             active = lengths - prompt_lengths < self.num_tokens
             split = jax.vmap(lambda k: jax.random.split(k, 4))(_row_keys(key, t, batch))
             generated = lengths - prompt_lengths
-            n, new, reached, kind, drafted = propose(
-                buffer, lengths, split, vocab, generated
-            )
-            theory.append(kind)
+            n, new, reached, drafted = propose(buffer, lengths, split, vocab, generated)
             # Commit: accepted tokens and the correction; the slots after it are scratch.
             index = lengths[:, None] + jnp.arange(room, dtype=jnp.int32)[None]
             written = jax.vmap(lambda b, i, v: b.at[i].set(v))(
@@ -259,10 +245,7 @@ class _DecodeLoop(eqx.Module):
             prompt_lengths[:, None] + jnp.arange(self.num_tokens, dtype=jnp.int32)[None]
         )
         tokens = jnp.take_along_axis(buffer, take, axis=1)
-        _, missing = self.theory()
-        return DecodeResult(
-            tokens, calls, hist, reached, theory[0], missing, drafted=drafted
-        )
+        return DecodeResult(tokens, calls, hist, reached, self.theory, drafted=drafted)
 
 
 @FilterJit

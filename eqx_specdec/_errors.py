@@ -27,32 +27,6 @@ def missing_capability(
     return MissingCapabilityError(message + (f", or {instead}." if instead else "."))
 
 
-def missing_quadrature(stage) -> MissingCapabilityError:
-    """The error for a stage without `quadrature_breakpoints`."""
-    return missing_capability(
-        stage,
-        "quadrature_breakpoints",
-        "exact quadrature",
-        'use method="monte-carlo", or pass the breakpoints to emission_by_quadrature '
-        "yourself",
-    )
-
-
-def missing_vocab_parallel(stage) -> MissingCapabilityError:
-    """The error for a stage without `vocab_parallel`."""
-    return missing_capability(
-        stage,
-        "vocab_parallel",
-        "vocabulary sharding (ShardedVerifier with vocab_axis)",
-        "shard over the batch only (vocab_axis=None), where every stage runs unchanged",
-    )
-
-
-def implements(stage, base, method: str) -> bool:
-    """Whether `stage`'s class overrides `base.method` (its capability's default)."""
-    return getattr(type(stage), method) is not getattr(base, method)
-
-
 class InvalidInputError(jax.errors.JaxRuntimeError):
     """Raised when a value given to an entry point is invalid (a probability that is
     NaN, negative or not normalised, a token id or uniform out of range), or a stage

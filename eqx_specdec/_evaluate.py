@@ -9,14 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._abstract_tree_verifier import AbstractTreeVerifier
-from ._errors import implements, MissingCapabilityError
+from ._capabilities import has_capability
+from ._errors import MissingCapabilityError
 from ._lossless import (
     emission_by_monte_carlo,
     emission_by_quadrature,
     stage_breakpoints,
 )
 from ._misc import numpy_softmax
-from ._node_rules import AbstractNodeRule
 from ._tree_evaluation import tree_quadrature_problem
 from ._verifier import Verifier
 
@@ -128,7 +128,7 @@ def _root_optimum(verifier, tree, q, p, root_acceptance) -> dict:
     draft law, where the rule can say it (and the root has children)."""
     rule = verifier.drafting_rule()
     children = sum(1 for parent in tree if parent == -1)
-    if not implements(rule, AbstractNodeRule, "optimal_acceptance") or not children:
+    if not has_capability(rule, "optimal_acceptance") or not children:
         return {}
     draft = np.zeros_like(p[0]) if q is None else q[0]
     optimum = rule.optimal_acceptance(

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._abstract_tree_verifier import AbstractTreeVerifier
+from ._capabilities import require
 from ._emission import accumulate, cells, EmissionEstimate, padded_size
 from ._errors import MissingCapabilityError
 from ._jit import FilterJit
@@ -74,6 +75,13 @@ def stage_breakpoints(verifier: Verifier, draft_probs, target_probs) -> dict:
     `quadrature_breakpoints` capability), merged."""
     found = {"accept_breakpoints": [], "sample_breakpoints": []}
     for stage in (verifier.ratio_test, verifier.residual_sampler):
+        require(
+            stage,
+            "quadrature_breakpoints",
+            "exact quadrature",
+            'use method="monte-carlo", or pass the breakpoints to '
+            "emission_by_quadrature yourself",
+        )
         for name, value in stage.quadrature_breakpoints(
             draft_probs, target_probs
         ).items():

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from equinox import AbstractClassVar
 from jaxtyping import Array, Bool, Float, Int
 
-from ._errors import missing_capability
+from ._capabilities import capability
 from ._optimal import optimal_acceptance
 from ._search import has_mass
 
@@ -84,6 +84,7 @@ class AbstractNodeRule(eqx.Module):
         The next `(residual, mass, draft)`.
         """
 
+    @capability
     def candidate_law(self, draft: Row, drafted: Bool[Array, " vocab"]) -> Row:
         """Capability for drafting trees (in [`eqx_specdec.speculative_decode`][] and
         the evaluation tools): the law of a node's next child, given the draft's
@@ -99,12 +100,8 @@ class AbstractNodeRule(eqx.Module):
 
         A float `(vocab,)` distribution (summing to 1).
         """
-        raise missing_capability(
-            self,
-            "candidate_law",
-            "drafting a tree (the decoding loop and the tree evaluation tools)",
-        )
 
+    @capability
     def optimal_acceptance(self, target: Row, draft: Row, num_children: int) -> Scalar:
         """Capability for [`eqx_specdec.evaluate_verifier`][]: $\\alpha^*$, the best
         probability of accepting some child that any lossless verifier reaches when
@@ -120,10 +117,8 @@ class AbstractNodeRule(eqx.Module):
 
         A float scalar.
         """
-        raise missing_capability(
-            self, "optimal_acceptance", "reporting the optimal acceptance of its drafts"
-        )
 
+    @capability
     def pass_threshold(
         self, residual: Row, mass: Scalar, draft: Row, token: Int[Array, ""]
     ) -> Scalar:
@@ -139,12 +134,6 @@ class AbstractNodeRule(eqx.Module):
 
         A float scalar ($+\\infty$ allowed).
         """
-        raise missing_capability(
-            self,
-            "pass_threshold",
-            "exact evaluation of trees",
-            'use method="monte-carlo"',
-        )
 
 
 def _passes(residual, mass, draft, token, uniform):

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ._capabilities import require
 from ._custom_types import DraftProbs, DraftTokens, TargetProbs
 from ._misc import compute_dtype
 from ._stages.row_fields import per_row_values, with_row_values
@@ -22,6 +23,10 @@ def _check_arguments(entry_point, verifier, draft_probs, target_probs, draft_tok
             f"and prefix counter define the objective); got {type(verifier).__name__}. "
             "For a ShardedVerifier, pass the Verifier it shards."
         )
+    feature = f"the acceptance objectives ({entry_point})"
+    if draft_tokens is None:
+        require(verifier.ratio_test, "pass_probabilities", feature)
+    require(verifier.prefix_counter, "reach_probabilities", feature)
     if target_probs.ndim != 3:
         raise ValueError(
             f"{entry_point}: `target_probs` must have shape (B, G+1, V); got "
@@ -63,15 +68,16 @@ def _check_arguments(entry_point, verifier, draft_probs, target_probs, draft_tok
 def _row_pass_probabilities(ratio_test, draft_probs, target_probs):
     """Per position, the probability that the test passes the draft token, averaged over
     the token's law $q_i$: $\\beta_i = \\sum_v q_i(v)\\, a_i(v)$."""
-    probs, kind = ratio_test.pass_probabilities(draft_probs, target_probs[:-1])
-    if kind != "exact":
+    if ratio_test.theory != "exact":
         raise ValueError(
-            f"{type(ratio_test).__name__}'s `pass_probabilities` are a {kind!r}: its "
+            f"{type(ratio_test).__name__}'s `pass_probabilities` are a "
+            f"{ratio_test.theory!r}: its "
             "passes depend on the other draft tokens, so the objective averaged over "
             "the draft tokens has no closed form. Pass `draft_tokens` (drafts sampled "
             "from `draft_probs`) for the objective given the drafts, an unbiased "
             "estimate of it."
         )
+    probs = ratio_test.pass_probabilities(draft_probs, target_probs[:-1])
     return jnp.sum(draft_probs * probs, axis=-1)
 
 

@@ -11,6 +11,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Int
 
 from ._abstract_verifier import AbstractVerifier, RowReport, verify_row
+from ._capabilities import require
 from ._custom_types import (
     AcceptUniforms,
     DraftProbs,
@@ -18,7 +19,6 @@ from ._custom_types import (
     SampleRandomnessBatch,
     TargetProbs,
 )
-from ._errors import implements, missing_vocab_parallel
 from ._inputs import StepArguments
 from ._misc import no_type_check
 from ._stages.abstract_ratio_test import AbstractRatioTest
@@ -33,12 +33,14 @@ from ._vocab_shard import VocabShard
 def _check_vocab_parallel(verifier: Verifier):
     """Every stage that reads the vocabulary must have a vocabulary-parallel form (the
     prefix counter and token assembler see per-row values only)."""
-    for stage, base in (
-        (verifier.ratio_test, AbstractRatioTest),
-        (verifier.residual_sampler, AbstractResidualSampler),
-    ):
-        if not implements(stage, base, "vocab_parallel"):
-            raise missing_vocab_parallel(stage)
+    for stage in (verifier.ratio_test, verifier.residual_sampler):
+        require(
+            stage,
+            "vocab_parallel",
+            "vocabulary sharding (ShardedVerifier with vocab_axis)",
+            "shard over the batch only (vocab_axis=None), where every stage runs "
+            "unchanged",
+        )
 
 
 def _axis_size(mesh: Mesh, axes) -> int:

@@ -1,7 +1,7 @@
 """Tree (multi-candidate) verification: SpecInfer-style trees of draft tokens."""
 
 import typing
-from typing import Literal
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +26,6 @@ from ._custom_types import (
     TreeOutputs,
     TreeProbsRow,
 )
-from ._errors import implements, missing_capability
 from ._jit import entry_point
 from ._misc import compute_dtype
 from ._node_rules import AbstractNodeRule, IIDCandidates
@@ -50,19 +49,12 @@ class TreeVerifier(AbstractTreeVerifier):
     """
 
     node_rule: AbstractNodeRule = IIDCandidates()
+    capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
+        "forced_walk": (("node_rule", "pass_threshold"),)
+    }
 
     def drafting_rule(self) -> AbstractNodeRule:
         return self.node_rule
-
-    def exact_evaluation_problem(self) -> Exception | None:
-        if not implements(self.node_rule, AbstractNodeRule, "pass_threshold"):
-            return missing_capability(
-                self.node_rule,
-                "pass_threshold",
-                "exact evaluation of trees",
-                'use method="monte-carlo"',
-            )
-        return None
 
     def _walk(self, node_tokens, parents, draft_probs, target_probs, decide, record):
         """The top-down walk. `decide(i, residual, mass, draft, token)` is node `i`'s

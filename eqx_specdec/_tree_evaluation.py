@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._abstract_tree_verifier import AbstractTreeVerifier, check_static_depth
+from ._capabilities import require
 from ._drafting import tree_depths
 from ._emission import cells, EmissionEstimate, padded_size
-from ._errors import implements, missing_capability
+from ._errors import MissingCapabilityError
 from ._jit import FilterJit
-from ._node_rules import AbstractNodeRule
 from ._tree import check_tree_shape
 
 
@@ -24,14 +24,14 @@ def _check(verifier, tree, draft_probs, target_probs, *, exact: bool):
     tree = check_tree_shape(tree)
     check_static_depth(verifier, tree)
     rule = verifier.drafting_rule()
-    if not implements(rule, AbstractNodeRule, "candidate_law"):
-        raise missing_capability(
-            rule, "candidate_law", "drafting a tree in the evaluation tools"
-        )
+    require(rule, "candidate_law", "drafting a tree in the evaluation tools")
     if exact:
-        problem = verifier.exact_evaluation_problem()
-        if problem is not None:
-            raise problem
+        require(
+            verifier,
+            "forced_walk",
+            "exact evaluation of trees",
+            'use method="monte-carlo"',
+        )
     p = np.asarray(target_probs, np.float64)
     shape = (len(tree) + 1, p.shape[-1])
     if p.shape != shape:
@@ -189,17 +189,16 @@ def tree_emission_by_monte_carlo(
 
 def tree_quadrature_problem(verifier, tree, vocab: int):
     """Why exact quadrature does not apply to this tree (the error to raise), or None."""
-    problem = verifier.exact_evaluation_problem()
-    if problem is not None:
-        return problem
-    rule = verifier.drafting_rule()
-    if not implements(rule, AbstractNodeRule, "candidate_law"):
-        return missing_capability(
-            rule,
-            "candidate_law",
-            "exact evaluation of trees",
-            'use method="monte-carlo"',
-        )
+    try:
+        for stage, name in (
+            (verifier, "forced_walk"),
+            (verifier.drafting_rule(), "candidate_law"),
+        ):
+            require(
+                stage, name, "exact evaluation of trees", 'use method="monte-carlo"'
+            )
+    except MissingCapabilityError as error:
+        return error
     nodes = len(tuple(tree)) if tree is not None else 0
     if nodes and vocab**nodes * 2**nodes > _MAX_QUADRATURE_ROWS:
         return ValueError(

@@ -57,7 +57,7 @@ class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
         # The test passes a drafted v with probability min(1, p(v) / (l q(v))).
         scaled = jnp.asarray(self.lenience, draft_law.dtype) * draft_law
         ratio = target_probs / jnp.where(scaled > 0, scaled, 1)
-        return jnp.where(scaled > 0, jnp.minimum(1.0, ratio), 1), "exact"
+        return jnp.where(scaled > 0, jnp.minimum(1.0, ratio), 1)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         # The outcome flips where u = p(v) / (l q(v)): the quadrature cuts there.

@@ -10,6 +10,7 @@ import importlib.util
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import random_case
@@ -17,6 +18,7 @@ from lossless_cases import distributions
 from user_stages import DraftlessIIDRule, LenientRatioTest as BareLenientRatioTest
 
 import eqx_specdec as es
+from eqx_specdec._capabilities import has_capability
 
 
 _EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "custom_stage.py"
@@ -152,7 +154,7 @@ MISSING = [
     (
         "decoding-loop theory",
         lambda: _decode_theory(es.Verifier(BareLenientRatioTest(0.5))),
-        "LenientRatioTest does not implement `pass_probabilities`",
+        "no theoretical acceptance .* does not implement `pass_probabilities`",
     ),
     (
         "tree drafting in the loop",
@@ -197,7 +199,46 @@ MISSING = [
         ),
         "GumbelSampler does not implement `quadrature_breakpoints`",
     ),
+    (
+        "objective",
+        lambda: es.expected_accepted_length(
+            *(jnp.asarray(a[None]) for a in distributions("flat", 2, 4, 0)[:2]),
+            verifier=es.Verifier(BareLenientRatioTest(0.5)),
+        ),
+        "`pass_probabilities`, which the acceptance objectives "
+        r"\(expected_accepted_length\) needs",
+    ),
+    (
+        "schedule of a rule without the capability",
+        lambda: es.emission_by_quadrature(
+            es.Verifier(es.ScheduledRatioTest(relaxed=BareLenientRatioTest(0.5))),
+            *distributions("flat", 2, 4, 0)[:2],
+        ),
+        "LenientRatioTest does not implement `quadrature_breakpoints`",
+    ),
 ]
+
+
+def test_a_composite_has_a_capability_when_its_parts_have_it():
+    """`capabilities_from` is the one way to delegate: a schedule of two tests has
+    `pass_probabilities` only if both tests do, and a tree verifier `forced_walk`
+    only if its node rule has `pass_threshold`; declared, so read before tracing."""
+    schedule = es.ScheduledRatioTest()
+    assert has_capability(schedule, "pass_probabilities")
+    bare = es.ScheduledRatioTest(relaxed=BareLenientRatioTest(0.5))
+    assert not has_capability(bare, "pass_probabilities")
+    assert schedule.theory == "exact"
+    assert es.ScheduledRatioTest(relaxed=es.FLyRatioTest()).theory == "lower bound"
+    assert has_capability(es.TreeVerifier(), "forced_walk")
+    assert not has_capability(es.TreeVerifier(DraftlessIIDRule()), "forced_walk")
+    with pytest.raises(
+        es.MissingCapabilityError, match="DraftlessIIDRule does not implement"
+    ):
+        es.emission_by_quadrature(
+            es.TreeVerifier(DraftlessIIDRule()),
+            *distributions("flat", 2, 4, 0)[:2],
+            tree=(-1, 0),
+        )
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,14 @@ import jax.numpy as jnp
 from equinox import AbstractClassVar, AbstractVar
 from jaxtyping import Array, Float, Int
 
+from .._capabilities import capability, require
 from .._custom_types import (
     AcceptUniformsRow,
     DraftProbsRow,
     DraftTokensRow,
     TargetProbsRow,
 )
-from .._errors import missing_capability, missing_quadrature, missing_vocab_parallel
+from .._errors import missing_capability
 from .._vocab_shard import VocabShard
 from .verdict import Verdict
 
@@ -60,6 +61,12 @@ class AbstractRatioTest(eqx.Module):
         that the entry points' default checks (`check_inputs=True`) validate exactly
         those: `"draft tokens"` ($p_i(x_i)$ and $q_i(x_i)$ only, as the standard test)
         or `"whole rows"` (the default, always safe: every row is then checked).
+    - `theory` (class attribute, default `"exact"`): what `pass_probabilities`
+        gives, `"exact"` (the test passes $v$ with exactly that probability) or
+        `"lower bound"` (the rule accepts at least as many tokens in expectation).
+    - `capabilities_from` (class attribute, default `{}`): for a test built from
+        other tests, which capabilities it delegates to which fields (`{"vocab_parallel":
+        (("inner", "vocab_parallel"),)}`): it has them when those fields do.
     - `row_fields` (class attribute, default `{}`): fields that may hold one value per
         row, by name with the rank of one row's value (`{"relaxed": 1}`: a `(G,)` mask
         shared by the batch, or `(B, G)`, one per row). The verifier hands each row its
@@ -70,6 +77,8 @@ class AbstractRatioTest(eqx.Module):
     log_space: AbstractVar[bool | None]
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "whole rows"
     row_fields: ClassVar[dict[str, int]] = {}
+    theory: ClassVar[TheoryKind] = "exact"
+    capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
 
     def in_decoding_loop(self, generated: Int[Array, " batch"]) -> "AbstractRatioTest":
         """Called by [`eqx_specdec.speculative_decode`][] before each verification with
@@ -103,9 +112,10 @@ class AbstractRatioTest(eqx.Module):
         that need it, the residual scale).
         """
 
+    @capability
     def pass_probabilities(
         self, draft_law: PassProbabilities, target_probs: PassProbabilities
-    ) -> tuple[PassProbabilities, TheoryKind]:
+    ) -> PassProbabilities:
         """Capability for the decoding loop's theory
         ([`eqx_specdec.DecodeResult`][]`.theory_reached`): for each position $i$ and
         token $v$, the probability $a_i(v)$ that the test passes $v$ when $v$ is drafted
@@ -118,16 +128,9 @@ class AbstractRatioTest(eqx.Module):
 
         **Returns:**
 
-        `(a, kind)`: float `(gamma, vocab)`, and `"exact"` (the test passes $v$ with
-        exactly that probability) or `"lower bound"` (the rule accepts at least as many
-        tokens in expectation as these probabilities say).
+        `a`: float `(gamma, vocab)`; the class's `theory` says whether these are exact
+        or a lower bound.
         """
-        raise missing_capability(
-            self,
-            "pass_probabilities",
-            "the decoding loop's theoretical acceptance (DecodeResult.theory_reached)",
-            "ignore DecodeResult's theory (it is then 'none')",
-        )
 
     def pass_probabilities_given_drafts(
         self,
@@ -135,8 +138,9 @@ class AbstractRatioTest(eqx.Module):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
     ) -> Float[Array, " gamma"]:
-        """Capability for the acceptance objectives given the drafts
-        ([`eqx_specdec.acceptance_by_position`][] with `draft_tokens`): per position of
+        """For the acceptance objectives given the drafts
+        ([`eqx_specdec.acceptance_by_position`][] with `draft_tokens`), with a working
+        default: per position of
         one row, the probability over the uniforms that the test passes $x_i$, given all
         the draft tokens (positions must pass independently given them). Traced,
         differentiable. By default, the drafts' entries of an `"exact"`
@@ -146,20 +150,26 @@ class AbstractRatioTest(eqx.Module):
 
         **Returns:** float of shape `(gamma,)`, in $[0, 1]$.
         """
-        if draft_probs is None:
-            draft_probs = jax.nn.one_hot(
-                draft_tokens, target_probs.shape[-1], dtype=target_probs.dtype
-            )
-        probs, kind = self.pass_probabilities(draft_probs, target_probs[:-1])
-        if kind != "exact":
+        if self.theory != "exact":
             raise missing_capability(
                 self,
                 "pass_probabilities_given_drafts",
                 "the acceptance objectives given the draft tokens (its "
-                f'`pass_probabilities` are a "{kind}", not exact)',
+                f'`pass_probabilities` are a "{self.theory}", not exact)',
             )
+        require(
+            self,
+            "pass_probabilities",
+            "the acceptance objectives given the draft tokens",
+        )
+        if draft_probs is None:
+            draft_probs = jax.nn.one_hot(
+                draft_tokens, target_probs.shape[-1], dtype=target_probs.dtype
+            )
+        probs = self.pass_probabilities(draft_probs, target_probs[:-1])
         return jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)[:, 0]
 
+    @capability
     def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
         """Capability for exact quadrature
         ([`eqx_specdec.emission_by_quadrature`][], [`eqx_specdec.evaluate_verifier`][]):
@@ -179,7 +189,6 @@ class AbstractRatioTest(eqx.Module):
         changes the correction's distribution, as block verification's residual
         scale does); `{}` if there are none.
         """
-        raise missing_quadrature(self)
 
     def emission_target(self, target_probs):
         """What the verifier's tokens are measured against by
@@ -197,6 +206,7 @@ class AbstractRatioTest(eqx.Module):
         """
         return target_probs
 
+    @capability
     def vocab_parallel(
         self,
         shard: VocabShard,
@@ -223,4 +233,3 @@ class AbstractRatioTest(eqx.Module):
         The [`eqx_specdec.Verdict`][] `__call__` would return on the whole rows, the
         same on every shard.
         """
-        raise missing_vocab_parallel(self)

@@ -1,7 +1,7 @@
 """Block verification (Sun et al., ICLR 2025): its ratio test, vectorised."""
 
 import itertools
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import equinox as eqx
 import jax
@@ -92,6 +92,7 @@ class BlockRatioTest(AbstractRatioTest):
     """
 
     uses_uniforms: ClassVar[bool] = True
+    theory: ClassVar[Literal["exact", "lower bound"]] = "lower bound"
     log_space: bool = eqx.field(static=True, default=False)
 
     def weights(
@@ -155,7 +156,7 @@ class BlockRatioTest(AbstractRatioTest):
     def pass_probabilities(self, draft_law, target_probs):
         # Block verification accepts at least as many tokens in expectation as the
         # standard rule (Sun et al., Theorem 2): the standard probabilities bound it.
-        return clipped_ratio(target_probs, draft_law), "lower bound"
+        return clipped_ratio(target_probs, draft_law)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         """Each $h_k$ (in $u$) and the cumulative sums of each residual

@@ -16,7 +16,6 @@ from .._custom_types import (
     SampleRandomness,
     TargetProbsRow,
 )
-from .._errors import missing_capability
 from .samplers import (
     AbstractResidualSampler,
     full_weights,
@@ -37,7 +36,10 @@ class GumbelSampler(AbstractResidualSampler):
     Needs one key per row (`randomness = "key"`) and $V$ Gumbel draws. The Gumbel noise is
     drawn with `mode="high"`: in float32 the default mode never exceeds about 15.9, so a
     token more than about 16 nats below the best could never be picked; the high mode
-    removes that cap. Zero-weight tokens are never picked.
+    removes that cap. Zero-weight tokens are never picked. It has no
+    `quadrature_breakpoints` (it draws from keys, not uniforms): evaluate it by Monte
+    Carlo, or evaluate [`eqx_specdec.ResidualSampler`][], which draws the same
+    distribution from a uniform, by quadrature.
 
     **Arguments:**
 
@@ -67,15 +69,6 @@ class GumbelSampler(AbstractResidualSampler):
         noise = jax.random.gumbel(sample_uniform, (vocab,), dtype, mode="high")
         scores = jnp.where(weights > 0, jnp.log(weights) + noise, -jnp.inf)
         return jnp.argmax(scores).astype(jnp.int32)
-
-    def quadrature_breakpoints(self, draft_probs, target_probs):
-        raise missing_capability(
-            self,
-            "quadrature_breakpoints",
-            "exact quadrature over the uniforms (it draws from keys, not uniforms)",
-            'use method="monte-carlo"; ResidualSampler draws the same distribution '
-            "from a uniform",
-        )
 
 
 class ArgmaxSampler(AbstractResidualSampler):

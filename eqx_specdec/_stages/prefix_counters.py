@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Float, jaxtyped
 
+from .._capabilities import capability
 from .._custom_types import IntScalar, PassedRow
-from .._errors import missing_capability
 
 
 PassRow = Float[Array, " gamma"]
@@ -37,6 +37,7 @@ class AbstractPrefixCounter(eqx.Module):
         accepted.
         """
 
+    @capability
     def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
         """Capability for the acceptance objectives
         ([`eqx_specdec.acceptance_by_position`][]): $P(n \\ge k)$ for $k = 1, \\dots,
@@ -52,9 +53,6 @@ class AbstractPrefixCounter(eqx.Module):
         Float of shape `(gamma,)`: entry $k - 1$ is the probability that at least $k$
         draft tokens are accepted.
         """
-        raise missing_capability(
-            self, "reach_probabilities", "the acceptance objectives"
-        )
 
 
 class PrefixCounter(AbstractPrefixCounter):

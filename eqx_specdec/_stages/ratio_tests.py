@@ -81,7 +81,7 @@ class RatioTest(AbstractRatioTest):
         return Verdict(ratio_passes(p_x, q_x, accept_uniforms, None, self.log_space))
 
     def pass_probabilities(self, draft_law, target_probs):
-        return clipped_ratio(target_probs, draft_law), "exact"
+        return clipped_ratio(target_probs, draft_law)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
@@ -136,7 +136,7 @@ class LenientRatioTest(AbstractRatioTest):
 
     def pass_probabilities(self, draft_law, target_probs):
         lenience = jnp.asarray(self.lenience, draft_law.dtype)
-        return clipped_ratio(target_probs, draft_law, lenience), "exact"
+        return clipped_ratio(target_probs, draft_law, lenience)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         if draft_probs is None:
@@ -183,7 +183,7 @@ class GreedyRatioTest(AbstractRatioTest):
     def pass_probabilities(self, draft_law, target_probs):
         vocab = target_probs.shape[-1]
         best = jnp.argmax(target_probs, -1)
-        return jax.nn.one_hot(best, vocab, dtype=target_probs.dtype), "exact"
+        return jax.nn.one_hot(best, vocab, dtype=target_probs.dtype)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}

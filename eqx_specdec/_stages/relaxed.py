@@ -112,9 +112,7 @@ class TopNRelaxedRatioTest(AbstractRatioTest):
             target_probs.dtype
         )
         mask = self._mask(draft_law.shape[0])[:, None]
-        return jnp.where(
-            mask, criterion, clipped_ratio(target_probs, draft_law)
-        ), "exact"
+        return jnp.where(mask, criterion, clipped_ratio(target_probs, draft_law))
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
@@ -144,6 +142,7 @@ class FLyRatioTest(AbstractRatioTest):
 
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
+    theory: ClassVar[Literal["exact", "lower bound"]] = "lower bound"
     theta: Float[Array, ""] | float = 0.3
     window: int = eqx.field(static=True, default=6)
 
@@ -179,7 +178,7 @@ class FLyRatioTest(AbstractRatioTest):
         return Verdict(native | rescued)
 
     def pass_probabilities(self, draft_law, target_probs):
-        return clipped_ratio(target_probs, draft_law), "lower bound"
+        return clipped_ratio(target_probs, draft_law)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
@@ -213,6 +212,10 @@ class ScheduledRatioTest(AbstractRatioTest):
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
     row_fields: ClassVar[dict[str, int]] = {"generated": 0}
+    capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
+        name: (("exact", name), ("relaxed", name))
+        for name in ("pass_probabilities", "quadrature_breakpoints")
+    }
 
     def __check_init__(self):
         for name in ("exact", "relaxed"):
@@ -263,14 +266,18 @@ class ScheduledRatioTest(AbstractRatioTest):
             scale = jnp.where(here, exact.residual_scale, relaxed.residual_scale)
         return Verdict(jnp.where(here, exact.passed, relaxed.passed), scale)
 
+    @property
+    def theory(self) -> Literal["exact", "lower bound"]:
+        """Exact when both tests' pass probabilities are (static: read from their
+        classes)."""
+        both = (self.exact.theory, self.relaxed.theory)
+        return "exact" if both == ("exact", "exact") else "lower bound"
+
     def pass_probabilities(self, draft_law, target_probs):
-        exact, exact_kind = self.exact.pass_probabilities(draft_law, target_probs)
-        relaxed, relaxed_kind = self.relaxed.pass_probabilities(draft_law, target_probs)
+        exact = self.exact.pass_probabilities(draft_law, target_probs)
+        relaxed = self.relaxed.pass_probabilities(draft_law, target_probs)
         here = self._exact_here(draft_law.shape[0])[:, None]
-        kind: Literal["exact", "lower bound"] = (
-            "exact" if exact_kind == relaxed_kind == "exact" else "lower bound"
-        )
-        return jnp.where(here, exact, relaxed), kind
+        return jnp.where(here, exact, relaxed)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         merged = {}

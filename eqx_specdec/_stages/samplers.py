@@ -11,6 +11,7 @@ from beartype import beartype
 from equinox import AbstractClassVar, AbstractVar
 from jaxtyping import Array, Float, jaxtyped
 
+from .._capabilities import capability
 from .._custom_types import (
     DraftProbsRow,
     DraftTokensRow,
@@ -19,7 +20,6 @@ from .._custom_types import (
     SampleUniform,
     TargetProbsRow,
 )
-from .._errors import missing_quadrature, missing_vocab_parallel
 from .._misc import compute_dtype
 from .._search import (
     block_size,
@@ -151,6 +151,7 @@ class AbstractResidualSampler(eqx.Module):
         An int32 scalar $y \\in [0, \\text{vocab})$.
         """
 
+    @capability
     def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
         """Capability for exact quadrature: the values of $s$ at which the drawn token
         can change, beyond the cumulative sums of the standard residuals
@@ -166,8 +167,8 @@ class AbstractResidualSampler(eqx.Module):
 
         `{"sample_breakpoints": (K,) array}`, or `{}` if there are none.
         """
-        raise missing_quadrature(self)
 
+    @capability
     def vocab_parallel(
         self,
         shard: VocabShard,
@@ -191,7 +192,6 @@ class AbstractResidualSampler(eqx.Module):
 
         The global token id, an int32 scalar, the same on every shard.
         """
-        raise missing_vocab_parallel(self)
 
     def draw_and_sum(
         self,

@@ -72,7 +72,7 @@ class SyntheticRatioTest(AbstractRatioTest):
 
     def pass_probabilities(self, draft_law, target_probs):
         rates = self._rates(draft_law.shape[0], draft_law.dtype)
-        return jnp.broadcast_to(rates[:, None], draft_law.shape), "exact"
+        return jnp.broadcast_to(rates[:, None], draft_law.shape)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         gamma = target_probs.shape[0] - 1

@@ -86,7 +86,7 @@ class TypicalRatioTest(AbstractRatioTest):
 
     def pass_probabilities(self, draft_law, target_probs):
         threshold = typical_threshold(target_probs, self.epsilon, self.delta)
-        return (target_probs > threshold[:, None]).astype(target_probs.dtype), "exact"
+        return (target_probs > threshold[:, None]).astype(target_probs.dtype)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
