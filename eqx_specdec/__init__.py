@@ -2,40 +2,14 @@
 
 import importlib.metadata
 
-from ._abstract_tree_verifier import AbstractTreeVerifier as AbstractTreeVerifier
-from ._abstract_verifier import AbstractVerifier as AbstractVerifier
-from ._autoregressive import autoregressive_decode as autoregressive_decode
-from ._decode_result import DecodeResult as DecodeResult
-from ._decoding import speculative_decode as speculative_decode
-from ._draft_length import (
+from ._decoding.autoregressive import autoregressive_decode as autoregressive_decode
+from ._decoding.draft_length import (
     AbstractDraftLength as AbstractDraftLength,
     FixedDraftLength as FixedDraftLength,
     StopWhenUnlikely as StopWhenUnlikely,
 )
-from ._draft_vocab import DraftVocabulary as DraftVocabulary
-from ._errors import (
-    InvalidInputError as InvalidInputError,
-    MissingCapabilityError as MissingCapabilityError,
-)
-from ._evaluate import (
-    evaluate_verifier as evaluate_verifier,
-    synthetic_distributions as synthetic_distributions,
-)
-from ._example_inputs import example_inputs as example_inputs
-from ._keys import (
-    speculative_accept_from_key as speculative_accept_from_key,
-    uniforms_from_key as uniforms_from_key,
-)
-from ._logits import (
-    speculative_accept_logits as speculative_accept_logits,
-    Warp as Warp,
-)
-from ._lossless import (
-    emission_by_monte_carlo as emission_by_monte_carlo,
-    emission_by_quadrature as emission_by_quadrature,
-    EmissionEstimate as EmissionEstimate,
-)
-from ._models import (
+from ._decoding.loop import speculative_decode as speculative_decode
+from ._decoding.models import (
     builtin_corpus as builtin_corpus,
     builtin_models as builtin_models,
     BUILTIN_PROMPTS as BUILTIN_PROMPTS,
@@ -45,38 +19,41 @@ from ._models import (
     NGramModel as NGramModel,
     VOCABULARY as VOCABULARY,
 )
-from ._node_rules import (
-    AbstractNodeRule as AbstractNodeRule,
-    DeterministicCandidates as DeterministicCandidates,
-    GreedyMultiDraft as GreedyMultiDraft,
-    IIDCandidates as IIDCandidates,
-    SpecHub as SpecHub,
-    WithoutReplacementCandidates as WithoutReplacementCandidates,
+from ._decoding.result import DecodeResult as DecodeResult
+from ._errors import (
+    InvalidInputError as InvalidInputError,
+    MissingCapabilityError as MissingCapabilityError,
 )
-from ._objectives import (
+from ._evaluation.evaluate import (
+    evaluate_verifier as evaluate_verifier,
+    synthetic_distributions as synthetic_distributions,
+)
+from ._evaluation.lossless import (
+    emission_by_monte_carlo as emission_by_monte_carlo,
+    emission_by_quadrature as emission_by_quadrature,
+    EmissionEstimate as EmissionEstimate,
+)
+from ._evaluation.objectives import (
     acceptance_by_position as acceptance_by_position,
     expected_accepted_length as expected_accepted_length,
 )
-from ._optimal import optimal_acceptance as optimal_acceptance
 from ._sharding import ShardedVerifier as ShardedVerifier
-from ._stages.abstract_ratio_test import AbstractRatioTest as AbstractRatioTest
-from ._stages.assemblers import (
-    AbstractTokenAssembler as AbstractTokenAssembler,
-    TokenAssembler as TokenAssembler,
-)
-from ._stages.block import BlockRatioTest as BlockRatioTest
-from ._stages.gather import gather_draft_probs as gather_draft_probs
-from ._stages.gumbel_argmax import (
-    ArgmaxSampler as ArgmaxSampler,
-    GumbelSampler as GumbelSampler,
-)
-from ._stages.prefix_counters import (
-    AbstractPrefixCounter as AbstractPrefixCounter,
+from ._stages.block import (
+    BlockRatioTest as BlockRatioTest,
     LastSuccessCounter as LastSuccessCounter,
+)
+from ._stages.gather import gather_draft_probs as gather_draft_probs
+from ._stages.greedy import (
+    ArgmaxSampler as ArgmaxSampler,
+    GreedyRatioTest as GreedyRatioTest,
+)
+from ._stages.gumbel import GumbelSampler as GumbelSampler
+from ._stages.prefix_counter import (
+    AbstractPrefixCounter as AbstractPrefixCounter,
     PrefixCounter as PrefixCounter,
 )
-from ._stages.ratio_tests import (
-    GreedyRatioTest as GreedyRatioTest,
+from ._stages.ratio_test import (
+    AbstractRatioTest as AbstractRatioTest,
     LenientRatioTest as LenientRatioTest,
     RatioTest as RatioTest,
 )
@@ -85,21 +62,49 @@ from ._stages.relaxed import (
     ScheduledRatioTest as ScheduledRatioTest,
     TopNRelaxedRatioTest as TopNRelaxedRatioTest,
 )
-from ._stages.row_sums import row_sums as row_sums, RowSums as RowSums
-from ._stages.samplers import (
+from ._stages.residual_sampler import (
     AbstractResidualSampler as AbstractResidualSampler,
     ResidualSampler as ResidualSampler,
 )
+from ._stages.row_sums import row_sums as row_sums, RowSums as RowSums
 from ._stages.synthetic import SyntheticRatioTest as SyntheticRatioTest
+from ._stages.token_assembler import (
+    AbstractTokenAssembler as AbstractTokenAssembler,
+    TokenAssembler as TokenAssembler,
+)
 from ._stages.typical import (
     TypicalRatioTest as TypicalRatioTest,
     TypicalSampler as TypicalSampler,
 )
 from ._stages.verdict import Verdict as Verdict
-from ._traversal import TraversalVerifier as TraversalVerifier
-from ._tree import tree_accept as tree_accept, TreeVerifier as TreeVerifier
-from ._verifier import speculative_accept as speculative_accept, Verifier as Verifier
-from ._vocab_shard import VocabShard as VocabShard
+from ._stages.vocab_shard import VocabShard as VocabShard
+from ._tree.abstract_tree_verifier import AbstractTreeVerifier as AbstractTreeVerifier
+from ._tree.node_rules import (
+    AbstractNodeRule as AbstractNodeRule,
+    DeterministicCandidates as DeterministicCandidates,
+    GreedyMultiDraft as GreedyMultiDraft,
+    IIDCandidates as IIDCandidates,
+    SpecHub as SpecHub,
+    WithoutReplacementCandidates as WithoutReplacementCandidates,
+)
+from ._tree.optimal import optimal_acceptance as optimal_acceptance
+from ._tree.top_down import tree_accept as tree_accept, TreeVerifier as TreeVerifier
+from ._tree.traversal import TraversalVerifier as TraversalVerifier
+from ._verify.abstract_verifier import AbstractVerifier as AbstractVerifier
+from ._verify.draft_vocabulary import DraftVocabulary as DraftVocabulary
+from ._verify.example_inputs import example_inputs as example_inputs
+from ._verify.keys import (
+    speculative_accept_from_key as speculative_accept_from_key,
+    uniforms_from_key as uniforms_from_key,
+)
+from ._verify.logits import (
+    speculative_accept_logits as speculative_accept_logits,
+    Warp as Warp,
+)
+from ._verify.verifier import (
+    speculative_accept as speculative_accept,
+    Verifier as Verifier,
+)
 
 
 __version__ = importlib.metadata.version("eqx_specdec")

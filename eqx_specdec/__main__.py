@@ -2,7 +2,7 @@
 
 import sys
 
-from ._cli import main
+from ._cli.main import main
 
 
 if __name__ == "__main__":

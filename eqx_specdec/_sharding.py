@@ -10,7 +10,6 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Int
 
-from ._abstract_verifier import AbstractVerifier, RowReport, verify_row
 from ._capabilities import require
 from ._custom_types import (
     AcceptUniforms,
@@ -19,15 +18,16 @@ from ._custom_types import (
     SampleRandomnessBatch,
     TargetProbs,
 )
-from ._inputs import StepArguments
 from ._misc import no_type_check
-from ._stages.abstract_ratio_test import AbstractRatioTest
-from ._stages.assemblers import AbstractTokenAssembler
-from ._stages.prefix_counters import AbstractPrefixCounter
+from ._stages.prefix_counter import AbstractPrefixCounter
+from ._stages.ratio_test import AbstractRatioTest
+from ._stages.residual_sampler import AbstractResidualSampler
 from ._stages.row_fields import per_row_values
-from ._stages.samplers import AbstractResidualSampler
-from ._verifier import Verifier
-from ._vocab_shard import VocabShard
+from ._stages.token_assembler import AbstractTokenAssembler
+from ._stages.vocab_shard import VocabShard
+from ._verify.abstract_verifier import AbstractVerifier, RowReport, verify_row
+from ._verify.inputs import StepArguments
+from ._verify.verifier import Verifier
 
 
 def _check_vocab_parallel(verifier: Verifier):

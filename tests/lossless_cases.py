@@ -5,7 +5,7 @@ from typing import ClassVar
 import numpy as np
 
 import eqx_specdec
-from eqx_specdec._evaluate import synthetic_distributions  # noqa: F401
+from eqx_specdec._evaluation.evaluate import synthetic_distributions  # noqa: F401
 from eqx_specdec._stages.typical import typical_masked  # noqa: F401
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers import default_xla_environment
 
-from eqx_specdec import _cli, _cli_demo
+from eqx_specdec._cli import demo as _cli_demo, main as _cli
 
 
 def _run(argv, capsys):

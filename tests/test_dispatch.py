@@ -14,7 +14,7 @@ import pytest
 from helpers import random_case
 
 import eqx_specdec as es
-from eqx_specdec._jit import COMPILED_ENTRIES, FAST_ENTRIES, FilterJit
+from eqx_specdec._verify.dispatch import COMPILED_ENTRIES, FAST_ENTRIES, FilterJit
 
 
 B, G, V = 3, 2, 6

@@ -10,7 +10,7 @@ import pytest
 from helpers import random_case
 
 import eqx_specdec
-from eqx_specdec._lossless import EmissionEstimate
+from eqx_specdec._evaluation.lossless import EmissionEstimate
 from eqx_specdec._misc import numpy_softmax
 
 

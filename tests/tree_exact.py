@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eqx_specdec._evaluation.tree_evaluation import quadrature_cells
 from eqx_specdec._misc import numpy_softmax
-from eqx_specdec._tree_evaluation import quadrature_cells
 
 
 def markov_models(seed, vocab=3, sharpness=1.5):

@@ -19,12 +19,7 @@ from .._custom_types import (
 )
 from .._misc import check_hyperparameter, compute_dtype, no_type_check
 from .gather import gather_draft_probs
-from .ratio_tests import (
-    AbstractRatioTest,
-    clipped_ratio,
-    ratio_passes,
-    RatioTest,
-)
+from .ratio_test import AbstractRatioTest, clipped_ratio, ratio_passes, RatioTest
 from .row_fields import per_row_values
 from .verdict import Verdict
 

@@ -15,7 +15,7 @@ from .._custom_types import (
     TargetProbsRow,
 )
 from .._misc import check_hyperparameter
-from .abstract_ratio_test import AbstractRatioTest
+from .ratio_test import AbstractRatioTest
 from .verdict import Verdict
 
 

@@ -18,8 +18,8 @@ from .._custom_types import (
 )
 from .._misc import check_hyperparameter, compute_dtype
 from .._search import has_mass, inverse_cdf
-from .abstract_ratio_test import AbstractRatioTest
-from .samplers import AbstractResidualSampler
+from .ratio_test import AbstractRatioTest
+from .residual_sampler import AbstractResidualSampler
 from .verdict import Verdict
 
 

@@ -1,0 +1,333 @@
+"""The command line: `python -m eqx_specdec` / `eqx-specdec`, with `demo` and
+`evaluate`."""
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import pathlib
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._decoding.models import builtin_models, encode
+from .._errors import MissingCapabilityError
+from .._evaluation.evaluate import (
+    evaluate_verifier,
+    synthetic_distributions,
+    SYNTHETIC_KINDS,
+)
+from .choices import (
+    CHAIN_NAMES,
+    DEMO_DEFAULT,
+    draft_length,
+    DRAFT_LENGTH_DEFAULT,
+    DRAFT_LENGTH_FORMS,
+    fail,
+    VERIFIER_NAMES,
+    verifiers,
+)
+from .demo import run_demo
+
+
+def _draft_lengths(text: str) -> list[str]:
+    """`--draft-lengths`: policy names, or "" for none."""
+    names = [n.strip() for n in text.split(",")] if text.strip() else []
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"empty name in {text!r}; give comma-separated policies: "
+            f"{DRAFT_LENGTH_FORMS}."
+        )
+    unknown = [n for n in names if draft_length(n) is None]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown)}; give {DRAFT_LENGTH_FORMS} "
+            '(comma-separated; "" for none).'
+        )
+    return names
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"empty name in {text!r}; give comma-separated names from "
+            f"{', '.join(VERIFIER_NAMES)}."
+        )
+    unknown = [n for n in names if n not in VERIFIER_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown verifier(s) {', '.join(unknown)}; choose from "
+            f"{', '.join(VERIFIER_NAMES)} (comma-separated)."
+        )
+    return names
+
+
+# The formats matplotlib writes, by file suffix.
+_PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "webp", "tif", "tiff", "eps", "ps")
+
+
+def _plot_path(text: str) -> str:
+    """`--plot`: checked before any work (the demo runs for several seconds first)."""
+    path = pathlib.Path(text)
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in _PLOT_FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no image suffix; use one of .{', .'.join(_PLOT_FORMATS)}."
+        )
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"the directory {str(path.parent)!r} does not exist; create it first."
+        )
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except ValueError:  # in sys.modules as None: import blocked
+        found = False
+    if not found:
+        raise argparse.ArgumentTypeError(
+            'needs matplotlib; in the checkout, run `python -m pip install ".[plot]"` '
+            "(or `python -m pip install matplotlib`)."
+        )
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors as one line, `eqx-specdec demo: error: argument --plot: ...` (without the
+    usage lines argparse prints first: `--help` has them)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help text wrapped at spaces only: defaults such as 'one-hot' stay whole."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(text, width, break_on_hyphens=False)
+
+
+def _rounded(value):
+    """Floats of a JSON result to 12 significant digits: the float64 computations are
+    exact to about that, and `1.0000000000000009` reads as a bug."""
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        return value
+
+    return parse
+
+
+def _lenience(text):
+    value = _positive(float)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], got {text!r}")
+    return value
+
+
+def _case(args):
+    if args.case == "ngram":
+        draft, target = builtin_models()
+        text = encode("we hold these truths to be self-evident, that all men are ")
+        start = args.seed % (len(text) - args.gamma - 1)
+        positions = jnp.arange(start, start + args.gamma + 1)
+        text = jnp.asarray(text)
+        q = np.asarray(draft(text, positions[:-1]), np.float64)
+        p = np.asarray(target(text, positions), np.float64)
+        q, p = q / q.sum(-1, keepdims=True), p / p.sum(-1, keepdims=True)
+        return q, p
+    q, p, _ = synthetic_distributions(args.case, args.gamma, args.vocab, args.seed)
+    return q, p
+
+
+def run_evaluate(args) -> dict:
+    choice = verifiers(args.lenience)[args.verifier]
+    verifier, drafting, description = choice.verifier, choice.drafts, choice.description
+    q, p = _case(args)
+    law = q
+    if choice.drafting == "argmax":
+        q = None
+        law = np.eye(p.shape[1])[np.argmax(law, -1)]
+    try:
+        result = evaluate_verifier(
+            verifier,
+            q,
+            p,
+            draft_law=law,
+            method=args.method,
+            num_draws=args.draws,
+            key=jax.random.key(args.seed),
+        )
+    except (ValueError, MissingCapabilityError) as error:
+        fail(str(error), "evaluate")
+    result = {"verifier": args.verifier, "case": args.case, **result}
+    if args.json:
+        print(json.dumps(_rounded(result), indent=2))
+        return result
+    print(f"verifier: {args.verifier} ({description}), drafts: {drafting}")
+    print(
+        f"case: {args.case}, gamma = {result['gamma']}, vocabulary {result['vocab']}, "
+        f"seed {args.seed}"
+    )
+    how = (
+        "exact quadrature"
+        if result["method"] == "quadrature"
+        else (f"Monte Carlo, {result['draws']} draws")
+    )
+    print(f"method: {how}")
+    target = "greedy decoding of p" if args.verifier == "greedy" else "p"
+    print(
+        f"distance from the target ({target}), max TV over positions: "
+        f"{result['distance']:.4g}"
+    )
+    per = " ".join(
+        "-" if d is None else f"{d:.4g}" for d in result["distance_per_position"]
+    )
+    print(f"  per position: {per}")
+    if "chi_square" in result:
+        chi = result["chi_square"]
+        cells = [
+            f"{s:.1f}/{t:.1f}"
+            for s, t in zip(chi["statistic"], chi["threshold"])
+            if s is not None
+        ]
+        verdict = "consistent with p" if chi["passed"] else "REJECTED"
+        print(f"  chi-square / threshold per position: {' '.join(cells)} ({verdict})")
+    print(f"acceptance rate: {result['acceptance_rate']:.4f}")
+    print(f"expected tokens per step: {result['tokens_per_step']:.4f}")
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="eqx-specdec",
+        description="Speculative decoding verification in JAX: run the end-to-end demo "
+        "or measure a verifier.",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"eqx-specdec {importlib.metadata.version('eqx_specdec')}",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{demo,evaluate}")
+    sub.required = True
+    demo = sub.add_parser(
+        "demo",
+        help="speculative decoding with the built-in n-gram model pair",
+        description="Generates text with the built-in character n-gram pair (a bigram "
+        "draft, a 4-gram target) under several verifiers and prints tokens per target "
+        "call, acceptance rate by position and the theoretical value.",
+        formatter_class=_Formatter,
+    )
+    demo.add_argument(
+        "--verifiers",
+        type=_names,
+        default=list(DEMO_DEFAULT),
+        help=f"comma-separated, from: {', '.join(VERIFIER_NAMES)} "
+        f"(default: {','.join(DEMO_DEFAULT)})",
+    )
+    demo.add_argument(
+        "--batch", type=_positive(int), default=64, help="rows (default 64)"
+    )
+    demo.add_argument(
+        "--tokens",
+        type=_positive(int),
+        default=256,
+        help="new tokens per row (default 256)",
+    )
+    demo.add_argument(
+        "--gamma", type=_positive(int), default=4, help="draft length (default 4)"
+    )
+    demo.add_argument(
+        "--lenience", type=_lenience, default=0.5, help="for 'lenient' (default 0.5)"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument(
+        "--samples", type=int, default=3, help="generated samples to print (default 3)"
+    )
+    demo.add_argument(
+        "--draft-lengths",
+        type=_draft_lengths,
+        default=list(DRAFT_LENGTH_DEFAULT),
+        help=f"draft-length policies compared with the standard rule: "
+        f'{DRAFT_LENGTH_FORMS}; "" for none (default: {",".join(DRAFT_LENGTH_DEFAULT)})',
+    )
+    demo.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        type=_plot_path,
+        help="write the accepted-length figure (.png, .pdf, .svg...; needs matplotlib)",
+    )
+    demo.set_defaults(run=run_demo)
+
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="distance from the target and acceptance of one verifier",
+        description="Measures one verifier on one row of synthetic or built-in "
+        "distributions: distance of the emitted tokens from the target (exact "
+        "quadrature on small cases, Monte Carlo otherwise), acceptance rate and "
+        "expected tokens per step.",
+        formatter_class=_Formatter,
+    )
+    evaluate.add_argument(
+        "--verifier",
+        choices=CHAIN_NAMES,
+        default="standard",
+        help="(default standard)",
+    )
+    evaluate.add_argument(
+        "--case",
+        choices=[k for k in SYNTHETIC_KINDS if k != "one-hot implicit"] + ["ngram"],
+        default="peaked",
+        help="synthetic distributions, or 'ngram': the built-in models along a built-in "
+        "text (default peaked)",
+    )
+    evaluate.add_argument("--gamma", type=_positive(int), default=2, help="(default 2)")
+    evaluate.add_argument(
+        "--vocab",
+        type=_positive(int),
+        default=8,
+        help="synthetic cases only (default 8)",
+    )
+    evaluate.add_argument(
+        "--lenience", type=_lenience, default=0.5, help="(default 0.5)"
+    )
+    evaluate.add_argument("--seed", type=int, default=0, help="(default 0)")
+    evaluate.add_argument(
+        "--method",
+        choices=("auto", "quadrature", "monte-carlo"),
+        default="auto",
+        help="auto: quadrature when V^G <= 256 and the rule allows it (default auto)",
+    )
+    evaluate.add_argument(
+        "--draws",
+        type=_positive(int),
+        default=200_000,
+        help="Monte Carlo draws (default 200000)",
+    )
+    evaluate.add_argument("--json", action="store_true", help="print JSON")
+    evaluate.set_defaults(run=run_evaluate)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of `python -m eqx_specdec` and the `eqx-specdec` script."""
+    args = build_parser().parse_args(argv)
+    args.run(args)
+    return 0

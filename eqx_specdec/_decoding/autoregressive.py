@@ -1,0 +1,79 @@
+"""Plain autoregressive decoding with one model: the baseline speculative decoding must
+reproduce in distribution."""
+
+import typing
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int, Key
+
+from .._verify.dispatch import FilterJit
+from .._verify.verifier import Verifier
+from .drafting import as_probs, ModelOutputs, token_buffer
+from .loop import check_decode_arguments
+
+
+@FilterJit
+def _autoregressive(
+    model, prompt_tokens, prompt_lengths, key, num_tokens, greedy, outputs
+):
+    batch = prompt_tokens.shape[0]
+    buffer = token_buffer(prompt_tokens, num_tokens)
+
+    def step(buffer, t):
+        def row(tokens, length, b):
+            position = length - 1 + t
+            p = as_probs(model(tokens, position[None])[0], outputs)
+            if greedy:
+                x = jnp.argmax(p)
+            else:
+                row_key = jax.random.fold_in(jax.random.fold_in(key, b), t)
+                x = jax.random.categorical(row_key, jnp.log(p))
+            return tokens.at[position + 1].set(x.astype(jnp.int32))
+
+        rows = jnp.arange(batch, dtype=jnp.uint32)
+        return jax.vmap(row)(buffer, prompt_lengths, rows), None
+
+    buffer, _ = jax.lax.scan(step, buffer, jnp.arange(num_tokens, dtype=jnp.int32))
+    take = prompt_lengths[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None]
+    return jnp.take_along_axis(buffer, take, axis=1)
+
+
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def autoregressive_decode(
+    model: Callable,
+    prompt_tokens: Int[Array, "batch prompt"],
+    prompt_lengths: Int[Array, " batch"] | None,
+    num_tokens: int,
+    key: Key[Array, ""] | None = None,
+    *,
+    outputs: ModelOutputs = "probs",
+) -> Int[Array, "batch num_tokens"]:
+    """Plain autoregressive decoding with one model: the baseline that speculative
+    decoding must reproduce in distribution, one model call per token.
+
+    **Arguments:**
+
+    - `model`, `prompt_tokens`, `prompt_lengths`, `num_tokens`, `outputs`: as for
+        [`eqx_specdec.speculative_decode`][].
+    - `key`: a `jax.random` key to sample with, or `None` for greedy decoding (the argmax,
+        lowest id on ties).
+
+    **Returns:**
+
+    int32 of shape `(B, L)`, the generated tokens.
+    """
+    prompt_lengths = check_decode_arguments(
+        prompt_tokens, prompt_lengths, num_tokens, 1, outputs, Verifier()
+    )
+    greedy = key is None
+    return _autoregressive(
+        model,
+        jnp.asarray(prompt_tokens),
+        prompt_lengths,
+        jax.random.key(0) if greedy else key,
+        num_tokens,
+        greedy,
+        outputs,
+    )

@@ -1,0 +1,160 @@
+"""Draft-length policies for the decoding loop: how many of the `gamma` draft slots a
+row uses each step (SpecDec++'s stopping rule, and a fixed length)."""
+
+import abc
+from typing import ClassVar, Literal
+
+import equinox as eqx
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, Float, jaxtyped
+
+from .._custom_types import DraftProbsRow, DraftTokensRow, IntScalar, TargetProbsRow
+from .._misc import check_hyperparameter, no_type_check
+
+
+class AbstractDraftLength(eqx.Module):
+    """Decides, for one row and step of [`eqx_specdec.speculative_decode`][], how many
+    draft tokens $L \\in [1, G]$ the row drafts; the verifier then verifies a chain of
+    length $L$ (the loop keeps fixed buffers of $G$ slots and masks the rest).
+
+    For the loop to stay lossless, the decision to draft token $k + 1$ may depend on the
+    draft tokens before it and on the distributions at positions up to $k$ only (the
+    rows there are functions of the prefix): $L$ is then a stopping time of the drafted
+    prefix. A rule that looked at later draft tokens, or at the verification's uniforms,
+    would not be.
+
+    **Declared with a default:**
+
+    - `always_full` (class attribute, bool, default `False`): `True` if the rule always
+        returns $G$, so the loop verifies the whole chain once instead of once per
+        possible length.
+    """
+
+    always_full: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow,
+        target_probs: TargetProbsRow,
+    ) -> IntScalar:
+        """The draft length of one row.
+
+        **Arguments:**
+
+        - `draft_tokens`: integer of shape `(G,)`, the $G$ tokens the draft proposed.
+        - `draft_probs`: float of shape `(G, V)`, the draft's distributions $q_i$ (the
+            law of the draft tokens: one-hot for argmax drafting).
+        - `target_probs`: float of shape `(G + 1, V)`, the target's distributions (for
+            oracle rules, which are upper bounds rather than deployable rules).
+
+        **Returns:**
+
+        An int32 scalar in $[1, G]$ (the loop clips other values into it).
+        """
+
+
+class FixedDraftLength(AbstractDraftLength):
+    """Every row drafts all $G$ tokens every step (the loop's default)."""
+
+    always_full: ClassVar[bool] = True
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow,
+        target_probs: TargetProbsRow,
+    ) -> IntScalar:
+        return jnp.asarray(draft_tokens.shape[0], jnp.int32)
+
+
+@no_type_check
+class StopWhenUnlikely(AbstractDraftLength):
+    """SpecDec++'s stopping rule (Huang et al. 2024): stop drafting after token $k$ when
+    the predicted probability that some draft token so far is rejected exceeds $h$,
+
+    $$L = \\min\\Big\\{k : 1 - \\prod_{j \\le k} a_j > h\\Big\\} \\quad (G \\text{ if none}),$$
+
+    with $a_j$ a predicted acceptance probability of position $j$:
+
+    - `"confidence"`: the draft's confidence, $a_j = \\max_v q_j(v)$: known after the
+        $j$-th draft call, so a serving stack can stop calling the draft there.
+    - `"oracle"`: the true conditional acceptance of the standard rule,
+        $a_j = \\sum_v \\min(p_j(v), q_j(v))$: it reads the target's rows, so it is an
+        upper bound on what any learned predictor of acceptance reaches, not a
+        deployable rule.
+
+    Lossless with any lossless verifier: $L$ depends on the rows up to position $L$
+    only, which are functions of the draft tokens before them.
+
+    **Arguments:**
+
+    - `threshold`: $h \\in [0, 1]$; 0 drafts one token, 1 drafts all $G$. A float or a
+        scalar array (traced: sweep it without recompiling). Default 0.5.
+    - `predictor`: `"confidence"` (the default) or `"oracle"`.
+    """
+
+    threshold: Float[Array, ""] | float = 0.5
+    predictor: Literal["confidence", "oracle"] = eqx.field(
+        static=True, default="confidence"
+    )
+
+    def __check_init__(self):
+        check_hyperparameter("threshold", self.threshold, 0.0, 1.0, low_open=False)
+        if self.predictor not in ("confidence", "oracle"):
+            raise ValueError(
+                'StopWhenUnlikely(`predictor`=...) must be "confidence" or "oracle", '
+                f"got {self.predictor!r}."
+            )
+
+    def predicted_acceptance(
+        self, draft_probs: DraftProbsRow, target_probs: TargetProbsRow
+    ) -> Float[Array, " gamma"]:
+        """The predicted acceptance $a_j$ of each position, shape `(G,)`."""
+        if self.predictor == "confidence":
+            return jnp.max(draft_probs, axis=-1)
+        gamma = draft_probs.shape[0]
+        return jnp.sum(jnp.minimum(draft_probs, target_probs[:gamma]), axis=-1)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow,
+        target_probs: TargetProbsRow,
+    ) -> IntScalar:
+        accepted = self.predicted_acceptance(draft_probs, target_probs)
+        risk = 1 - jnp.cumprod(accepted)
+        threshold = jnp.asarray(self.threshold, risk.dtype)
+        # Risk never falls: positions at or under the threshold are a prefix, and the
+        # token that crosses it is still drafted.
+        length = 1 + jnp.sum(risk <= threshold, dtype=jnp.int32)
+        return jnp.minimum(length, draft_tokens.shape[0]).astype(jnp.int32)
+
+
+def verify_at_lengths(
+    verifier, lengths, draft_tokens, draft_probs, target_probs, accept, sample
+):
+    """Each row verified as a chain of its own length `lengths[b]` in `[1, G]`: the
+    verifier runs once per length on the sliced inputs (a static shape each), and each
+    row takes the outputs of its length, tokens padded with -1 to `G + 1`."""
+    gamma = draft_tokens.shape[1]
+    counts, tokens = [], []
+    for length in range(1, gamma + 1):
+        out = verifier(
+            draft_tokens[:, :length],
+            None if draft_probs is None else draft_probs[:, :length],
+            target_probs[:, : length + 1],
+            accept[:, :length],
+            sample,
+        )
+        pad = jnp.full((draft_tokens.shape[0], gamma - length), -1, jnp.int32)
+        counts.append(out["num_accepted"])
+        tokens.append(jnp.concatenate([out["tokens"], pad], axis=1))
+    index = (lengths - 1)[:, None]  # each row's own length, among the G verified
+    num_accepted = jnp.take_along_axis(jnp.stack(counts, 1), index, axis=1)[:, 0]
+    chosen = jnp.take_along_axis(jnp.stack(tokens, 1), index[..., None], axis=1)[:, 0]
+    return {"num_accepted": num_accepted.astype(jnp.int32), "tokens": chosen}

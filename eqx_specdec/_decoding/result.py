@@ -1,0 +1,114 @@
+"""What the decoding loop returns, and the theory of its acceptance."""
+
+from typing import Literal
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from .._errors import MissingCapabilityError
+
+
+class DecodeResult(eqx.Module):
+    """What [`eqx_specdec.speculative_decode`][] returns: the generated tokens and the
+    per-row statistics of the run.
+
+    **Fields:**
+
+    - `tokens`: int32 of shape `(B, L)`, the `L` generated tokens of each row (the prompt
+        excluded).
+    - `target_calls`: int32 of shape `(B,)`, the verification steps (calls of the target
+        model) each row took.
+    - `accepted_histogram`: int32 of shape `(B, G + 1)`: entry `[b, n]` counts the steps of
+        row `b` that accepted `n` draft tokens.
+    - `theory_reached`: float32 of shape `(B, G + 1)`: entry `[b, k]` sums, over the steps
+        of row `b`, the probability $P(n \\ge k \\mid \\text{prefix})$ that the verifier
+        accepts at least `k` draft tokens, computed from the models' own distributions
+        (NaN when there is no theory; see `theory`).
+    - `theory`: `"exact"` (the ratio test's own pass probabilities, from its
+        [`eqx_specdec.AbstractRatioTest.pass_probabilities`][]), `"lower bound"` (block
+        verification: the standard rule's value, which it never falls below) or
+        `"none"` (trees, and ratio tests that do not implement `pass_probabilities`).
+    - `drafted`: int32 of shape `(B,)`, the draft tokens each row drafted (one draft
+        call each for a chain: $G$ per step, or the draft-length policy's choice; a
+        tree's node count per step).
+    """
+
+    tokens: Int[Array, "batch length"]
+    target_calls: Int[Array, " batch"]
+    accepted_histogram: Int[Array, "batch gamma_plus_1"]
+    theory_reached: Float[Array, "batch gamma_plus_1"]
+    theory: Literal["exact", "lower bound", "none"] = eqx.field(static=True)
+    drafted: Int[Array, " batch"] | None = None
+
+    def _theory_reached(self) -> np.ndarray:
+        if self.theory == "none":
+            raise MissingCapabilityError(
+                "This DecodeResult has no theoretical acceptance (`theory` is "
+                "'none'): the run verified trees, or its ratio test does not "
+                "implement `pass_probabilities`. Implement "
+                "`AbstractRatioTest.pass_probabilities` on the chain's ratio test (see "
+                "the abstract base's documentation) to get it."
+            )
+        return np.asarray(self.theory_reached, np.float64).sum(0)
+
+    def tokens_per_call(self) -> float:
+        """Tokens committed per target call, over the whole batch: each step commits
+        its accepted draft tokens and one correction or bonus token."""
+        hist = np.asarray(self.accepted_histogram, np.float64).sum(0)
+        return float((hist * np.arange(1, hist.size + 1)).sum() / hist.sum())
+
+    def draft_calls_per_token(self) -> float:
+        """Draft tokens drafted per token committed, over the whole batch: the draft's
+        cost per generated token (one draft call per drafted chain token)."""
+        if self.drafted is None:
+            raise ValueError(
+                "This DecodeResult has no `drafted` counts (it was not made by "
+                "speculative_decode): build it with `drafted=`."
+            )
+        hist = np.asarray(self.accepted_histogram, np.float64).sum(0)
+        committed = (hist * np.arange(1, hist.size + 1)).sum()
+        return float(np.asarray(self.drafted, np.float64).sum() / committed)
+
+    def accepted_length_distribution(self) -> np.ndarray:
+        """The observed distribution of the number of accepted draft tokens per step,
+        shape `(G + 1,)`."""
+        hist = np.asarray(self.accepted_histogram, np.float64).sum(0)
+        return hist / hist.sum()
+
+    def acceptance_rate(self) -> np.ndarray:
+        """Per position $k = 0, \\dots, G-1$, the fraction of steps that reached draft
+        token $k$ and accepted it; shape `(G,)` (NaN where no step reached it)."""
+        hist = np.asarray(self.accepted_histogram, np.float64).sum(0)
+        reached = hist[::-1].cumsum()[::-1]  # steps with n >= k
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return reached[1:] / reached[:-1]
+
+    def theoretical_tokens_per_call(self) -> float:
+        """$1 + \\sum_{k=1}^{G} E\\big[P(n \\ge k \\mid \\text{prefix})\\big]$ over the
+        steps taken: for the standard rule, $1 + \\sum_k E[\\prod_{j<k} \\beta_j]$ with
+        $\\beta_j = \\sum_v \\min(p_j(v), q_j(v))$ along the draft."""
+        reached = self._theory_reached()
+        steps = np.asarray(self.accepted_histogram, np.float64).sum()
+        return float(reached.sum() / steps)
+
+    def theoretical_accepted_length_distribution(self) -> np.ndarray:
+        """The distribution of the number of accepted draft tokens predicted by the
+        models' distributions, shape `(G + 1,)`."""
+        reached = self._theory_reached()
+        reached = reached / reached[0]
+        return reached - np.append(reached[1:], 0.0)
+
+
+def reached_probabilities(passes, draft_law, draft_tokens):
+    """$P(n \\ge k)$, k = 0..G, for one step: unbiased given the drafted path.
+
+    With $a_j(v)$ the pass probability of token v at position j and
+    $\\beta_j = \\sum_v q_j(v) a_j(v)$, $P(n \\ge k) = E[\\prod_{j<k-1} a_j(x_j) \\beta_{k-1}]$
+    over the draft $x \\sim q$; the last factor is averaged exactly.
+    """
+    beta = jnp.sum(draft_law * passes, axis=-1)
+    a_x = jnp.take_along_axis(passes, draft_tokens[:, None], axis=-1)[:, 0]
+    before = jnp.concatenate([jnp.ones((1,), a_x.dtype), jnp.cumprod(a_x)[:-1]])
+    return jnp.concatenate([jnp.ones((1,), beta.dtype), before * beta])

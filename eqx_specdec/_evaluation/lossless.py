@@ -1,0 +1,356 @@
+"""Tools that measure the distribution a verifier emits, to show it is lossless."""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._capabilities import require
+from .._errors import MissingCapabilityError
+from .._tree.abstract_tree_verifier import AbstractTreeVerifier
+from .._verify.dispatch import FilterJit
+from .._verify.verifier import Verifier
+from .emission import accumulate, cells, EmissionEstimate, padded_size
+from .tree_evaluation import tree_emission_by_monte_carlo, tree_emission_by_quadrature
+
+
+def _checked(draft_probs, target_probs, draft_law):
+    target = np.asarray(target_probs, np.float64)
+    if target.ndim != 2:
+        raise ValueError(
+            f"`target_probs` must have shape (G+1, V) (one row, no batch axis); got {target.shape}."
+        )
+    gamma, vocab = target.shape[0] - 1, target.shape[1]
+    draft = None if draft_probs is None else np.asarray(draft_probs, np.float64)
+    if draft is not None and draft.shape != (gamma, vocab):
+        raise ValueError(
+            f"`draft_probs` must have shape (G, V) = {(gamma, vocab)}; got {draft.shape}."
+        )
+    if draft_law is None:
+        if draft is None:
+            raise ValueError(
+                "With `draft_probs=None` (one-hot drafts), pass `draft_law`: the (G, V) "
+                "law of the draft tokens (one-hot rows for a deterministic drafter)."
+            )
+        draft_law = draft
+    law = np.asarray(draft_law, np.float64)
+    if law.shape != (gamma, vocab):
+        raise ValueError(
+            f"`draft_law` must have shape (G, V) = {(gamma, vocab)}; got {law.shape}."
+        )
+    return draft, target, law / law.sum(-1, keepdims=True)
+
+
+def _residual_cdfs(target, draft_rows):
+    """Cumulative sums of every distribution the standard sampler may draw from."""
+    cdfs = []
+    for n, q in enumerate(draft_rows):
+        residual = np.maximum(target[n] - q, 0)
+        if residual.sum() <= 0:
+            residual = target[n]
+        cdfs.append(np.cumsum(residual) / residual.sum())
+    cdfs.append(np.cumsum(target[-1]) / target[-1].sum())
+    return np.concatenate(cdfs)
+
+
+# Beyond this many verifier rows, quadrature is refused (minutes of work, gigabytes).
+MAX_QUADRATURE_ROWS = 50_000_000
+
+
+def _check_cost(rows: int, gamma: int, vocab: int):
+    """Refuses, before any work, a quadrature of more than `MAX_QUADRATURE_ROWS` rows."""
+    if rows > MAX_QUADRATURE_ROWS:
+        raise ValueError(
+            f"emission_by_quadrature would evaluate the verifier on {rows:,} rows or more "
+            f"(V = {vocab}, G = {gamma}: every draft sequence times the grid of "
+            f"uniforms), more than {MAX_QUADRATURE_ROWS:,}. Use emission_by_monte_carlo, "
+            "or a smaller V or G."
+        )
+
+
+def stage_breakpoints(verifier: Verifier, draft_probs, target_probs) -> dict:
+    """The breakpoints the verifier's ratio test and sampler declare (their
+    `quadrature_breakpoints` capability), merged."""
+    found = {"accept_breakpoints": [], "sample_breakpoints": []}
+    for stage in (verifier.ratio_test, verifier.residual_sampler):
+        require(
+            stage,
+            "quadrature_breakpoints",
+            "exact quadrature",
+            'use method="monte-carlo", or pass the breakpoints to '
+            "emission_by_quadrature yourself",
+        )
+        for name, value in stage.quadrature_breakpoints(
+            draft_probs, target_probs
+        ).items():
+            found[name].append(np.asarray(value, np.float64))
+    accept = found["accept_breakpoints"]
+    sample = found["sample_breakpoints"]
+    return dict(
+        accept_breakpoints=np.concatenate(accept, axis=1) if accept else None,
+        sample_breakpoints=np.concatenate([b.ravel() for b in sample])
+        if sample
+        else None,
+    )
+
+
+def _reads_logs(verifier: Verifier) -> bool:
+    stages = (verifier.ratio_test, verifier.residual_sampler)
+    return any(stage.log_space is True for stage in stages)
+
+
+def emission_by_quadrature(
+    verifier: Verifier | AbstractTreeVerifier,
+    draft_probs,
+    target_probs,
+    *,
+    draft_law=None,
+    log_inputs: bool | None = None,
+    accept_breakpoints=None,
+    sample_breakpoints=None,
+    subdivisions: int = 2,
+    chunk_size: int = 1 << 16,
+    tree: tuple[int, ...] | None = None,
+) -> EmissionEstimate:
+    """Computes, by deterministic quadrature over the uniforms, how often `verifier`
+    emits each token at each position, for one row with fixed distributions.
+
+    The verifier is a deterministic function of the draft tokens $x$ and the uniforms
+    $(u_0, \\dots, u_{G-1}, s)$. This evaluates it on every draft sequence (weighted by its
+    probability under `draft_law`) and on a stratified grid of uniforms (weighted by cell
+    volume). The grid's cells in $u_i$ are bounded by the ratios $p_i(v) / q_i(v)$, and in
+    $s$ by the cumulative sums of every standard residual, and by the breakpoints the
+    verifier's stages declare (their `quadrature_breakpoints` capability, e.g.
+    $p_i(v) / (l\\, q_i(v))$ for a lenient test), each cell split into `subdivisions`
+    parts: the result is then exact up to float rounding. A stage that does not
+    implement `quadrature_breakpoints` raises [`eqx_specdec.MissingCapabilityError`][],
+    unless you pass the breakpoints yourself.
+
+    With a [`eqx_specdec.TreeVerifier`][] and `tree`, the draft is a tree: every
+    assignment of tokens to its nodes is enumerated (drawn by the node rule's
+    `candidate_law`), and the cells are cut at the node rule's `pass_threshold` at every
+    reachable state and at the cumulative sums of every final residual; positions are
+    then the tree's contexts (see [`eqx_specdec.EmissionEstimate`][]).
+
+    Cost: $V^G \\cdot (\\#u\\text{ cells})^G \\cdot \\#s\\text{ cells}$ verifier rows, so for
+    small cases ($V \\le 8$, $G \\le 3$; trees of a few nodes over $V \\le 4$).
+
+    **Arguments:**
+
+    - `verifier`: the [`eqx_specdec.Verifier`][] (or [`eqx_specdec.TreeVerifier`][]) to
+        measure.
+    - `draft_probs`: `(G, V)`, the draft distributions $q_i$ given to the verifier, or
+        `None` for one-hot drafts. For a tree, `(N + 1, V)`: row 0 at the root, row
+        $i + 1$ after node $i$ (the law node $i$'s children are drafted from).
+    - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`), the target
+        distributions.
+    - `draft_law`: `(G, V)`, the law the draft tokens are drawn from. Defaults to
+        `draft_probs`; required when `draft_probs` is `None`.
+    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier. Default: whether its
+        stages read log-probabilities (`log_space=True`).
+    - `accept_breakpoints`: `(G, K)`, further values of $u_i$ where the verifier's
+        outcome may change, beyond those its stages declare.
+    - `sample_breakpoints`: `(K,)`, further values of $s$ where the sampled token may
+        change.
+    - `subdivisions`: grid points per cell and axis.
+    - `chunk_size`: verifier rows per compiled call.
+    - `tree`: with a `TreeVerifier`, the parent of each node in depth-first order.
+
+    **Returns:**
+
+    An [`eqx_specdec.EmissionEstimate`][] of probabilities.
+    """
+    if isinstance(verifier, AbstractTreeVerifier):
+        return tree_emission_by_quadrature(
+            verifier, tree, draft_probs, target_probs, chunk_size=chunk_size
+        )
+    draft, target, law = _checked(draft_probs, target_probs, draft_law)
+    gamma, vocab = law.shape
+    _check_cost(math.prod(int(np.count_nonzero(row > 0)) for row in law), gamma, vocab)
+    if log_inputs is None:
+        log_inputs = _reads_logs(verifier)
+    try:
+        declared = stage_breakpoints(
+            verifier,
+            None if draft_probs is None else np.asarray(draft_probs, np.float64),
+            np.asarray(target_probs, np.float64),
+        )
+    except MissingCapabilityError:
+        if accept_breakpoints is None and sample_breakpoints is None:
+            raise
+        declared = dict(accept_breakpoints=None, sample_breakpoints=None)
+    accept_breakpoints = _merge(accept_breakpoints, declared["accept_breakpoints"], 1)
+    sample_breakpoints = _merge(sample_breakpoints, declared["sample_breakpoints"], 0)
+    sequences = [
+        (x, np.prod(law[np.arange(gamma), x]))
+        for x in itertools.product(range(vocab), repeat=gamma)
+    ]
+    sequences = [(np.array(x), w) for x, w in sequences if w > 0]
+    u_cells = []
+    for i in range(gamma):
+        if draft is None:
+            ratios = target[i]
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratios = np.where(draft[i] > 0, target[i] / draft[i], 1.0)
+        if accept_breakpoints is not None:
+            extra = np.asarray(accept_breakpoints, np.float64)[i]
+            ratios = np.concatenate([ratios, extra[np.isfinite(extra)]])
+        u_cells.append(cells(ratios, subdivisions))
+    if draft is None:
+        s_breaks = np.concatenate(
+            [_residual_cdfs(target, np.eye(vocab)[list(x)]) for x, _ in sequences]
+        )
+    else:
+        s_breaks = _residual_cdfs(target, draft)
+    if sample_breakpoints is not None:
+        s_breaks = np.concatenate([s_breaks, np.ravel(sample_breakpoints)])
+    s_mids, s_widths = cells(s_breaks, subdivisions)
+    _check_cost(
+        len(sequences) * len(s_mids) * math.prod(len(c[0]) for c in u_cells),
+        gamma,
+        vocab,
+    )
+    grids = [c[0] for c in u_cells] + [s_mids]
+    grid_weights = [c[1] for c in u_cells] + [s_widths]
+    index = np.stack(
+        np.meshgrid(*[np.arange(len(g)) for g in grids], indexing="ij"), -1
+    ).reshape(-1, gamma + 1)
+    uniforms = np.stack([grids[d][index[:, d]] for d in range(gamma + 1)], -1)
+    volume = np.prod([grid_weights[d][index[:, d]] for d in range(gamma + 1)], axis=0)
+
+    q, p = _verifier_inputs(draft, target, log_inputs)
+    emitted = np.zeros((gamma + 1, vocab))
+    reached = np.zeros(gamma + 1)
+    u = uniforms[:, :gamma].astype(np.float32)
+    s = uniforms[:, gamma].astype(np.float32)
+    size = padded_size(len(volume), chunk_size)
+    for x, weight in sequences:
+        for start in range(0, len(volume), size):
+            stop = min(start + size, len(volume))
+            pad = ((0, size - (stop - start)),)
+            xs = jnp.asarray(np.broadcast_to(x, (size, gamma)), jnp.int32)
+            u_chunk = jnp.asarray(
+                np.pad(u[start:stop], pad + ((0, 0),), constant_values=0.5)
+            )
+            s_chunk = jnp.asarray(np.pad(s[start:stop], pad, constant_values=0.5))
+            tokens = np.asarray(verify_rows(verifier, xs, q, p, u_chunk, s_chunk))
+            w = weight * volume[start:stop]
+            accumulate(emitted, reached, tokens[: stop - start], w, vocab)
+    return EmissionEstimate(emitted, reached)
+
+
+def _merge(given, declared, axis):
+    if given is None or declared is None:
+        return declared if given is None else given
+    given = np.asarray(given, np.float64)
+    if axis == 0:
+        return np.concatenate([given.ravel(), declared])
+    return np.concatenate([given, declared], axis=1)
+
+
+def _verifier_inputs(draft, target, log_inputs):
+    """The distributions as the verifier reads them: float32 probabilities, or their
+    logarithms (computed in float64, so exact zeros become -inf)."""
+
+    def convert(a):
+        if a is None:
+            return None
+        if log_inputs:
+            with np.errstate(divide="ignore"):
+                a = np.log(a)
+        return jnp.asarray(a, jnp.float32)
+
+    return convert(draft), convert(target)
+
+
+def emission_by_monte_carlo(
+    verifier: Verifier | AbstractTreeVerifier,
+    draft_probs,
+    target_probs,
+    key,
+    num_draws: int,
+    *,
+    draft_law=None,
+    log_inputs: bool | None = None,
+    chunk_size: int = 16_384,
+    tree: tuple[int, ...] | None = None,
+) -> EmissionEstimate:
+    """Counts, over `num_draws` random steps, how often `verifier` emits each token at
+    each position, for one row with fixed distributions.
+
+    Each draw samples the draft tokens $x_i$ from `draft_law` (inverse CDF) and the
+    float32 uniforms $u_i$, $s$ with `jax.random.uniform` (for a key-driven sampler, one
+    key per draw instead of $s$), all from `key`: the same key gives the same counts. Pair with [`eqx_specdec.EmissionEstimate.chi_square`][].
+
+    **Arguments:**
+
+    - `verifier`: the [`eqx_specdec.Verifier`][] to measure.
+    - `draft_probs`: `(G, V)`, or `None` for one-hot drafts.
+    - `target_probs`: `(G + 1, V)`.
+    - `key`: a `jax.random` key.
+    - `num_draws`: the number of verification steps to simulate.
+    - `draft_law`: `(G, V)`, the law of the draft tokens; defaults to `draft_probs`.
+    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier. Default: whether its
+        stages read log-probabilities.
+    - `chunk_size`: draws per compiled call.
+    - `tree`: with a [`eqx_specdec.TreeVerifier`][], the tree's shape; the distributions
+        are then `(N + 1, V)` as for [`eqx_specdec.emission_by_quadrature`][], and each
+        draw drafts the tree with the node rule's `candidate_law`.
+
+    **Returns:**
+
+    An [`eqx_specdec.EmissionEstimate`][] of counts.
+    """
+    if isinstance(verifier, AbstractTreeVerifier):
+        return tree_emission_by_monte_carlo(
+            verifier, tree, draft_probs, target_probs, key, num_draws, chunk_size
+        )
+    if log_inputs is None:
+        log_inputs = _reads_logs(verifier)
+    draft, target, law = _checked(draft_probs, target_probs, draft_law)
+    gamma, vocab = law.shape
+    q, p = _verifier_inputs(draft, target, log_inputs)
+    law_cdf = jnp.asarray(np.cumsum(law, -1), jnp.float32)
+    emitted = np.zeros((gamma + 1, vocab))
+    reached = np.zeros(gamma + 1)
+    chunks = -(-num_draws // chunk_size)
+    for i, chunk_key in enumerate(jax.random.split(key, chunks)):
+        tokens = np.asarray(
+            _monte_carlo_chunk(verifier, q, p, law_cdf, chunk_key, chunk_size)
+        )
+        rows = min(chunk_size, num_draws - i * chunk_size)
+        accumulate(emitted, reached, tokens[:rows], np.ones(rows), vocab)
+    return EmissionEstimate(emitted, reached, num_draws)
+
+
+@FilterJit
+def _monte_carlo_chunk(verifier, q, p, law_cdf, key, chunk_size: int):
+    """The tokens of `chunk_size` random steps. Compiled once per verifier configuration
+    and shapes (the distributions are arguments, not constants), so that measurements of
+    many cases share one program."""
+    gamma, vocab = law_cdf.shape
+    k_x, k_u, k_s = jax.random.split(key, 3)
+    draws = jax.random.uniform(k_x, (chunk_size, gamma), jnp.float32)
+    xs = jnp.stack(
+        [jnp.searchsorted(law_cdf[i], draws[:, i], side="right") for i in range(gamma)],
+        axis=1,
+    )
+    xs = jnp.minimum(xs, vocab - 1).astype(jnp.int32)
+    u = jax.random.uniform(k_u, (chunk_size, gamma), jnp.float32)
+    if verifier.residual_sampler.randomness == "key":
+        s = jax.random.split(k_s, chunk_size)
+    else:
+        s = jax.random.uniform(k_s, (chunk_size,), jnp.float32)
+    rows = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0))
+    return rows(xs, q, p, u, s)["tokens"]
+
+
+@FilterJit
+def verify_rows(verifier, draft_tokens, draft_probs, target_probs, accept, sample):
+    """`verifier.row` over rows of draft tokens and uniforms, for one fixed row of
+    distributions. Compiled once per verifier configuration and shapes."""
+    rows = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0))
+    return rows(draft_tokens, draft_probs, target_probs, accept, sample)["tokens"]

@@ -1,0 +1,110 @@
+"""Greedy decoding as stages: the test that keeps a draft token when it is the target's
+argmax, and the correction that is the target's argmax."""
+
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from beartype import beartype
+from jaxtyping import jaxtyped
+
+from .._custom_types import (
+    AcceptUniformsRow,
+    DraftProbsRow,
+    DraftTokensRow,
+    IntScalar,
+    SampleRandomness,
+    TargetProbsRow,
+)
+from .ratio_test import AbstractRatioTest
+from .residual_sampler import (
+    AbstractResidualSampler,
+    Randomness,
+    Reads,
+)
+from .verdict import Verdict
+
+
+class GreedyRatioTest(AbstractRatioTest):
+    """Greedy verification (temperature 0): $x_i$ passes when it is the target's most
+    likely token, $x_i = \\arg\\max_v p_i(v)$ (ties: the lowest id).
+
+    Exact with respect to greedy decoding of the target when paired with
+    [`eqx_specdec.ArgmaxSampler`][]. Draws no randomness and ignores `draft_probs`; reads
+    the whole rows $p_i$. Works on probabilities and log-probabilities alike
+    (`log_space = None`). Implements every capability.
+    """
+
+    uses_uniforms: ClassVar[bool] = False
+    log_space: ClassVar[None] = None
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        best = jnp.argmax(target_probs[:-1], axis=-1)
+        return Verdict(best.astype(jnp.int32) == draft_tokens.astype(jnp.int32))
+
+    def pass_probabilities(self, draft_law, target_probs):
+        vocab = target_probs.shape[-1]
+        best = jnp.argmax(target_probs, -1)
+        return jax.nn.one_hot(best, vocab, dtype=target_probs.dtype)
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
+
+    def emission_target(self, target_probs):
+        return np.eye(target_probs.shape[-1])[np.argmax(target_probs, -1)]
+
+    def vocab_parallel(
+        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
+    ):
+        best = shard.argmax(target_probs[:-1])
+        return Verdict(best == draft_tokens.astype(jnp.int32))
+
+
+class ArgmaxSampler(AbstractResidualSampler):
+    """The greedy correction: $y = \\arg\\max_v p_n(v)$ (ties: the lowest id), the
+    target's most likely token at the first rejected position (or the bonus position).
+
+    Deterministic (`randomness = "none"`); reads only row $n$ of `target_probs`. Works on
+    probabilities and log-probabilities alike. With [`eqx_specdec.GreedyRatioTest`][] it
+    gives greedy verification; with [`eqx_specdec.TypicalRatioTest`][], Medusa's typical
+    acceptance.
+    """
+
+    randomness: ClassVar[Randomness] = "none"
+    reads: ClassVar[Reads] = "row n"
+    log_space: ClassVar[None] = None
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleRandomness,
+    ) -> IntScalar:
+        return jnp.argmax(target_probs[num_accepted]).astype(jnp.int32)
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
+
+    def vocab_parallel(
+        self,
+        shard,
+        num_accepted,
+        verdict,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        sample_uniform,
+    ):
+        return shard.argmax(target_probs[num_accepted])

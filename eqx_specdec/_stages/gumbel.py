@@ -1,0 +1,69 @@
+"""The standard correction drawn with the Gumbel-max trick from a key."""
+
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, jaxtyped, Key
+
+from .._custom_types import (
+    DraftProbsRow,
+    DraftTokensRow,
+    IntScalar,
+    TargetProbsRow,
+)
+from .residual_sampler import (
+    AbstractResidualSampler,
+    full_weights,
+    Randomness,
+    Reads,
+    residual_parts,
+)
+from .verdict import Verdict
+
+
+class GumbelSampler(AbstractResidualSampler):
+    """The standard correction (same distribution as [`eqx_specdec.ResidualSampler`][]),
+    drawn with the Gumbel-max trick from a `jax.random` key:
+
+    $$y = \\arg\\max_v \\big(\\log r(v) + g_v\\big), \\qquad g_v \\sim \\mathrm{Gumbel}(0, 1)
+    \\text{ i.i.d.}$$
+
+    Needs one key per row (`randomness = "key"`) and $V$ Gumbel draws. The Gumbel noise is
+    drawn with `mode="high"`: in float32 the default mode never exceeds about 15.9, so a
+    token more than about 16 nats below the best could never be picked; the high mode
+    removes that cap. Zero-weight tokens are never picked. It has no
+    `quadrature_breakpoints` (it draws from keys, not uniforms): evaluate it by Monte
+    Carlo, or evaluate [`eqx_specdec.ResidualSampler`][], which draws the same
+    distribution from a uniform, by quadrature.
+
+    **Arguments:**
+
+    - `log_space`: if `True`, the distributions given are log-probabilities.
+    """
+
+    randomness: ClassVar[Randomness] = "key"
+    reads: ClassVar[Reads] = "row n"
+    log_space: bool = eqx.field(static=True, default=False)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: Key[Array, ""],
+    ) -> IntScalar:
+        gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
+        dtype, p_and_residual = residual_parts(
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
+            self.log_space,
+        )  # fmt: skip
+        weights = full_weights(p_and_residual, vocab, num_accepted < gamma, dtype)
+        noise = jax.random.gumbel(sample_uniform, (vocab,), dtype, mode="high")
+        scores = jnp.where(weights > 0, jnp.log(weights) + noise, -jnp.inf)
+        return jnp.argmax(scores).astype(jnp.int32)

@@ -1,0 +1,72 @@
+"""Prefix counters: the abstract base (from per-position outcomes to the number
+accepted) and the standard count."""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, Float, jaxtyped
+
+from .._capabilities import capability
+from .._custom_types import IntScalar, PassedRow
+
+
+PassRow = Float[Array, " gamma"]
+
+
+class AbstractPrefixCounter(eqx.Module):
+    """Turns the per-position outcomes of a ratio test into the number of accepted
+    draft tokens $n \\in \\{0, \\dots, \\gamma\\}$ of one row.
+
+    The count is a traced value: implementations must not branch on it in Python.
+    """
+
+    @abc.abstractmethod
+    def __call__(self, passed: PassedRow) -> IntScalar:
+        """Counts the accepted draft tokens of one row.
+
+        **Arguments:**
+
+        - `passed`: boolean of shape `(gamma,)`, the `passed` field of the
+            [`eqx_specdec.Verdict`][] returned by the ratio test.
+
+        **Returns:**
+
+        An int32 scalar $n$ with $0 \\le n \\le \\gamma$: the first $n$ draft tokens are
+        accepted.
+        """
+
+    @capability
+    def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
+        """Capability for the acceptance objectives
+        ([`eqx_specdec.acceptance_by_position`][]): $P(n \\ge k)$ for $k = 1, \\dots,
+        \\gamma$ when the tests pass independently, position $i$ with probability
+        `pass_probs[i]`. Traced and differentiable.
+
+        **Arguments:**
+
+        - `pass_probs`: float of shape `(gamma,)`, in $[0, 1]$.
+
+        **Returns:**
+
+        Float of shape `(gamma,)`: entry $k - 1$ is the probability that at least $k$
+        draft tokens are accepted.
+        """
+
+
+class PrefixCounter(AbstractPrefixCounter):
+    """The standard count: the number of tests passed before the first failure,
+
+    $$n = \\max\\{k : \\text{passed}_0, \\dots, \\text{passed}_{k-1}\\},$$
+
+    or $\\gamma$ when every test passes. Outcomes after the first failure do not matter.
+    """
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, passed: PassedRow) -> IntScalar:
+        return jnp.sum(jnp.cumprod(passed.astype(jnp.int32)), dtype=jnp.int32)
+
+    def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
+        """$P(n \\ge k) = \\prod_{i < k} a_i$."""
+        return jnp.cumprod(pass_probs)

@@ -1,0 +1,377 @@
+"""Ratio tests: the abstract base (the extension point for acceptance rules, with the
+capabilities the library's features need of a rule), and the standard and lenient
+tests."""
+
+import abc
+from typing import ClassVar, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from beartype import beartype
+from equinox import AbstractClassVar, AbstractVar
+from jaxtyping import Array, Float, Int, jaxtyped
+
+from .._capabilities import capability, require
+from .._custom_types import (
+    AcceptUniformsRow,
+    DraftProbsRow,
+    DraftTokensRow,
+    TargetProbsRow,
+)
+from .._errors import missing_capability
+from .._misc import check_hyperparameter
+from .gather import gather_draft_probs
+from .verdict import Verdict
+from .vocab_shard import VocabShard
+
+
+PassProbabilities = Float[Array, "gamma vocab"]
+
+
+TheoryKind = Literal["exact", "lower bound"]
+
+
+class AbstractRatioTest(eqx.Module):
+    """Decides, for every draft position of one row, whether the draft token passes.
+
+    This is the extension point for acceptance rules. A subclass implements `__call__`
+    and declares two class attributes; everything else in the pipeline (counting the
+    accepted prefix, drawing the correction token, assembling the output) is done by the
+    other stages of the [`eqx_specdec.Verifier`][].
+
+    For the verifier to stay lossless, the test at position $i$ must pass with
+    probability $\\min(1, p_i(x_i) / q_i(x_i))$ given the accepted prefix (or, for rules
+    such as block verification, with the probabilities the matching prefix counter and
+    residual expect).
+
+    **Declared by every subclass:**
+
+    - `uses_uniforms` (class attribute, bool): whether the test reads `accept_uniforms`.
+        If `False`, `accept_uniforms` may be `None` at the entry points.
+    - `log_space` (a field or class attribute, `bool | None`): `False` if the test reads
+        probabilities, `True` if log-probabilities, `None` if it works on either (an
+        argmax, say). The entry points check it against what they pass.
+
+    **Capabilities** (methods with a default that raises
+    [`eqx_specdec.MissingCapabilityError`][]; implement those the features you use
+    need): `pass_probabilities` (the decoding loop's theory and the acceptance
+    objectives), `pass_probabilities_given_drafts` (the objectives given the draft
+    tokens; derived from exact `pass_probabilities` by default), `quadrature_breakpoints`
+    (exact evaluation), `vocab_parallel` (vocabulary sharding). `emission_target` (what
+    evaluation measures the tokens against) defaults to the target $p$.
+
+    **Declared with a default:**
+
+    - `reads` (class attribute): which values of the distributions the test reads, so
+        that the entry points' default checks (`check_inputs=True`) validate exactly
+        those: `"draft tokens"` ($p_i(x_i)$ and $q_i(x_i)$ only, as the standard test)
+        or `"whole rows"` (the default, always safe: every row is then checked).
+    - `theory` (class attribute, default `"exact"`): what `pass_probabilities`
+        gives, `"exact"` (the test passes $v$ with exactly that probability) or
+        `"lower bound"` (the rule accepts at least as many tokens in expectation).
+    - `capabilities_from` (class attribute, default `{}`): for a test built from
+        other tests, which capabilities it delegates to which fields (`{"vocab_parallel":
+        (("inner", "vocab_parallel"),)}`): it has them when those fields do.
+    - `row_fields` (class attribute, default `{}`): fields that may hold one value per
+        row, by name with the rank of one row's value (`{"relaxed": 1}`: a `(G,)` mask
+        shared by the batch, or `(B, G)`, one per row). The verifier hands each row its
+        own slice; `in_decoding_loop` may fill them each step.
+    """
+
+    uses_uniforms: AbstractClassVar[bool]
+    log_space: AbstractVar[bool | None]
+    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "whole rows"
+    row_fields: ClassVar[dict[str, int]] = {}
+    theory: ClassVar[TheoryKind] = "exact"
+    capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
+
+    def in_decoding_loop(self, generated: Int[Array, " batch"]) -> "AbstractRatioTest":
+        """Called by [`eqx_specdec.speculative_decode`][] before each verification with
+        each row's number of tokens generated so far; returns the test to run (the
+        default: itself). A test keyed on the generated position fills a row field."""
+        return self
+
+    @abc.abstractmethod
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        """Runs the test at every draft position of one row.
+
+        **Arguments:**
+
+        - `draft_tokens`: integer of shape `(gamma,)`, the draft tokens $x_i$.
+        - `draft_probs`: float of shape `(gamma, vocab)`, the draft distributions $q_i$,
+            or `None` for one-hot drafts ($q_i = \\mathrm{onehot}(x_i)$).
+        - `target_probs`: float of shape `(gamma + 1, vocab)`, the target distributions
+            $p_i$; the last row follows the last draft token.
+        - `accept_uniforms`: float of shape `(gamma,)`, the uniforms $u_i \\in [0, 1)$
+            (zeros for a test with `uses_uniforms = False`).
+
+        **Returns:**
+
+        A [`eqx_specdec.Verdict`][] holding the per-position outcomes (and, for rules
+        that need it, the residual scale).
+        """
+
+    @capability
+    def pass_probabilities(
+        self, draft_law: PassProbabilities, target_probs: PassProbabilities
+    ) -> PassProbabilities:
+        """Capability for the decoding loop's theory
+        ([`eqx_specdec.DecodeResult`][]`.theory_reached`): for each position $i$ and
+        token $v$, the probability $a_i(v)$ that the test passes $v$ when $v$ is drafted
+        at $i$ and the prefix before it was accepted. Traced (called inside the loop).
+
+        **Arguments:**
+
+        - `draft_law`: float `(gamma, vocab)`, the law $q_i$ the draft tokens follow.
+        - `target_probs`: float `(gamma, vocab)`, the target rows $p_0..p_{\\gamma-1}$.
+
+        **Returns:**
+
+        `a`: float `(gamma, vocab)`; the class's `theory` says whether these are exact
+        or a lower bound.
+        """
+
+    def pass_probabilities_given_drafts(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+    ) -> Float[Array, " gamma"]:
+        """For the acceptance objectives given the drafts
+        ([`eqx_specdec.acceptance_by_position`][] with `draft_tokens`), with a working
+        default: per position of
+        one row, the probability over the uniforms that the test passes $x_i$, given all
+        the draft tokens (positions must pass independently given them). Traced,
+        differentiable. By default, the drafts' entries of an `"exact"`
+        `pass_probabilities`; block verification overrides it.
+
+        **Arguments:** one row of probabilities, as for `__call__`.
+
+        **Returns:** float of shape `(gamma,)`, in $[0, 1]$.
+        """
+        if self.theory != "exact":
+            raise missing_capability(
+                self,
+                "pass_probabilities_given_drafts",
+                "the acceptance objectives given the draft tokens (its "
+                f'`pass_probabilities` are a "{self.theory}", not exact)',
+            )
+        require(
+            self,
+            "pass_probabilities",
+            "the acceptance objectives given the draft tokens",
+        )
+        if draft_probs is None:
+            draft_probs = jax.nn.one_hot(
+                draft_tokens, target_probs.shape[-1], dtype=target_probs.dtype
+            )
+        probs = self.pass_probabilities(draft_probs, target_probs[:-1])
+        return jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)[:, 0]
+
+    @capability
+    def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
+        """Capability for exact quadrature
+        ([`eqx_specdec.emission_by_quadrature`][], [`eqx_specdec.evaluate_verifier`][]):
+        the values of the uniforms at which the test's outcome can change, beyond the
+        standard ratios $p_i(v) / q_i(v)$ (which the quadrature always cuts at). NumPy,
+        not traced.
+
+        **Arguments:**
+
+        - `draft_probs`: float64 NumPy `(gamma, vocab)`, or `None` for one-hot drafts.
+        - `target_probs`: float64 NumPy `(gamma + 1, vocab)`.
+
+        **Returns:**
+
+        A dict with any of `"accept_breakpoints"` (`(gamma, K)`: further values of
+        $u_i$) and `"sample_breakpoints"` (`(K,)`: further values of $s$, where the test
+        changes the correction's distribution, as block verification's residual
+        scale does); `{}` if there are none.
+        """
+
+    def emission_target(self, target_probs):
+        """What the verifier's tokens are measured against by
+        [`eqx_specdec.evaluate_verifier`][]: the target $p$ itself (the default, for
+        exact and lossy sampling rules alike), or another distribution a rule aims at
+        (greedy decoding's one-hot argmax). NumPy, not traced.
+
+        **Arguments:**
+
+        - `target_probs`: float64 NumPy `(gamma + 1, vocab)`.
+
+        **Returns:**
+
+        A float64 NumPy array of the same shape.
+        """
+        return target_probs
+
+    @capability
+    def vocab_parallel(
+        self,
+        shard: VocabShard,
+        draft_tokens: DraftTokensRow,
+        draft_probs: Float[Array, "gamma width"] | None,
+        target_probs: Float[Array, "gamma+1 width"],
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        """Capability for vocabulary sharding ([`eqx_specdec.ShardedVerifier`][] with
+        `vocab_axis`): the same test as `__call__`, on this device's slice of the
+        vocabulary, exchanging per-row values only through `shard`'s collectives.
+        Called under `jax.vmap` over the rows.
+
+        **Arguments:**
+
+        - `shard`: the [`eqx_specdec.VocabShard`][] (offset, width, collectives).
+        - `draft_tokens`: integer `(gamma,)`, global token ids.
+        - `draft_probs`, `target_probs`: this shard's slices, `(gamma, width)` and
+            `(gamma + 1, width)`.
+        - `accept_uniforms`: float `(gamma,)`.
+
+        **Returns:**
+
+        The [`eqx_specdec.Verdict`][] `__call__` would return on the whole rows, the
+        same on every shard.
+        """
+
+
+def ratio_passes(p_x, q_x, u, lenience, log_space):
+    """`u * l * q < p`, or in log space `log u + log l < log p - log q`."""
+    u = u.astype(p_x.dtype)
+    if log_space:
+        # -inf - -inf is NaN, and NaN comparisons are false: p = q = 0 never passes.
+        threshold = p_x - q_x
+        if lenience is not None:
+            threshold = threshold - jnp.log(jnp.asarray(lenience, p_x.dtype))
+        return jnp.log(u) < threshold
+    if lenience is not None:
+        u = u * jnp.asarray(lenience, p_x.dtype)
+    return u * q_x < p_x
+
+
+def clipped_ratio(p, q, scale=1.0):
+    """$\\min(1, p / (l q))$ elementwise, 1 where $l q = 0$: the probability that the
+    (lenient) ratio test passes a drafted token."""
+    scaled = scale * q
+    return jnp.where(
+        scaled > 0, jnp.minimum(1.0, p / jnp.where(scaled > 0, scaled, 1)), 1
+    )
+
+
+class RatioTest(AbstractRatioTest):
+    """The standard test of speculative sampling: draft token $x_i$ passes when
+
+    $$u_i \\, q_i(x_i) < p_i(x_i),$$
+
+    that is $u_i < p_i(x_i) / q_i(x_i)$ computed without division, so that
+    $q_i(x_i) = 0 < p_i(x_i)$ passes and $p_i(x_i) = 0$ never passes. With
+    `draft_probs=None`, $q_i(x_i) = 1$ (one-hot drafts): the test is $u_i < p_i(x_i)$.
+
+    Lossless (Leviathan et al. 2023; Chen et al. 2023). Gathers only $p_i(x_i)$ and
+    $q_i(x_i)$: $O(\\gamma)$ reads. Implements every capability.
+
+    **Arguments:**
+
+    - `log_space`: if `True`, the distributions given are log-probabilities and the test
+        is $\\log u_i < \\log p_i(x_i) - \\log q_i(x_i)$, exact where probabilities would
+        underflow (what [`eqx_specdec.speculative_accept_logits`][] uses).
+    """
+
+    uses_uniforms: ClassVar[bool] = True
+    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
+    log_space: bool = eqx.field(static=True, default=False)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        p_x, q_x = gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        return Verdict(ratio_passes(p_x, q_x, accept_uniforms, None, self.log_space))
+
+    def pass_probabilities(self, draft_law, target_probs):
+        return clipped_ratio(target_probs, draft_law)
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
+
+    def vocab_parallel(
+        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
+    ):
+        p_x, q_x = shard.gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        return Verdict(ratio_passes(p_x, q_x, accept_uniforms, None, self.log_space))
+
+
+class LenientRatioTest(AbstractRatioTest):
+    """A lenient test, accepting more draft tokens than the standard one: $x_i$ passes when
+
+    $$u_i < \\frac{p_i(x_i)}{l\\, q_i(x_i)}, \\quad l \\in (0, 1].$$
+
+    $l = 1$ is the standard rule, bit for bit. For $l < 1$ the verifier is **lossy**: the
+    emitted tokens drift from the target as $l$ falls (see the Variants page for the
+    measured distance). The residual is left standard. Implements every capability.
+
+    **Arguments:**
+
+    - `lenience`: $l$, a float or a scalar array in $(0, 1]$. A Python float is static
+        (each value compiles once); pass an array to sweep it without recompiling.
+    - `log_space`: if `True`, the distributions given are log-probabilities.
+    """
+
+    uses_uniforms: ClassVar[bool] = True
+    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
+    lenience: Float[Array, ""] | float = 1.0
+    log_space: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        check_hyperparameter("lenience", self.lenience, 0.0, 1.0, low_open=True)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        accept_uniforms: AcceptUniformsRow,
+    ) -> Verdict:
+        p_x, q_x = gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        return Verdict(
+            ratio_passes(p_x, q_x, accept_uniforms, self.lenience, self.log_space)
+        )
+
+    def pass_probabilities(self, draft_law, target_probs):
+        lenience = jnp.asarray(self.lenience, draft_law.dtype)
+        return clipped_ratio(target_probs, draft_law, lenience)
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        if draft_probs is None:
+            return dict(accept_breakpoints=target_probs[:-1] / float(self.lenience))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = target_probs[:-1] / (float(self.lenience) * draft_probs)
+        return dict(accept_breakpoints=ratios)
+
+    def vocab_parallel(
+        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
+    ):
+        p_x, q_x = shard.gather_draft_probs(
+            draft_tokens, draft_probs, target_probs, log_space=self.log_space
+        )
+        return Verdict(
+            ratio_passes(p_x, q_x, accept_uniforms, self.lenience, self.log_space)
+        )

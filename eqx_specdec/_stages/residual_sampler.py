@@ -1,0 +1,364 @@
+"""Residual samplers: the correction token's base, with its capabilities, the sums of
+rows n the default input checks read, and the standard residual sampler."""
+
+import abc
+from typing import ClassVar, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from equinox import AbstractClassVar, AbstractVar
+from jaxtyping import Array, Float, jaxtyped
+
+from .._capabilities import capability
+from .._custom_types import (
+    DraftProbsRow,
+    DraftTokensRow,
+    IntScalar,
+    SampleRandomness,
+    SampleUniform,
+    TargetProbsRow,
+)
+from .._misc import compute_dtype
+from .._search import (
+    block_size,
+    block_sums,
+    block_totals,
+    flat_search,
+    FLAT_SEARCH_MAX_VOCAB,
+    has_mass,
+    two_level_search,
+    window_start,
+)
+from .row_sums import as_row_sums, row_sums, RowSums, summed
+from .verdict import Verdict
+from .vocab_shard import VocabShard
+
+
+Randomness = Literal["uniform", "key", "none"]
+Reads = Literal["row n", "whole rows"]
+
+
+def residual_parts(
+    num_accepted: IntScalar,
+    verdict: Verdict,
+    draft_tokens: DraftTokensRow,
+    draft_probs: DraftProbsRow | None,
+    target_probs: TargetProbsRow,
+    log_space: bool,
+    first_id=0,
+):
+    """What every residual-based sampler needs for one row.
+
+    Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
+    `(start, length)` giving that slice of $p_n$ and of the residual
+    $(c_n p_n - q_n)_+$ (as probabilities; with `with_q=True`, of $q_n$ between them).
+    Only rows $n$ of the distributions are read; $q_n = \\mathrm{onehot}(x_n)$ is never
+    materialised for one-hot drafts. `first_id` is
+    the global id of the distributions' first entry (a vocabulary shard's offset).
+    """
+    gamma = target_probs.shape[0] - 1
+    dtypes = [target_probs.dtype, verdict.residual_scale.dtype]
+    if draft_probs is not None:
+        dtypes.append(draft_probs.dtype)
+    dtype = compute_dtype(*dtypes)
+    n = num_accepted.astype(jnp.int32)
+    rejected_at = jnp.minimum(n, gamma - 1)
+    p = target_probs[n]
+    q = None if draft_probs is None else draft_probs[rejected_at]
+    draft_token = draft_tokens[rejected_at].astype(jnp.int32)
+    scale = verdict.residual_scale[rejected_at].astype(dtype)
+
+    def as_probs(x):
+        x = x.astype(dtype)
+        return jnp.exp(x) if log_space else x
+
+    def p_and_residual(start, length, with_q=False):
+        p_part = as_probs(jax.lax.dynamic_slice_in_dim(p, start, length))
+        if q is None:  # one-hot draft
+            ids = first_id + start + jnp.arange(length, dtype=jnp.int32)
+            q_part = (ids == draft_token).astype(dtype)
+        else:
+            q_part = as_probs(jax.lax.dynamic_slice_in_dim(q, start, length))
+        residual = jnp.maximum(scale * p_part - q_part, 0)
+        return (p_part, q_part, residual) if with_q else (p_part, residual)
+
+    return dtype, p_and_residual
+
+
+def full_weights(p_and_residual, vocab, rejected, dtype):
+    """The whole correction distribution, unnormalised: the residual when a draft token
+    was rejected and it has mass, else $p_n$ (the bonus row, or the zero-mass fallback)."""
+    p_full, residual_full = p_and_residual(0, vocab)
+    use_residual = rejected & has_mass(jnp.sum(residual_full), dtype)
+    return jnp.where(use_residual, residual_full, p_full)
+
+
+class AbstractResidualSampler(eqx.Module):
+    """Draws the correction token $y$ of one row, given the number accepted.
+
+    When $n < \\gamma$ the draft token at position $n$ was rejected and $y$ must follow the
+    residual distribution that makes the step lossless; when $n = \\gamma$ every draft token
+    was accepted and $y$ is the bonus token, drawn from $p_\\gamma$.
+
+    **Declared by every subclass:**
+
+    - `randomness` (class attribute): what the last argument holds: `"uniform"` (a float
+        $s \\in [0, 1)$), `"key"` (a `jax.random` key, one per row) or `"none"` (the
+        sampler is deterministic; the entry points then accept `sample_uniforms=None`).
+    - `log_space` (a field or class attribute, `bool | None`): as for
+        [`eqx_specdec.AbstractRatioTest`][].
+
+    **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
+    `quadrature_breakpoints` (exact evaluation), `vocab_parallel` (vocabulary sharding).
+
+    **Declared with a default:**
+
+    - `reads` (class attribute): which rows the sampler reads, so that the entry points'
+        default checks validate exactly those: `"row n"` (rows $n$ of $p$ and $q$ only,
+        as the standard sampler) or `"whole rows"` (the default, always safe).
+    """
+
+    randomness: AbstractClassVar[Randomness]
+    log_space: AbstractVar[bool | None]
+    reads: ClassVar[Reads] = "whole rows"
+
+    @abc.abstractmethod
+    def __call__(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleRandomness,
+    ) -> IntScalar:
+        """Draws the correction token of one row.
+
+        **Arguments:**
+
+        - `num_accepted`: int32 scalar $n$, from the prefix counter.
+        - `verdict`: the [`eqx_specdec.Verdict`][] of the ratio test.
+        - `draft_tokens`: integer of shape `(gamma,)`.
+        - `draft_probs`: float of shape `(gamma, vocab)`, or `None` for one-hot drafts.
+        - `target_probs`: float of shape `(gamma + 1, vocab)`.
+        - `sample_uniform`: the row's randomness, as `randomness` says: a float scalar
+            $s \\in [0, 1)$, a `jax.random` key, or a float scalar to ignore.
+
+        **Returns:**
+
+        An int32 scalar $y \\in [0, \\text{vocab})$.
+        """
+
+    @capability
+    def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
+        """Capability for exact quadrature: the values of $s$ at which the drawn token
+        can change, beyond the cumulative sums of the standard residuals
+        $\\operatorname{norm}((p_n - q_n)_+)$ and of $p_\\gamma$ (which the quadrature
+        always cuts at). NumPy, not traced.
+
+        **Arguments:**
+
+        - `draft_probs`: float64 NumPy `(gamma, vocab)`, or `None` for one-hot drafts.
+        - `target_probs`: float64 NumPy `(gamma + 1, vocab)`.
+
+        **Returns:**
+
+        `{"sample_breakpoints": (K,) array}`, or `{}` if there are none.
+        """
+
+    @capability
+    def vocab_parallel(
+        self,
+        shard: VocabShard,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: Float[Array, "gamma width"] | None,
+        target_probs: Float[Array, "gamma+1 width"],
+        sample_uniform: SampleRandomness,
+    ) -> IntScalar:
+        """Capability for vocabulary sharding: the same draw as `__call__`, from this
+        device's slice of the vocabulary, exchanging per-row values only through
+        `shard` (see [`eqx_specdec.VocabShard.draw`][]). Called under `jax.vmap`.
+
+        **Arguments:**
+
+        - `shard`: the [`eqx_specdec.VocabShard`][].
+        - the others as for `__call__`, with the distributions sliced to `width`.
+
+        **Returns:**
+
+        The global token id, an int32 scalar, the same on every shard.
+        """
+
+    def draw_and_sum(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleRandomness,
+    ) -> tuple[IntScalar, RowSums]:
+        """The correction token, as `__call__` draws it, and the sums of rows n that
+        the entry points' default checks validate (used when `reads = "row n"`).
+
+        The default calls `__call__`, then sums the rows in one more pass; override it
+        to compute the sums in the pass the draw already makes, as
+        [`eqx_specdec.ResidualSampler`][] does, so that the checks cost nothing.
+
+        **Arguments:** as for `__call__`.
+
+        **Returns:**
+
+        `(y, RowSums(p_total, q_total))`: the token, then the sums of $p_n$ and of
+        $q_{\\min(n, \\gamma - 1)}$, negative entries counted as NaN (see
+        [`eqx_specdec.RowSums`][]).
+        """
+        token = self(
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
+            sample_uniform,
+        )  # fmt: skip
+        return token, row_sums(num_accepted, draft_probs, target_probs)
+
+
+class ResidualSampler(AbstractResidualSampler):
+    """The standard correction: $y$ is drawn by inverse CDF from
+
+    $$r = \\begin{cases}
+    \\operatorname{norm}\\big((c_n\\, p_n - q_n)_+\\big) & n < \\gamma \\\\
+    p_\\gamma & n = \\gamma
+    \\end{cases}$$
+
+    as the smallest $v$ with $r(0) + \\dots + r(v) > s$. Here $c_n$ is the verdict's
+    residual scale (1 for the standard rule), and $q_n = \\mathrm{onehot}(x_n)$ when
+    `draft_probs` is `None`.
+
+    If the residual has no mass ($p_n$ and $q_n$ equal up to rounding), $y$ is drawn from
+    $p_n$. If rounding leaves the final cumulative sum at or below $s$, $y$ is the last
+    token with positive mass. Reads only rows $n$ of the distributions, once, plus one
+    block of them again: a two-level search (block totals, then one block) replaces the
+    full-length cumulative sum.
+
+    **Arguments:**
+
+    - `log_space`: if `True`, the distributions given are log-probabilities.
+    """
+
+    randomness: ClassVar[Randomness] = "uniform"
+    reads: ClassVar[Reads] = "row n"
+    log_space: bool = eqx.field(static=True, default=False)
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleUniform,
+    ) -> IntScalar:
+        inputs = (num_accepted, verdict, draft_tokens, draft_probs, target_probs)
+        return self._draw(*inputs, sample_uniform, with_sums=False)[0]
+
+    @jaxtyped(typechecker=beartype)
+    def draw_and_sum(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleUniform,
+    ) -> tuple[IntScalar, RowSums]:
+        """As the base's, with the sums computed in the draw's own pass over rows n."""
+        inputs = (num_accepted, verdict, draft_tokens, draft_probs, target_probs)
+        return self._draw(*inputs, sample_uniform, with_sums=True)
+
+    def _draw(
+        self,
+        num_accepted,
+        verdict,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        sample_uniform,
+        *,
+        with_sums: bool,
+    ):
+        gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
+        dtype, p_and_residual = residual_parts(
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
+            self.log_space,
+        )  # fmt: skip
+        size = block_size(vocab)
+        rejected = num_accepted < gamma
+
+        if vocab <= FLAT_SEARCH_MAX_VOCAB:
+            weights = full_weights(p_and_residual, vocab, rejected, dtype)
+            token = flat_search(weights, sample_uniform)
+            if not with_sums:
+                return token, None
+            return token, row_sums(num_accepted, draft_probs, target_probs)
+
+        def weights(start, length, use_residual):
+            p_part, residual_part = p_and_residual(start, length)
+            return jnp.where(use_residual, residual_part, p_part)
+
+        # One pass over rows n of p and q: the block totals of the residual (or of the
+        # bonus row p_gamma when every draft token was accepted), and with `with_sums`
+        # the sums the input checks need, in the same variadic reduction.
+        p_row, q_row, residual_row = p_and_residual(0, vocab, with_q=True)
+        weight_row = jnp.where(rejected, residual_row, p_row)
+        sums = None
+        if with_sums:
+            checked = summed(p_row, None if draft_probs is None else q_row)
+            totals, *summed_totals = block_sums((weight_row,) + checked, size)
+            sums = as_row_sums(dtype, tuple(summed_totals))
+        else:
+            totals = block_totals(weight_row, size)
+        use_residual = rejected & has_mass(jnp.sum(totals), dtype)
+        # Rare: no residual mass (p and q equal up to rounding), so draw from p_n. A real
+        # branch when rows are mapped one by one; a select under vmap.
+        totals = jax.lax.cond(
+            use_residual == rejected,
+            lambda: totals,
+            lambda: block_totals(weights(0, vocab, False), size),
+        )
+
+        def window(block):
+            return weights(window_start(block, size, vocab), size, use_residual)
+
+        return two_level_search(totals, window, sample_uniform, vocab), sums
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
+
+    def vocab_parallel(
+        self,
+        shard,
+        num_accepted,
+        verdict,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        sample_uniform,
+    ):
+        gamma, width = target_probs.shape[0] - 1, target_probs.shape[1]
+        dtype, p_and_residual = residual_parts(
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
+            self.log_space, first_id=shard.offset,
+        )  # fmt: skip
+        p_part, residual = p_and_residual(0, width)
+        rejected = num_accepted < gamma
+        weights = jnp.where(rejected, residual, p_part)
+        # One pair of scalars per shard crosses the devices: the shard's mass of the
+        # residual (or of p_n, for the bonus token) and of p_n (the zero-mass fallback).
+        masses = shard.all_gather(jnp.stack([jnp.sum(weights), jnp.sum(p_part)]))
+        use_residual = rejected & has_mass(jnp.sum(masses[:, 0]), dtype)
+        shard_masses = jnp.where(use_residual, masses[:, 0], masses[:, 1])
+        weights = jnp.where(use_residual, weights, p_part)
+        return shard.draw(weights, sample_uniform, shard_masses)

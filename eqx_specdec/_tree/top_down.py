@@ -1,0 +1,318 @@
+"""Tree (multi-candidate) verification: SpecInfer-style trees of draft tokens."""
+
+import typing
+from typing import ClassVar, Literal
+
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, Float, Int, Integer, jaxtyped
+
+from .._custom_types import (
+    NodeTokensRow,
+    NodeUniformsRow,
+    ParentsRow,
+    SampleUniform,
+    TreeOutputs,
+    TreeProbsRow,
+)
+from .._misc import compute_dtype
+from .._search import inverse_cdf
+from .._verify.abstract_verifier import malformed_tokens
+from .._verify.checks import (
+    check_level,
+    checked,
+    distribution_problems,
+    stage_problem,
+    token_problems,
+    uniform_problems,
+)
+from .._verify.dispatch import entry_point
+from .abstract_tree_verifier import AbstractTreeVerifier, tree_navigation
+from .node_rules import AbstractNodeRule, IIDCandidates
+
+
+class TreeVerifier(AbstractTreeVerifier):
+    """Verifies a tree of draft tokens top-down: walks down from the root, trying each
+    node's children in order with `node_rule`, descending into the first accepted child,
+    and draws the correction from the final evolving target.
+
+    The tree layout is [`eqx_specdec.AbstractTreeVerifier`][]'s (siblings in the order
+    they are tried; `draft_probs` may be `None` for
+    [`eqx_specdec.DeterministicCandidates`][]). A chain (`parents = [-1, 0, 1, ...]`) with [`eqx_specdec.IIDCandidates`][] is exactly
+    the standard verifier.
+
+    **Arguments:**
+
+    - `node_rule`: an [`eqx_specdec.AbstractNodeRule`][]. Default
+        [`eqx_specdec.IIDCandidates`][].
+    """
+
+    node_rule: AbstractNodeRule = IIDCandidates()
+    capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
+        "forced_walk": (("node_rule", "pass_threshold"),)
+    }
+
+    def drafting_rule(self) -> AbstractNodeRule:
+        return self.node_rule
+
+    def _walk(self, node_tokens, parents, draft_probs, target_probs, decide, record):
+        """The top-down walk. `decide(i, residual, mass, draft, token)` is node `i`'s
+        outcome; with `record`, each tested node's `pass_threshold` (NaN if not
+        tested). Returns the accepted length, path, tokens, the final evolving target
+        and the thresholds (`None` without `record`)."""
+        rule = self.node_rule
+        nodes, vocab = node_tokens.shape[0], target_probs.shape[1]
+        dtypes = [target_probs.dtype] + (
+            [] if draft_probs is None else [draft_probs.dtype]
+        )
+        dtype = compute_dtype(*dtypes)
+        tokens_in = node_tokens.astype(jnp.int32)
+        parents = parents.astype(jnp.int32)
+
+        def draft_row(i):
+            if draft_probs is None:
+                return jnp.zeros((vocab,), dtype)
+            return draft_probs[i].astype(dtype)
+
+        def step(i, carry):
+            current, depth, residual, mass, draft, path, tokens, thresholds = carry
+            token = tokens_in[i]
+            is_child = parents[i] == current
+            if record:
+                t = rule.pass_threshold(residual, mass, draft, token)
+                thresholds = thresholds.at[i].set(jnp.where(is_child, t, jnp.nan))
+            passed = decide(i, residual, mass, draft, token)
+            accept = is_child & passed
+            reject = is_child & ~passed
+            r_residual, r_mass, r_draft = rule.reject(residual, mass, draft, token)
+            residual = jnp.where(
+                accept,
+                target_probs[i + 1].astype(dtype),
+                jnp.where(reject, r_residual, residual),
+            )
+            mass = jnp.where(
+                accept, jnp.ones((), dtype), jnp.where(reject, r_mass, mass)
+            )
+            draft = jnp.where(
+                accept, draft_row(i + 1), jnp.where(reject, r_draft, draft)
+            )
+            path = jnp.where(accept, path.at[depth].set(i), path)
+            tokens = jnp.where(accept, tokens.at[depth].set(token), tokens)
+            current = jnp.where(accept, i, current)
+            depth = depth + accept.astype(jnp.int32)
+            return current, depth, residual, mass, draft, path, tokens, thresholds
+
+        init = (
+            jnp.int32(-1),
+            jnp.int32(0),
+            target_probs[0].astype(dtype),
+            jnp.ones((), dtype),
+            draft_row(0),
+            jnp.full((nodes,), -1, jnp.int32),
+            jnp.full((nodes + 1,), -1, jnp.int32),
+            jnp.full((nodes,), jnp.nan, dtype) if record else None,
+        )
+        _, depth, residual, _, _, path, tokens, thresholds = jax.lax.fori_loop(
+            0, nodes, step, init
+        )
+        return depth, path, tokens, residual, thresholds
+
+    def forced_walk(self, node_tokens, parents, draft_probs, target_probs, outcomes):
+        """The top-down walk with each tested child's outcome forced: the node rule's
+        `pass_threshold` at each tested node, and the final evolving target."""
+        *_, residual, thresholds = self._walk(
+            node_tokens,
+            parents,
+            draft_probs,
+            target_probs,
+            lambda i, *state: outcomes[i],
+            record=True,
+        )
+        return thresholds, residual
+
+    @jaxtyped(typechecker=beartype)
+    def row(
+        self,
+        node_tokens: NodeTokensRow,
+        parents: ParentsRow,
+        draft_probs: TreeProbsRow | None,
+        target_probs: TreeProbsRow,
+        accept_uniforms: NodeUniformsRow,
+        sample_uniform: SampleUniform,
+    ) -> TreeOutputs:
+        """Verifies one tree.
+
+        **Returns:**
+
+        `{"num_accepted": int32 scalar (the accepted path's length),
+        "tokens": int32 (nodes + 1,) (the path's tokens, the correction, then -1),
+        "path": int32 (nodes,) (the accepted nodes' indices, then -1)}`.
+        """
+
+        def decide(i, residual, mass, draft, token):
+            return self.node_rule.test(residual, mass, draft, token, accept_uniforms[i])
+
+        depth, path, tokens, residual, _ = self._walk(
+            node_tokens, parents, draft_probs, target_probs, decide, record=False
+        )
+        correction = inverse_cdf(residual, sample_uniform)
+        return {
+            "num_accepted": depth,
+            "tokens": tokens.at[depth].set(correction),
+            "path": path,
+        }
+
+
+def _tree_problems(verifier, parents):
+    nodes = parents.shape[1]
+    ids = jnp.arange(nodes, dtype=jnp.int32)[None, :]
+    used = parents >= -1
+    bad = used & (parents >= ids)
+    problems = [
+        (
+            jnp.any(bad, axis=1),
+            "`parents` is not in depth-first order in row {row} (the first such row). "
+            "Each node's parent index must be below its own: -1 for a child of the "
+            "root, an earlier node's index otherwise, below -1 for padding.",
+        )
+    ]
+    limit = verifier.depth_limit(nodes)
+    if limit < nodes:
+        depth = jax.vmap(lambda p: tree_navigation(p.astype(jnp.int32)).depth)(parents)
+        name = type(verifier).__name__
+        problems.append(
+            (
+                jnp.any(depth > limit, axis=1),
+                f"`parents` describes a tree deeper than {name} walks ({limit}) in "
+                "row {row} (the first such row). Raise its `max_depth` to the trees' "
+                "largest depth.",
+            )
+        )
+    return problems
+
+
+def check_tree_shape(tree, owner: str = "TreeVerifier") -> tuple[int, ...]:
+    """A tree's shape as a tuple of Python ints, the parent of each node in depth-first
+    order, or a `TypeError` / `ValueError` saying what is wrong (trace time)."""
+    if tree is None:
+        raise TypeError(
+            f"A {owner} needs the tree's shape: pass `tree=` the parent of each node "
+            "in depth-first order, e.g. `tree=(-1, 0, -1, 2)` for two candidates at the "
+            "root with one child each."
+        )
+    tree = tuple(tree)
+    if not tree or not all(
+        isinstance(p, int) and -1 <= p < i for i, p in enumerate(tree)
+    ):
+        raise ValueError(
+            "`tree` must be a non-empty tuple of Python ints, the parent of each node in "
+            "depth-first order: -1 for a child of the root, else an earlier node's "
+            f"index; got {tree!r}."
+        )
+    return tree
+
+
+@entry_point
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def tree_accept(
+    node_tokens: Integer[Array, "batch nodes"],
+    parents: Integer[Array, "batch nodes"],
+    draft_probs: Float[Array, "batch nodes+1 vocab"] | None,
+    target_probs: Float[Array, "batch nodes+1 vocab"],
+    accept_uniforms: Float[Array, "batch nodes"],
+    sample_uniforms: Float[Array, " batch"],
+    *,
+    verifier: AbstractTreeVerifier = TreeVerifier(),
+    check_inputs: bool | Literal["all"] = True,
+) -> dict[str, Int[Array, "..."]]:
+    """Verifies a batch of draft trees (see [`eqx_specdec.AbstractTreeVerifier`][] for
+    the layout).
+
+    **Arguments:**
+
+    - `node_tokens`: integer `(B, N)`, the token at each node.
+    - `parents`: integer `(B, N)`, each node's parent (-1: the root; below -1: padding).
+    - `draft_probs`: float `(B, N + 1, V)`, or `None` for deterministic children.
+    - `target_probs`: float `(B, N + 1, V)`.
+    - `accept_uniforms`: float `(B, N)`, one uniform per node.
+    - `sample_uniforms`: float `(B,)`.
+    - `verifier`: the tree verifier to run, an [`eqx_specdec.AbstractTreeVerifier`][]:
+        [`eqx_specdec.TreeVerifier`][] (default) or
+        [`eqx_specdec.TraversalVerifier`][].
+    - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][];
+        both `True` and `"all"` check every row (the walk reads them all),
+        plus the depth-first order of `parents`.
+
+    **Returns:**
+
+    A dict with `"num_accepted"` int32 `(B,)`, `"tokens"` int32 `(B, N + 1)` and
+    `"path"` int32 `(B, N)`: the accepted nodes' indices, for keeping their KV-cache
+    entries.
+    """
+    node_tokens, parents, target_probs, accept_uniforms, sample_uniforms = (
+        jnp.asarray(a)
+        for a in (node_tokens, parents, target_probs, accept_uniforms, sample_uniforms)
+    )
+    if draft_probs is not None:
+        draft_probs = jnp.asarray(draft_probs)
+    batch, nodes = node_tokens.shape
+    vocab = target_probs.shape[-1]
+    shapes = {
+        "parents": (parents, (batch, nodes)),
+        "target_probs": (target_probs, (batch, nodes + 1, vocab)),
+        "draft_probs": (draft_probs, (batch, nodes + 1, vocab)),
+        "accept_uniforms": (accept_uniforms, (batch, nodes)),
+        "sample_uniforms": (sample_uniforms, (batch,)),
+    }
+    for name, (array, shape) in shapes.items():
+        if array is not None and tuple(array.shape) != shape:
+            raise ValueError(
+                f"`{name}` must have shape {shape} for `node_tokens` of shape "
+                f"{(batch, nodes)} and vocabulary {vocab}; got {tuple(array.shape)}."
+            )
+    if not isinstance(verifier, AbstractTreeVerifier):
+        raise TypeError(
+            "`verifier` must be an eqx_specdec.AbstractTreeVerifier (TreeVerifier or "
+            f"TraversalVerifier); got {type(verifier).__name__}."
+        )
+    rule = verifier.drafting_rule()
+    if draft_probs is None and rule.uses_draft_probs:
+        raise TypeError(
+            f"{type(verifier).__name__} (its trees drafted by {type(rule).__name__}) "
+            "reads the draft distributions: pass "
+            "`draft_probs`, float (B, N + 1, V) (only rules with "
+            "`uses_draft_probs = False`, such as DeterministicCandidates, take None)."
+        )
+    level = check_level(check_inputs)
+    outputs = verifier(
+        node_tokens,
+        parents,
+        draft_probs,
+        target_probs,
+        accept_uniforms,
+        sample_uniforms,
+    )
+    if level is None:
+        return outputs
+    # The top-down walk reads every row (each node's context row is selected under a
+    # mask), so every level checks every row.
+    problems = token_problems(node_tokens, vocab, "node_tokens", valid=parents >= -1)
+    problems += _tree_problems(verifier, parents)
+    if draft_probs is not None:
+        problems += distribution_problems("draft_probs", draft_probs)
+    problems += distribution_problems("target_probs", target_probs)
+    problems += uniform_problems("accept_uniforms", accept_uniforms)
+    problems += uniform_problems("sample_uniforms", sample_uniforms)
+    n = outputs["num_accepted"]
+    problems.append(
+        stage_problem(
+            verifier,
+            "tree verifier",
+            malformed_tokens(outputs["tokens"], n, vocab) | (n < 0) | (n > nodes),
+            "tokens not laid out as the contract says",
+            "its `row` must return the layout of AbstractTreeVerifier.row (for a "
+            "TreeVerifier: its node rule's residual must stay a distribution).",
+        )
+    )
+    return checked(outputs, problems)

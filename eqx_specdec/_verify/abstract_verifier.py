@@ -1,0 +1,234 @@
+"""The base every chain verifier shares, and the one-row pipeline its stages run in."""
+
+import abc
+from types import MappingProxyType
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from equinox import AbstractVar
+from jaxtyping import Array, Float, Int
+
+from .._custom_types import (
+    AcceptUniforms,
+    DraftProbs,
+    DraftTokens,
+    SampleRandomnessBatch,
+    TargetProbs,
+)
+from .._stages.gather import gather_draft_probs
+from .._stages.prefix_counter import AbstractPrefixCounter
+from .._stages.ratio_test import AbstractRatioTest
+from .._stages.residual_sampler import AbstractResidualSampler
+from .._stages.row_sums import row_sums, RowSums
+from .._stages.token_assembler import AbstractTokenAssembler
+from .._stages.verdict import Verdict
+from .._stages.vocab_shard import VocabShard
+
+
+STAGE_BASES = MappingProxyType(
+    {
+        "ratio_test": AbstractRatioTest,
+        "prefix_counter": AbstractPrefixCounter,
+        "residual_sampler": AbstractResidualSampler,
+        "token_assembler": AbstractTokenAssembler,
+    }
+)
+
+
+class RowReport(NamedTuple):
+    """What a checked verification returns beside its outputs, per row, for the
+    run-time checks (computed on the whole batch afterwards, so the row loop does no
+    extra work): the ratio test's residual scales and the sampler's token (`None` when
+    the verifier does not expose them), and with value checks in the rows, the
+    [`eqx_specdec.RowSums`][] of rows n and the gathered
+    $p_i(x_i)$, $q_i(x_i)$."""
+
+    residual_scale: Float[Array, "*batch gamma"] | None = None
+    correction: Int[Array, "*batch"] | None = None
+    sums: RowSums | None = None
+    gathered: tuple | None = None
+
+
+def malformed_tokens(tokens, num_accepted, vocab: int):
+    """Whether the emitted tokens break the contract's layout: ids in `[0, V)` up to
+    position n, then -1 (any leading batch dimensions)."""
+    position = jax.lax.broadcasted_iota(jnp.int32, tokens.shape, tokens.ndim - 1)
+    inside = (tokens >= 0) & (tokens < vocab)
+    n = jnp.asarray(num_accepted)[..., None]
+    return jnp.any(jnp.where(position <= n, ~inside, tokens != -1), axis=-1)
+
+
+class AbstractVerifier(eqx.Module):
+    """A verifier of a chain of draft tokens, made of the four stages.
+
+    [`eqx_specdec.Verifier`][] (one device) and [`eqx_specdec.ShardedVerifier`][]
+    (several) implement it; every entry point takes either.
+
+    **Declared by every subclass:**
+
+    - `ratio_test`, `prefix_counter`, `residual_sampler`, `token_assembler`: the stages.
+    """
+
+    ratio_test: AbstractVar[AbstractRatioTest]
+    prefix_counter: AbstractVar[AbstractPrefixCounter]
+    residual_sampler: AbstractVar[AbstractResidualSampler]
+    token_assembler: AbstractVar[AbstractTokenAssembler]
+
+    @abc.abstractmethod
+    def __call__(
+        self,
+        draft_tokens: DraftTokens,
+        draft_probs: DraftProbs | None,
+        target_probs: TargetProbs,
+        accept_uniforms: AcceptUniforms,
+        sample_uniforms: SampleRandomnessBatch,
+    ) -> dict[str, Int[Array, "..."]]:
+        """Verifies a batch; arguments and return value as for
+        [`eqx_specdec.speculative_accept`][], on inputs already checked."""
+
+    def checked_call(
+        self,
+        draft_tokens: DraftTokens,
+        draft_probs: DraftProbs | None,
+        target_probs: TargetProbs,
+        accept_uniforms: AcceptUniforms,
+        sample_uniforms: SampleRandomnessBatch,
+        *,
+        values: bool,
+    ) -> tuple[dict[str, Int[Array, "..."]], RowReport]:
+        """Verifies a batch as `__call__` does, and reports per row whether a stage
+        returned a value outside its contract (and, with `values=True`, the values of
+        rows n the stages read; see [`eqx_specdec.speculative_accept`][]'s check levels).
+
+        The entry points call this when `check_inputs` is on. The default runs
+        `__call__` and checks its outputs only (the number accepted in `[0, G]`, the
+        tokens laid out as the contract says), reporting no values, so the entry point
+        checks whole rows; a subclass may override it to check inside its rows.
+        """
+        outputs = self(
+            draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+        )
+        return outputs, RowReport()
+
+
+def check_stages(owner: str, stages: dict):
+    """Construction-time check that each stage is an instance of its base."""
+    for name, base in STAGE_BASES.items():
+        stage = stages[name]
+        if not isinstance(stage, base):
+            raise TypeError(
+                f"{owner}(`{name}`=...) must be an instance of {base.__name__}, got "
+                f"{type(stage).__name__}. Subclass {base.__name__} to write a custom "
+                "stage."
+            )
+
+
+def _describe(value) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{value.dtype}{list(value.shape)}"
+    return type(value).__name__
+
+
+_KINDS = MappingProxyType(
+    {
+        "boolean": lambda d: d == jnp.bool_,
+        "integer": lambda d: jnp.issubdtype(d, jnp.integer),
+        "floating": lambda d: jnp.issubdtype(d, jnp.floating),
+    }
+)
+
+
+def _checked(stage, method: str, what: str, value, shape: tuple, kind: str):
+    """Trace-time check of what a stage returned, so a faulty custom stage fails loudly
+    where it is, not as a wrong token later."""
+    if (
+        not hasattr(value, "shape")
+        or tuple(value.shape) != shape
+        or not _KINDS[kind](value.dtype)
+    ):
+        base = next(b for b in STAGE_BASES.values() if isinstance(stage, b))
+        raise TypeError(
+            f"{type(stage).__name__} returned {_describe(value)} as {what}, but "
+            f"{base.__name__}.{method} must return "
+            f"{'an' if kind == 'integer' else 'a'} {kind} array of shape {shape}."
+        )
+    return value
+
+
+def verify_row(
+    verifier: AbstractVerifier,
+    draft_tokens,
+    draft_probs,
+    target_probs,
+    accept_uniforms,
+    sample_uniform,
+    shard: VocabShard | None = None,
+    *,
+    report: bool = False,
+    values: bool = False,
+):
+    """Runs the four stages on one row, checking at trace time what each returns. With
+    `shard`, the ratio test and sampler run in their vocabulary-parallel form.
+
+    Returns the outputs; with `report=True`, `(outputs, RowReport)`: what the stages
+    returned, and with `values=True` the row's values the standard stages read."""
+    gamma = draft_tokens.shape[0]
+    test, sampler = verifier.ratio_test, verifier.residual_sampler
+    if shard is None:
+        method = "__call__"
+        verdict = test(draft_tokens, draft_probs, target_probs, accept_uniforms)
+    else:
+        method = "vocab_parallel"
+        verdict = test.vocab_parallel(
+            shard, draft_tokens, draft_probs, target_probs, accept_uniforms
+        )
+    if not isinstance(verdict, Verdict):
+        raise TypeError(
+            f"{type(test).__name__} returned {_describe(verdict)}, but "
+            f"AbstractRatioTest.{method} must return an eqx_specdec.Verdict."
+        )
+    _checked(test, method, "Verdict.passed", verdict.passed, (gamma,), "boolean")
+    _checked(
+        test,
+        method,
+        "Verdict.residual_scale",
+        verdict.residual_scale,
+        (gamma,),
+        "floating",
+    )
+    counter = verifier.prefix_counter
+    n = counter(verdict.passed)
+    n = _checked(counter, "__call__", "num_accepted", n, (), "integer")
+    n = n.astype(jnp.int32)
+    inputs = (n, verdict, draft_tokens, draft_probs, target_probs, sample_uniform)
+    sums = None
+    if shard is not None:
+        y = sampler.vocab_parallel(shard, *inputs)
+        if values:  # this shard's parts, summed over the shards
+            local = row_sums(n, draft_probs, target_probs)
+            sums = RowSums(shard.sum(local.p_total), shard.sum(local.q_total))
+    elif values:
+        y, sums = sampler.draw_and_sum(*inputs)
+        if not isinstance(sums, RowSums):
+            raise TypeError(
+                f"{type(sampler).__name__}.draw_and_sum returned {_describe(sums)} as "
+                "its sums, but AbstractResidualSampler.draw_and_sum must return "
+                "`(token, RowSums(...))`."
+            )
+    else:
+        y = sampler(*inputs)
+    y = _checked(sampler, method, "the correction token", y, (), "integer")
+    y = y.astype(jnp.int32)
+    assembler = verifier.token_assembler
+    tokens = assembler(n, draft_tokens, y)
+    tokens = _checked(assembler, "__call__", "tokens", tokens, (gamma + 1,), "integer")
+    outputs = {"num_accepted": n, "tokens": tokens.astype(jnp.int32)}
+    if not report:
+        return outputs
+    gathered = None
+    if values:
+        gather = gather_draft_probs if shard is None else shard.gather_draft_probs
+        gathered = gather(draft_tokens, draft_probs, target_probs)
+    return outputs, RowReport(verdict.residual_scale, y, sums, gathered)

@@ -1,0 +1,209 @@
+"""Run-time checks of the values given to the entry points, and of what the stages
+return: the check levels, the problems each finds, and the one error they raise.
+
+A problem is a pair `(flags, message)`: `flags` boolean of shape `(B,)`, `message` a
+template with a `{row}` field. The messages are built once per compiled program (never
+once per row, so compile time does not grow with the batch); the program returns, beside
+its outputs, the index of the first problem found and its first row, and the entry point
+raises [`eqx_specdec.InvalidInputError`][] from them.
+"""
+
+import functools
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int
+
+from .._errors import InvalidInputError
+from .._misc import compute_dtype
+
+
+Level = Literal["read", "all"]
+LEVELS = "`check_inputs` must be True (check every value the verification reads), "
+LEVELS += '"all" (check every value of every input) or False (check nothing)'
+
+
+def check_level(check_inputs) -> Level | None:
+    """The check level a `check_inputs` argument asks for: `"read"` (`True`, the
+    default), `"all"`, or `None` (`False`). A `TypeError` for anything else."""
+    if isinstance(check_inputs, jax.core.Tracer):
+        raise TypeError(
+            f"{LEVELS}; got a traced value. Under `jax.jit`, mark it static: "
+            '`jax.jit(entry_point, static_argnames="check_inputs")`.'
+        )
+    if check_inputs is True:
+        return "read"
+    if check_inputs is False:
+        return None
+    if isinstance(check_inputs, str) and check_inputs == "all":
+        return "all"
+    raise TypeError(f"{LEVELS}; got {check_inputs!r}.")
+
+
+def sum_tolerance(dtype) -> float:
+    """How far from 1 a distribution's sum may be: rounding of a normalised float32 row
+    is far below 1e-3; float16 and bfloat16 rows carry 3 significant digits at best."""
+    return 1e-2 if jnp.dtype(dtype).itemsize <= 2 else 1e-3
+
+
+_NON_FINITE = (
+    "`{name}` holds a NaN or infinite value in row {{row}} (the first such row). Pass "
+    "finite probabilities (a softmax of finite logits); give a masked token probability "
+    "0, or call the logits entry point with -inf logits."
+)
+_NEGATIVE = (
+    "`{name}` holds a negative probability in row {{row}} (the first such row). Clip "
+    "rounding noise with `jnp.maximum(probs, 0)` and renormalise."
+)
+_BAD_SUM = (
+    "`{name}` has a distribution whose sum is not within {tol:g} of 1 in row {{row}} (the "
+    "first such row). Normalise over the vocabulary, `probs / probs.sum(-1, "
+    "keepdims=True)`, or pass the logits to `speculative_accept_logits`."
+)
+
+
+def bad_sum_message(name, dtype) -> str:
+    return _BAD_SUM.format(name=name, tol=sum_tolerance(dtype))
+
+
+def distribution_flags(name, dtype, total, negative):
+    """The three problems of a probability distribution from its sum and whether it
+    holds a negative entry (flags of any shape `(B, ...)`): the sum is non-finite
+    exactly when some entry is."""
+    non_finite = ~jnp.isfinite(total)
+    tol = sum_tolerance(dtype)
+    bad_sum = (jnp.abs(total - 1) > tol) & ~non_finite & ~negative
+    return [
+        (_per_row(non_finite), _NON_FINITE.format(name=name)),
+        (_per_row(negative & ~non_finite), _NEGATIVE.format(name=name)),
+        (_per_row(bad_sum), bad_sum_message(name, dtype)),
+    ]
+
+
+def distribution_problems(name, probs):
+    """The problems of every distribution of a probability array `(B, ..., V)`: a sum
+    and a minimum over the vocabulary (two passes on XLA CPU, which does not fuse them)."""
+    dtype = compute_dtype(probs.dtype)
+    vocab = probs.shape[-1]
+    # As (V / 16, 16) with the reductions over the middle axis: XLA CPU keeps 16
+    # accumulators in a vector register (a reduction over the minor axis runs one
+    # scalar chain), so the two reductions cost little more than one read.
+    lanes = 16 if vocab % 16 == 0 else 1
+    rows = probs.reshape(probs.shape[:-1] + (vocab // lanes, lanes))
+    total = jnp.sum(jnp.sum(rows, axis=-2, dtype=dtype), axis=-1)
+    negative = jnp.min(jnp.min(rows, axis=-2), axis=-1) < 0
+    return distribution_flags(name, probs.dtype, total, negative)
+
+
+def _per_row(flags):
+    """Reduces a (B, ...) boolean array to (B,)."""
+    return jnp.any(flags, axis=tuple(range(1, flags.ndim))) if flags.ndim > 1 else flags
+
+
+def logit_problems(name, logits):
+    """Per-row flags (B,) for a logit array: NaN or +inf anywhere, or a distribution
+    with no finite logit (every token masked). One reduction: the maximum (the warp
+    computes the same one)."""
+    highest = jnp.max(logits, axis=-1).astype(compute_dtype(logits.dtype))
+    bad = jnp.isnan(highest) | (highest == jnp.inf)
+    empty = highest == -jnp.inf
+    return [
+        (
+            _per_row(bad),
+            f"`{name}` holds a NaN or +inf logit in row {{row}} (the first such row). "
+            "Mask a token with -inf, never NaN or +inf.",
+        ),
+        (
+            _per_row(empty),
+            f"`{name}` has a distribution whose logits are all -inf in row {{row}} (the "
+            "first such row). Leave at least one token of each distribution unmasked.",
+        ),
+    ]
+
+
+def token_problems(tokens, vocab, name="draft_tokens", valid=None):
+    outside = (tokens < 0) | (tokens >= vocab)
+    if valid is not None:
+        outside = outside & valid
+    return [
+        (
+            _per_row(outside),
+            f"`{name}` holds a token id outside [0, V) = [0, {vocab}) in row {{row}} (the "
+            "first such row). Token ids index the target's vocabulary: map ids from "
+            "another vocabulary into it.",
+        )
+    ]
+
+
+def uniform_problems(name, uniforms):
+    # `~(0 <= u < 1)` also catches NaN.
+    outside = ~((uniforms >= 0) & (uniforms < 1))
+    return [
+        (
+            _per_row(outside),
+            f"`{name}` holds a value outside [0, 1) in row {{row}} (the first such row). "
+            "Draw uniforms with `jax.random.uniform(key, shape)`, which lies in [0, 1).",
+        )
+    ]
+
+
+def stage_problem(stage, role: str, flags, returned: str, contract: str):
+    """The problem of a stage that returned a value outside its contract."""
+    name = type(stage).__name__
+    return (
+        flags,
+        f"{name} (the {role}) returned {returned} in row {{row}} (the first such row). "
+        f"Fix {name}: {contract}",
+    )
+
+
+class Checked(eqx.Module):
+    """What a checked program returns: its outputs, and `status`, the index of the first
+    problem found and its first offending row (`[-1, -1]` when there is none), with the
+    problems' messages (static: built once per compiled program)."""
+
+    outputs: dict
+    status: Int[Array, "2"]
+    messages: tuple[str, ...] = eqx.field(static=True)
+
+    def resolve(self) -> dict:
+        """The outputs, or [`eqx_specdec.InvalidInputError`][] for the first problem.
+
+        Outside any trace, waits for the status (so that the error is raised at the
+        call, never later, never lost). Inside a trace of the caller's (`jax.jit`,
+        `jax.vmap`), the check becomes a callback of the caller's program: JAX raises it
+        when the program's outputs are read."""
+        if isinstance(self.status, jax.core.Tracer):
+            jax.debug.callback(
+                functools.partial(_raise_first, self.messages), self.status
+            )
+            return self.outputs
+        _raise_first(self.messages, self.status)
+        return self.outputs
+
+
+def _raise_first(messages, status):
+    status = np.asarray(status).reshape(-1, 2)
+    for problem, row in status:
+        if problem >= 0:
+            raise InvalidInputError(messages[int(problem)].format(row=int(row)))
+
+
+def checked(outputs, problems) -> Checked:
+    """`outputs` with the status of `problems` (a list of `(flags (B,), message)`): the
+    first problem in the list that occurs, and its first offending row.
+
+    Computed as each row's first problem (one elementwise pass, which XLA fuses), then
+    the least of them and the first row holding it: a few kernels whatever the number of
+    problems, where stacking the flags compiles a kernel per problem."""
+    count = len(problems)
+    code = jnp.full(problems[0][0].shape, count, jnp.int32)
+    for index in reversed(range(count)):
+        code = jnp.where(problems[index][0], jnp.int32(index), code)
+    first = jnp.min(code)
+    row = jnp.argmax(code == first).astype(jnp.int32)
+    status = jnp.where(first < count, jnp.stack([first, row]), -1)
+    return Checked(outputs, status.astype(jnp.int32), tuple(m for _, m in problems))

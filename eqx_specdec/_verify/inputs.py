@@ -1,0 +1,322 @@
+"""What every entry point does with its inputs before verifying: convert, check shapes
+and dtypes at trace time, fill in unused randomness, and list the run-time checks."""
+
+import typing
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Integer, Key
+
+from .abstract_verifier import AbstractVerifier, malformed_tokens, RowReport
+from .checks import (
+    bad_sum_message,
+    distribution_problems,
+    logit_problems,
+    stage_problem,
+    sum_tolerance,
+    token_problems,
+    uniform_problems,
+)
+
+
+def _shape(x) -> str:
+    return "(" + ", ".join(str(d) for d in x.shape) + ")"
+
+
+def _is_key(x) -> bool:
+    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+class StepArguments(NamedTuple):
+    """The five arguments of one verification step by name: their values, or what an
+    entry point calls them (for messages)."""
+
+    draft_tokens: str = "draft_tokens"
+    draft: str = "draft_probs"
+    target: str = "target_probs"
+    accept: str = "accept_uniforms"
+    sample: str = "sample_uniforms"
+
+
+LOGIT_NAMES = StepArguments(draft="draft_logits", target="target_logits")
+
+
+class PreparedInputs(eqx.Module):
+    """Validated inputs of one verification step, as `AbstractVerifier.__call__` takes
+    them (`arrays()`), with what the run-time checks need to know."""
+
+    draft_tokens: Integer[Array, "batch gamma"]
+    draft: Float[Array, "batch gamma vocab"] | None
+    target: Float[Array, "batch gamma+1 vocab"]
+    accept: Float[Array, "batch gamma"]
+    sample: Float[Array, " batch"] | Key[Array, " batch"]
+    names: StepArguments = eqx.field(static=True)
+    log_space: bool = eqx.field(static=True)
+    check_accept: bool = eqx.field(static=True)
+    check_sample: bool = eqx.field(static=True)
+
+    def arrays(self) -> tuple:
+        """The five arguments of `AbstractVerifier.__call__`, in order."""
+        return self.draft_tokens, self.draft, self.target, self.accept, self.sample
+
+    def values_in_rows(self, verifier: AbstractVerifier, level) -> bool:
+        """Whether the checks at `level` may validate only the values the stages read
+        (rows n and the draft tokens' entries) inside the rows: at the default level, on
+        probabilities, when the ratio test reads the draft tokens' entries only and the
+        sampler rows n only (their `reads`)."""
+        return (
+            level == "read"
+            and not self.log_space
+            and verifier.ratio_test.reads == "draft tokens"
+            and verifier.residual_sampler.reads == "row n"
+        )
+
+    def problems(
+        self, verifier: AbstractVerifier, outputs: dict, report: RowReport
+    ) -> list:
+        """The run-time problems, in the order they are reported: the inputs (whole
+        arrays, or the values the stages read when the report has them), then the
+        stages' outputs. Batched operations on per-row values, after the row loop."""
+        names = self.names
+        vocab = self.target.shape[-1]
+        problems = token_problems(self.draft_tokens, vocab, names.draft_tokens)
+        for index, name, array in (
+            (1, names.draft, self.draft),
+            (0, names.target, self.target),
+        ):
+            if array is None:
+                continue
+            if self.log_space:
+                problems += logit_problems(name, array)
+            elif report.sums is not None:
+                problems += _read_problems(name, array.dtype, report, index)
+            else:
+                problems += distribution_problems(name, array)
+        if self.check_accept:
+            problems += uniform_problems(names.accept, self.accept)
+        if self.check_sample:
+            problems += uniform_problems(names.sample, self.sample)
+        return problems + stage_problems(verifier, outputs, report, vocab)
+
+
+def _read_problems(name, dtype, report: RowReport, index: int) -> list:
+    """The problems of a distribution from what the rows read of it: row n's sum (NaN
+    if an entry is negative or NaN), and the gathered entries at the draft tokens
+    (`index` 0 for `p`, 1 for `q`)."""
+    total = report.sums.p_total if index == 0 else report.sums.q_total
+    gathered = report.gathered[index]
+    invalid = ~jnp.isfinite(total) | jnp.any(
+        ~jnp.isfinite(gathered) | (gathered < 0), axis=-1
+    )
+    bad_sum = (jnp.abs(total - 1) > sum_tolerance(dtype)) | jnp.any(
+        gathered > 1 + sum_tolerance(dtype), axis=-1
+    )
+    return [
+        (
+            invalid,
+            f"`{name}` holds a NaN, infinite or negative value in row {{row}} (the first "
+            "such row), where the verification reads it. Pass finite probabilities "
+            ">= 0: a softmax of finite logits (a masked token has probability 0), "
+            "rounding noise clipped by `jnp.maximum(probs, 0)`.",
+        ),
+        (bad_sum & ~invalid, bad_sum_message(name, dtype)),
+    ]
+
+
+def stage_problems(
+    verifier: AbstractVerifier, outputs: dict, report: RowReport, vocab: int
+) -> list:
+    """The problems of stages that returned values outside their contracts, checked on
+    the outputs and on what the report exposes (the ratio test's residual scales, the
+    sampler's token)."""
+    n, tokens = outputs["num_accepted"], outputs["tokens"]
+    gamma = tokens.shape[-1] - 1
+    problems = []
+    if report.residual_scale is not None:
+        problems.append(
+            stage_problem(
+                verifier.ratio_test,
+                "ratio test",
+                ~jnp.all(jnp.isfinite(report.residual_scale), axis=-1),
+                "a NaN or infinite `Verdict.residual_scale`",
+                "the residual scale must be finite (1 for the standard residual).",
+            )
+        )
+    problems.append(
+        stage_problem(
+            verifier.prefix_counter,
+            "prefix counter",
+            (n < 0) | (n > gamma),
+            f"a number accepted outside [0, G] = [0, {gamma}]",
+            "it must return how many draft tokens are accepted, from 0 to G.",
+        )
+    )
+    if report.correction is not None:
+        y = report.correction
+        problems.append(
+            stage_problem(
+                verifier.residual_sampler,
+                "residual sampler",
+                (y < 0) | (y >= vocab),
+                f"a correction token outside [0, V) = [0, {vocab})",
+                "it must return a token id of the target's vocabulary.",
+            )
+        )
+    problems.append(
+        stage_problem(
+            verifier.token_assembler,
+            "token assembler",
+            malformed_tokens(tokens, n, vocab),
+            "tokens not laid out as the contract says",
+            "it must return the n accepted draft tokens, the correction token, then "
+            "-1 (token ids in [0, V)).",
+        )
+    )
+    return problems
+
+
+def _check_stage_spaces(entry_point, verifier, log_space):
+    for name in ("ratio_test", "residual_sampler"):
+        stage = getattr(verifier, name)
+        if stage.log_space is not None and stage.log_space != log_space:
+            reads = "log-probabilities" if log_space else "probabilities"
+            raise TypeError(
+                f"{entry_point} passes {reads} to the verifier, but its `{name}` "
+                f"{type(stage).__name__} has log_space={stage.log_space}. Build it with "
+                f"{type(stage).__name__}(log_space={log_space})."
+            )
+
+
+class _Layout(NamedTuple):
+    rank: int
+    text: str
+
+
+_LAYOUTS = StepArguments(
+    _Layout(2, "(B, G)"),
+    _Layout(3, "(B, G, V)"),
+    _Layout(3, "(B, G+1, V)"),
+    _Layout(2, "(B, G)"),
+    _Layout(1, "(B,)"),
+)
+
+
+def _validate(arrays: StepArguments, names: StepArguments):
+    """Trace-time checks of ranks, shapes and dtypes, with messages naming the argument."""
+    for x, name, layout in zip(arrays, names, _LAYOUTS):
+        if x is not None and x.ndim != layout.rank:
+            raise ValueError(
+                f"`{name}` must have rank {layout.rank}, shape {layout.text}; got shape "
+                f"{_shape(x)}."
+            )
+    if not jnp.issubdtype(arrays.draft_tokens.dtype, jnp.integer):
+        raise TypeError(
+            f"`{names.draft_tokens}` must have an integer dtype (token ids), got "
+            f"{arrays.draft_tokens.dtype}. Cast with `.astype(jnp.int32)`."
+        )
+    floats = [
+        (arrays.draft, names.draft),
+        (arrays.target, names.target),
+        (arrays.accept, names.accept),
+    ]
+    if arrays.sample is not None and not _is_key(arrays.sample):
+        floats.append((arrays.sample, names.sample))
+    for x, name in floats:
+        if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(
+                f"`{name}` must have a floating dtype (float16, bfloat16, float32 or "
+                f"float64), got {x.dtype}."
+            )
+    batch, gamma = arrays.draft_tokens.shape
+    vocab = arrays.target.shape[2]
+    if gamma < 1:
+        raise ValueError(
+            f"`{names.draft_tokens}` must hold at least one draft token per row; got "
+            f"shape {_shape(arrays.draft_tokens)}."
+        )
+    if vocab < 1:
+        raise ValueError(
+            f"`{names.target}` has an empty vocabulary: {_shape(arrays.target)}."
+        )
+    expected = StepArguments(
+        None, (batch, gamma, vocab), (batch, gamma + 1, vocab), (batch, gamma), (batch,)
+    )
+    for x, name, shape, layout in zip(arrays, names, expected, _LAYOUTS):
+        if x is None or shape is None or tuple(x.shape) == shape:
+            continue
+        why = f" (one row more than `{names.draft}`, for the bonus token)"
+        raise ValueError(
+            f"`{name}` must have shape {layout.text} = {shape} to match "
+            f"`{names.draft_tokens}` {_shape(arrays.draft_tokens)} and "
+            f"`{names.target}` vocabulary {vocab}"
+            f"{why if name == names.target else ''}; got {_shape(x)}."
+        )
+
+
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def prepare_inputs(
+    entry_point: str,
+    verifier: AbstractVerifier,
+    arrays: tuple,
+    *,
+    log_space: bool,
+    names: StepArguments = StepArguments(),
+) -> PreparedInputs:
+    """Converts and checks (at trace time) the five arguments of one verification step,
+    and fills in the randomness the verifier's stages do not draw."""
+    if not isinstance(verifier, AbstractVerifier):
+        raise TypeError(
+            "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier, or another "
+            f"AbstractVerifier), got {type(verifier).__name__}."
+        )
+    _check_stage_spaces(entry_point, verifier, log_space)
+    arrays = StepArguments(*(None if x is None else jnp.asarray(x) for x in arrays))
+    if arrays.target is None:
+        raise TypeError(f"`{names.target}` is required.")
+    _validate(arrays, names)
+    batch, gamma = arrays.draft_tokens.shape
+    accept, sample = arrays.accept, arrays.sample
+
+    ratio_test, sampler = verifier.ratio_test, verifier.residual_sampler
+    check_accept = accept is not None
+    if accept is None:
+        if ratio_test.uses_uniforms:
+            raise TypeError(
+                f"`{names.accept}` is None, but {type(ratio_test).__name__} draws "
+                f"uniforms: pass a float array of shape (B, G) = {(batch, gamma)}."
+            )
+        accept = jnp.zeros((batch, gamma), jnp.float32)
+    check_sample = sample is not None and not _is_key(sample)
+    if sampler.randomness == "key":
+        if sample is None or not _is_key(sample):
+            raise TypeError(
+                f"{type(sampler).__name__} draws from one `jax.random` key per row: pass "
+                f"`{names.sample}=jax.random.split(key, {batch})`, or call "
+                "`speculative_accept_from_key`."
+            )
+        check_sample = False
+    elif sample is None:
+        if sampler.randomness != "none":
+            raise TypeError(
+                f"`{names.sample}` is None, but {type(sampler).__name__} draws a "
+                f"uniform per row: pass a float array of shape (B,) = ({batch},)."
+            )
+        sample = jnp.zeros((batch,), jnp.float32)
+    elif _is_key(sample):
+        raise TypeError(
+            f"`{names.sample}` holds `jax.random` keys, but {type(sampler).__name__} "
+            "takes a float uniform per row."
+        )
+    return PreparedInputs(
+        arrays.draft_tokens,
+        arrays.draft,
+        arrays.target,
+        accept,
+        sample,
+        names,
+        log_space,
+        check_accept,
+        check_sample,
+    )
