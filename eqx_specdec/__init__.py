@@ -25,7 +25,9 @@ from ._errors import (
     MissingCapabilityError as MissingCapabilityError,
 )
 from ._evaluation.evaluate import (
+    ChiSquare as ChiSquare,
     evaluate_verifier as evaluate_verifier,
+    Evaluation as Evaluation,
     synthetic_distributions as synthetic_distributions,
 )
 from ._evaluation.lossless import (

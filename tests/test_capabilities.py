@@ -91,8 +91,8 @@ def test_exact_quadrature_is_bit_for_bit(lenience):
     q, p, _ = distributions("peaked", 2, 5, 0)
     library, user = _pair(lenience)
     results = [es.evaluate_verifier(v, q, p) for v in (library, user)]
-    assert results[0]["method"] == results[1]["method"] == "quadrature"
-    assert results[0] == results[1]
+    assert results[0].method == results[1].method == "quadrature"
+    assert results[0].as_dict() == results[1].as_dict()
     # Exact: the lenient rule's emission has a closed form at the first position,
     # P(x) = q(x) min(1, p/(l q)) + (1 - sum) residual(x) / total.
     accept = np.minimum(1, p[0] / (lenience * q[0]))
@@ -100,7 +100,7 @@ def test_exact_quadrature_is_bit_for_bit(lenience):
     residual = np.maximum(p[0] - q[0], 0)
     emitted = passed + (1 - passed.sum()) * residual / residual.sum()
     tv = 0.5 * np.abs(emitted - p[0]).sum()
-    assert abs(results[1]["distance_per_position"][0] - tv) < 1e-6
+    assert abs(results[1].distance_per_position[0] - tv) < 1e-6
 
 
 class _DraftingOnlyRule(DraftlessIIDRule):
@@ -255,4 +255,4 @@ def test_evaluation_falls_back_to_monte_carlo_without_breakpoints():
     result = es.evaluate_verifier(
         es.Verifier(BareLenientRatioTest(1.0)), q, p, num_draws=20_000
     )
-    assert result["method"] == "monte-carlo" and result["chi_square"]["passed"]
+    assert result.method == "monte-carlo" and result.chi_square.passed

@@ -107,7 +107,7 @@ def test_evaluate_by_monte_carlo(capsys):
     )  # fmt: skip
     assert lossy["chi_square"]["passed"] is False
     text = _run(["evaluate", "--case", "ngram", "--draws", "20000"], capsys)
-    assert "Monte Carlo, 20000 draws" in text and "(consistent with p)" in text
+    assert "Monte Carlo, 20000 draws" in text and "(consistent with the target)" in text
 
 
 @pytest.mark.parametrize(

@@ -86,10 +86,10 @@ def test_the_one_node_table():
             method="quadrature",
         )
         name = f"{type(rule).__name__}, K = {k}"
-        assert result["distance"] < 1e-6, name
-        assert abs(result["root_acceptance"] - acceptance) < 1e-4, name
-        assert abs(result["optimal_acceptance"] - optimum) < 1e-4, name
-        assert result["root_acceptance"] <= result["optimal_acceptance"] + 1e-6, name
+        assert result.distance < 1e-6, name
+        assert abs(result.root_acceptance - acceptance) < 1e-4, name
+        assert abs(result.optimal_acceptance - optimum) < 1e-4, name
+        assert result.root_acceptance <= result.optimal_acceptance + 1e-6, name
     for drafting, k, optimum in [
         ("iid", 2, 0.6365),
         ("without replacement", 2, 0.7634),
@@ -118,8 +118,8 @@ def test_multi_draft_rules_are_lossless_on_trees(rule, tree):
     result = es.evaluate_verifier(
         es.TreeVerifier(rule), q, p, tree=tree, method="quadrature"
     )
-    assert result["distance"] < 1e-6
-    assert result["root_acceptance"] <= result["optimal_acceptance"] + 1e-6
+    assert result.distance < 1e-6
+    assert result.root_acceptance <= result.optimal_acceptance + 1e-6
 
 
 def test_bad_arguments_are_named():

@@ -114,7 +114,7 @@ def test_equals_exact_quadrature(rule):
                     verifier=verifier,
                 )
             )[0]
-        np.testing.assert_allclose(reached, exact["reached"][1:], atol=1e-5)
+        np.testing.assert_allclose(reached, exact.reached[1:], atol=1e-5)
         if not given_drafts:
             length = eqx_specdec.expected_accepted_length(
                 jnp.asarray(q[None], FLOAT),
@@ -122,7 +122,7 @@ def test_equals_exact_quadrature(rule):
                 verifier=verifier,
             )
             np.testing.assert_allclose(
-                float(length[0]), exact["tokens_per_step"] - 1, atol=1e-5
+                float(length[0]), exact.tokens_per_step - 1, atol=1e-5
             )
 
 

@@ -160,9 +160,7 @@ def test_pass_probabilities_match_exact_quadrature(name):
             jnp.asarray(p[None], jnp.float32),
             verifier=verifier,
         )
-        np.testing.assert_allclose(
-            np.asarray(theory)[0], exact["reached"][1:], atol=1e-6
-        )
+        np.testing.assert_allclose(np.asarray(theory)[0], exact.reached[1:], atol=1e-6)
 
 
 def test_objectives_read_each_rows_mask():
@@ -193,8 +191,8 @@ def test_fly_accepts_at_least_the_standard_rule():
         es.Verifier(ratio_test=es.FLyRatioTest(0.1, 1)), q, p, method="quadrature"
     )
     standard = es.evaluate_verifier(es.Verifier(), q, p, method="quadrature")
-    assert fly["acceptance_rate"] > standard["acceptance_rate"] + 1e-3
-    assert fly["distance"] > 1e-3 and standard["distance"] < 1e-6
+    assert fly.acceptance_rate > standard.acceptance_rate + 1e-3
+    assert fly.distance > 1e-3 and standard.distance < 1e-6
 
 
 def test_relaxed_errors():

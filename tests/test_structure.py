@@ -39,7 +39,7 @@ def test_the_public_api_is_what_the_docs_list():
         "AbstractPrefixCounter", "PrefixCounter",
         "AbstractResidualSampler", "ResidualSampler",
         "AbstractTokenAssembler", "TokenAssembler",
-        "Verdict", "Verifier", "EmissionEstimate", "Warp",
+        "Verdict", "Verifier", "EmissionEstimate", "Warp", "Evaluation", "ChiSquare",
         "GreedyRatioTest", "LenientRatioTest", "TypicalRatioTest", "BlockRatioTest",
         "LastSuccessCounter", "AbstractNodeRule", "IIDCandidates",
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",

@@ -133,14 +133,14 @@ def test_exact_evaluation_and_monte_carlo_tools():
     q = rng.dirichlet(np.ones(3), 5)
     verifier = es.TraversalVerifier()
     exact = es.evaluate_verifier(verifier, q, p, tree=tree, method="quadrature")
-    assert exact["distance"] < 1e-6
+    assert exact.distance < 1e-6
     top_down = es.evaluate_verifier(TOP_DOWN, q, p, tree=tree, method="quadrature")
-    assert exact["tokens_per_step"] >= top_down["tokens_per_step"] - 1e-7
+    assert exact.tokens_per_step >= top_down.tokens_per_step - 1e-7
     sampled = es.evaluate_verifier(
         verifier, q, p, tree=tree, method="monte-carlo", num_draws=50_000
     )
-    assert abs(sampled["tokens_per_step"] - exact["tokens_per_step"]) < 0.02
-    assert sampled["chi_square"]["passed"]
+    assert abs(sampled.tokens_per_step - exact.tokens_per_step) < 0.02
+    assert sampled.chi_square.passed
 
 
 def test_errors_name_the_verifier_and_the_fix():

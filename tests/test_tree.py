@@ -98,8 +98,8 @@ def test_one_node_acceptance_rates(rule):
             method="quadrature",
         )
         exact = _exact_node_acceptance(rule, p64, q64, k)
-        assert abs(result["reached"][1] - exact) < 1e-6, (k, result["reached"], exact)
-        assert result["distance"] < 1e-6
+        assert abs(result.reached[1] - exact) < 1e-6, (k, result.reached, exact)
+        assert result.distance < 1e-6
         rates.append(exact)
     assert rates == sorted(rates) and rates[-1] > rates[0]
 

@@ -52,16 +52,16 @@ class _ForgetfulRule(es.AbstractNodeRule):
 def test_tree_quadrature_is_exact_and_lossless(rule, tree):
     q, p = _case(tree)
     result = es.evaluate_verifier(es.TreeVerifier(rule), q, p, tree=tree)
-    assert result["method"] == "quadrature"
-    assert result["distance"] < 1e-6
-    assert result["reached"][0] == pytest.approx(1.0, abs=1e-9)
-    assert 1.0 < result["tokens_per_step"] <= 1 + len(result["reached"]) - 1
+    assert result.method == "quadrature"
+    assert result.distance < 1e-6
+    assert result.reached[0] == pytest.approx(1.0, abs=1e-9)
+    assert 1.0 < result.tokens_per_step <= 1 + len(result.reached) - 1
 
 
 def test_one_node_acceptance_is_the_overlap():
     q, p = _case((-1,))
     result = es.evaluate_verifier(es.TreeVerifier(), q, p, tree=(-1,))
-    assert result["tokens_per_step"] == pytest.approx(
+    assert result.tokens_per_step == pytest.approx(
         1 + np.minimum(p[0], q[0]).sum(), abs=1e-6
     )
 
@@ -70,8 +70,8 @@ def test_a_chain_tree_is_the_standard_verifier():
     q, p = _case((-1, 0))
     chain = es.evaluate_verifier(es.Verifier(), q[:2], p)
     tree = es.evaluate_verifier(es.TreeVerifier(), q, p, tree=(-1, 0))
-    assert tree["tokens_per_step"] == pytest.approx(chain["tokens_per_step"], abs=1e-6)
-    np.testing.assert_allclose(tree["reached"], chain["reached"], atol=1e-6)
+    assert tree.tokens_per_step == pytest.approx(chain.tokens_per_step, abs=1e-6)
+    np.testing.assert_allclose(tree.reached, chain.reached, atol=1e-6)
 
 
 def test_top_k_children_accept_with_their_target_mass():
@@ -82,7 +82,7 @@ def test_top_k_children_accept_with_their_target_mass():
         es.TreeVerifier(es.DeterministicCandidates()), q, p, tree=(-1, -1)
     )
     top = np.argsort(-q[0])[:2]
-    assert result["reached"][1] == pytest.approx(p[0, top].sum(), abs=1e-6)
+    assert result.reached[1] == pytest.approx(p[0, top].sum(), abs=1e-6)
 
 
 def test_quadrature_catches_a_lossy_rule():
@@ -90,7 +90,7 @@ def test_quadrature_catches_a_lossy_rule():
     result = es.evaluate_verifier(
         es.TreeVerifier(_ForgetfulRule()), q, p, tree=(-1, -1, 0)
     )
-    assert result["method"] == "quadrature" and result["distance"] > 0.02
+    assert result.method == "quadrature" and result.distance > 0.02
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_monte_carlo_on_a_tree(rule, lossless):
         es.TreeVerifier(rule), q, p, tree=tree, method="monte-carlo",
         num_draws=40_000, key=jax.random.key(3),
     )  # fmt: skip
-    assert result["chi_square"]["passed"] is lossless
+    assert result.chi_square.passed is lossless
 
 
 def test_bad_tree_arguments_are_named():

@@ -175,10 +175,19 @@ def run_evaluate(args) -> dict:
         )
     except (ValueError, MissingCapabilityError) as error:
         fail(str(error), "evaluate")
-    result = {"verifier": args.verifier, "case": args.case, **result}
     if args.json:
-        print(json.dumps(_rounded(result), indent=2))
-        return result
+        out = {"verifier": args.verifier, "case": args.case, **result.as_dict()}
+        print(json.dumps(_rounded(out), indent=2))
+        return out
+    print(f"verifier: {args.verifier} ({description}), drafts: {drafting}")
+    print(
+        f"case: {args.case}, gamma = {result.gamma}, vocabulary {result.vocab}, "
+        f"seed {args.seed}"
+    )
+    target = "greedy decoding of p" if args.verifier == "greedy" else "p"
+    print(f"target: {target}")
+    print(result)
+    return {"verifier": args.verifier, "case": args.case, **result.as_dict()}
     print(f"verifier: {args.verifier} ({description}), drafts: {drafting}")
     print(
         f"case: {args.case}, gamma = {result['gamma']}, vocabulary {result['vocab']}, "

@@ -1,0 +1,350 @@
+"""Measuring a verifier on fixed distributions: distance from its target, acceptance
+rate and tokens per step, by exact quadrature where it applies and Monte Carlo
+otherwise. Behind the `evaluate` command."""
+
+import dataclasses
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._capabilities import has_capability
+from .._errors import MissingCapabilityError
+from .._misc import numpy_softmax
+from .._tree.abstract_tree_verifier import AbstractTreeVerifier
+from .._verify.verifier import Verifier
+from .lossless import (
+    emission_by_monte_carlo,
+    emission_by_quadrature,
+    stage_breakpoints,
+)
+from .tree_evaluation import tree_quadrature_problem
+
+
+SYNTHETIC_KINDS = (
+    "flat",
+    "peaked",
+    "near-equal",
+    "disjoint",
+    "equal",
+    "sparse",
+    "one-hot",
+    "one-hot implicit",
+)
+
+
+def _f32(a):
+    # The verifier sees float32; the expected distributions are those float32 values.
+    return np.asarray(a, np.float32).astype(np.float64)
+
+
+def synthetic_distributions(kind: str, gamma: int, vocab: int, seed: int):
+    """Draft and target distributions for one row, from a family of synthetic cases.
+
+    **Arguments:**
+
+    - `kind`: `"flat"` (temperature-10 softmaxes of normal logits), `"peaked"`
+        (temperature 1/4, draft correlated with the target), `"near-equal"` (draft a small
+        perturbation of the target), `"disjoint"` (draft and target supports on different
+        halves of the vocabulary at the drafted positions), `"equal"`, `"sparse"` (zeros
+        in both), `"one-hot"` (a dense one-hot argmax drafter) or `"one-hot implicit"`
+        (one-hot drafts, `draft_probs=None`, from a law close to the target).
+    - `gamma`: $G$.
+    - `vocab`: $V$.
+    - `seed`: the NumPy seed.
+
+    **Returns:**
+
+    `(draft_probs, target_probs, draft_law)`: float64 NumPy arrays of shapes `(G, V)` (or
+    `None`), `(G + 1, V)` and `(G, V)` (the law the draft tokens are drawn from), holding
+    float32-representable values.
+    """
+    if kind not in SYNTHETIC_KINDS:
+        raise ValueError(f"`kind` must be one of {SYNTHETIC_KINDS}, got {kind!r}.")
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(gamma + 1, vocab))
+    if kind == "flat":
+        p = numpy_softmax(0.1 * logits)
+        q = numpy_softmax(0.1 * rng.normal(size=(gamma, vocab)))
+    elif kind == "peaked":
+        p = numpy_softmax(4.0 * logits)
+        q = numpy_softmax(
+            4.0 * (0.7 * logits[:gamma] + 0.7 * rng.normal(size=(gamma, vocab)))
+        )
+    elif kind == "near-equal":
+        p = numpy_softmax(logits)
+        q = numpy_softmax(logits[:gamma] + 0.05 * rng.normal(size=(gamma, vocab)))
+    elif kind == "disjoint":
+        half = vocab // 2
+        p = numpy_softmax(logits)
+        p[:gamma, half:] = 0
+        q = numpy_softmax(rng.normal(size=(gamma, vocab)))
+        q[:, :half] = 0
+    elif kind == "equal":
+        p = numpy_softmax(logits)
+        q = p[:gamma].copy()
+    elif kind == "sparse":  # zeros in both, overlapping supports
+        p = numpy_softmax(logits) * (rng.random((gamma + 1, vocab)) < 0.6)
+        q = numpy_softmax(rng.normal(size=(gamma, vocab))) * (
+            rng.random((gamma, vocab)) < 0.6
+        )
+        p[:, 0] += 1e-3
+        q[:, 0] += 1e-3
+    else:
+        # A target with a few likely tokens, so that one-hot drafts are often accepted.
+        p = 0.5 * numpy_softmax(8.0 * logits) + 0.5 * numpy_softmax(logits)
+        if kind == "one-hot implicit":  # drafter tokens drawn from a law close to p
+            law = numpy_softmax(
+                8.0 * (logits[:gamma] + 0.3 * rng.normal(size=(gamma, vocab)))
+            )
+            return None, _f32(p / p.sum(-1, keepdims=True)), law
+        # A deterministic drafter proposing the most likely target token (argmax), with
+        # q_i = onehot(c_i) given as a dense array.
+        q = np.eye(vocab)[np.argmax(p[:gamma], axis=-1)]
+    p = _f32(p / p.sum(-1, keepdims=True))
+    q = _f32(q / q.sum(-1, keepdims=True))
+    return q, p, q
+
+
+def _quadrature_problem(verifier, q, p, tree) -> Exception | None:
+    """Why exact quadrature does not apply (the error to raise), or None."""
+    vocab = p.shape[1]
+    if isinstance(verifier, AbstractTreeVerifier):
+        return tree_quadrature_problem(verifier, tree, vocab)
+    gamma = p.shape[0] - 1
+    if vocab**gamma > 256:
+        return ValueError(
+            f'`method="quadrature"` does not apply here: V^G = {vocab}^{gamma} > 256.'
+        )
+    try:
+        stage_breakpoints(verifier, q, p)
+    except MissingCapabilityError as error:
+        return error
+    return None
+
+
+def _root_optimum(verifier, tree, q, p, root_acceptance) -> dict:
+    """The measured acceptance at the root beside the optimum of the drafting rule's
+    draft law, where the rule can say it (and the root has children)."""
+    rule = verifier.drafting_rule()
+    children = sum(1 for parent in tree if parent == -1)
+    if not children:
+        return {}
+    if not has_capability(rule, "optimal_acceptance"):
+        return {"root_acceptance": root_acceptance}
+    draft = np.zeros_like(p[0]) if q is None else q[0]
+    optimum = rule.optimal_acceptance(
+        jnp.asarray(p[0], jnp.float32), jnp.asarray(draft, jnp.float32), children
+    )
+    return {"root_acceptance": root_acceptance, "optimal_acceptance": float(optimum)}
+
+
+def _floats(values) -> tuple:
+    return tuple(None if v is None or np.isnan(v) else float(v) for v in values)
+
+
+class ChiSquare(eqx.Module):
+    """Pearson's chi-square test of Monte Carlo counts against the target, per position
+    (`None` at positions never reached); see
+    [`eqx_specdec.EmissionEstimate.chi_square`][].
+
+    **Fields:**
+
+    - `statistic`, `df`, `threshold`: per position, the statistic, its degrees of
+        freedom and the tail threshold $\mathrm{df} + 10\sqrt{2\,\mathrm{df}}$.
+    - `passed`: every statistic of a reached position under its threshold.
+    """
+
+    statistic: tuple[float | None, ...]
+    df: tuple[float | None, ...]
+    threshold: tuple[float | None, ...]
+    passed: bool
+
+
+class Evaluation(eqx.Module):
+    """What [`eqx_specdec.evaluate_verifier`][] measures of one verifier on one row of
+    fixed distributions. Every field is always present; `None` where it does not apply.
+    `str(evaluation)` is the table `eqx-specdec evaluate` prints, and `as_dict()` its
+    `--json` output.
+
+    **Fields:**
+
+    - `method`: `"quadrature"` (exact) or `"monte-carlo"`.
+    - `gamma`: the draft positions (a chain's $G$, a tree's depth); `vocab`: $V$.
+    - `distance`: the largest, over positions reached, total variation distance
+        between the emitted token's conditional distribution and the target's.
+    - `distance_per_position`: per position (per context for a tree, root first), or
+        `None` where never reached.
+    - `acceptance_rate`: accepted draft tokens over drafted, $E[n] / G$.
+    - `tokens_per_step`: $1 + E[n]$.
+    - `reached`: $P(n \ge k)$ for $k = 0, \dots, G$.
+    - `root_acceptance`: for a tree, the probability that some child of the root is
+        accepted; `None` for a chain.
+    - `optimal_acceptance`: for a tree whose drafting rule implements
+        `optimal_acceptance`, $\alpha^*$ of its draft law with that many children (see
+        [`eqx_specdec.optimal_acceptance`][]); `None` otherwise.
+    - `draws`: Monte Carlo draws (`None` for quadrature).
+    - `chi_square`: a [`eqx_specdec.ChiSquare`][] with Monte Carlo, `None` for
+        quadrature.
+    """
+
+    method: Literal["quadrature", "monte-carlo"]
+    gamma: int
+    vocab: int
+    distance: float
+    distance_per_position: tuple[float | None, ...]
+    acceptance_rate: float
+    tokens_per_step: float
+    reached: tuple[float, ...]
+    root_acceptance: float | None = None
+    optimal_acceptance: float | None = None
+    draws: int | None = None
+    chi_square: ChiSquare | None = None
+
+    def as_dict(self) -> dict:
+        """The fields as plain Python values (the chi-square test as a dict too)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.chi_square is not None:
+            chi = self.chi_square
+            out["chi_square"] = {
+                f.name: getattr(chi, f.name) for f in dataclasses.fields(chi)
+            }
+        for name in ("distance_per_position", "reached"):
+            out[name] = list(out[name])
+        return out
+
+    def __str__(self) -> str:
+        how = (
+            "exact quadrature"
+            if self.method == "quadrature"
+            else f"Monte Carlo, {self.draws} draws"
+        )
+        per = " ".join(
+            "-" if d is None else f"{d:.4g}" for d in self.distance_per_position
+        )
+        lines = [
+            f"method: {how}",
+            f"distance from the target, max TV over positions: {self.distance:.4g}",
+            f"  per position: {per}",
+        ]
+        if self.chi_square is not None:
+            chi = self.chi_square
+            cells = [
+                f"{s:.1f}/{t:.1f}"
+                for s, t in zip(chi.statistic, chi.threshold)
+                if s is not None
+            ]
+            verdict = "consistent with the target" if chi.passed else "REJECTED"
+            lines.append(
+                f"  chi-square / threshold per position: {' '.join(cells)} ({verdict})"
+            )
+        if self.root_acceptance is not None:
+            lines.append(f"root acceptance: {self.root_acceptance:.4f}")
+        if self.optimal_acceptance is not None:
+            lines.append(f"optimal root acceptance: {self.optimal_acceptance:.4f}")
+        lines.append(f"acceptance rate: {self.acceptance_rate:.4f}")
+        lines.append(f"expected tokens per step: {self.tokens_per_step:.4f}")
+        return "\n".join(lines)
+
+
+def _total_variation(a, b):
+    return 0.5 * float(np.abs(np.asarray(a) - np.asarray(b)).sum())
+
+
+def evaluate_verifier(
+    verifier: Verifier | AbstractTreeVerifier,
+    draft_probs,
+    target_probs,
+    *,
+    draft_law=None,
+    method: Literal["auto", "quadrature", "monte-carlo"] = "auto",
+    num_draws: int = 200_000,
+    key=None,
+    tree: tuple[int, ...] | None = None,
+) -> Evaluation:
+    """Measures one verifier on one row of fixed distributions: how far the tokens it
+    emits are from its target, its acceptance rate and its tokens per step.
+
+    The tokens are measured against the ratio test's
+    [`eqx_specdec.AbstractRatioTest.emission_target`][]: $p$, or greedy decoding of $p$
+    (the one-hot of its argmax) for [`eqx_specdec.GreedyRatioTest`][].
+
+    **Arguments:**
+
+    - `verifier`: the [`eqx_specdec.Verifier`][], or a [`eqx_specdec.TreeVerifier`][]
+        with `tree`.
+    - `draft_probs`: `(G, V)`, or `None` for one-hot drafts (for a tree, `(N + 1, V)`:
+        see [`eqx_specdec.emission_by_quadrature`][]).
+    - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`).
+    - `draft_law`: the law of the draft tokens; defaults to `draft_probs`.
+    - `method`: `"quadrature"` (exact: for $V^G \\le 256$ and stages that implement
+        `quadrature_breakpoints`; for trees of up to a few nodes whose node rule
+        implements `pass_threshold`), `"monte-carlo"`, or `"auto"` (the default:
+        quadrature where it applies, Monte Carlo otherwise).
+    - `num_draws`: Monte Carlo draws.
+    - `key`: the Monte Carlo key; default `jax.random.key(0)`.
+    - `tree`: with a `TreeVerifier`, the parent of each node in depth-first order.
+
+    **Returns:**
+
+    An [`eqx_specdec.Evaluation`][] (its fields say what is measured).
+    """
+    if method not in ("auto", "quadrature", "monte-carlo"):
+        raise ValueError(
+            f'`method` must be "auto", "quadrature" or "monte-carlo", got {method!r}.'
+        )
+    p = np.asarray(target_probs, np.float64)
+    q = None if draft_probs is None else np.asarray(draft_probs, np.float64)
+    vocab = p.shape[1]
+    problem = _quadrature_problem(verifier, q, p, tree)
+    if method == "quadrature" and problem is not None:
+        raise problem
+    if method == "auto":
+        method = "quadrature" if problem is None else "monte-carlo"
+    if method == "quadrature":
+        estimate = emission_by_quadrature(
+            verifier, q, p, draft_law=draft_law, tree=tree
+        )
+    else:
+        key = jax.random.key(0) if key is None else key
+        estimate = emission_by_monte_carlo(
+            verifier, q, p, key, num_draws, draft_law=draft_law, tree=tree
+        )
+    accepted_law = estimate.accepted_distribution()
+    reached = accepted_law[::-1].cumsum()[::-1]  # P(n >= k)
+    if isinstance(verifier, AbstractTreeVerifier):
+        target, depth = p, len(accepted_law) - 1
+    else:
+        target, depth = verifier.ratio_test.emission_target(p), p.shape[0] - 1
+    positions = estimate.reached > 0
+    conditional = estimate.conditional()
+    distances = [
+        _total_variation(conditional[k], target[k]) if positions[k] else None
+        for k in range(len(positions))
+    ]
+    accepted = float(reached[1:].sum())
+    fields = dict(
+        method=method,
+        gamma=depth,
+        vocab=vocab,
+        distance=max(d for d in distances if d is not None),
+        distance_per_position=tuple(distances),
+        acceptance_rate=accepted / depth,
+        tokens_per_step=1.0 + accepted,
+        reached=tuple(float(r) for r in reached),
+    )
+    if isinstance(verifier, AbstractTreeVerifier):
+        fields.update(_root_optimum(verifier, tree, q, p, float(reached[1])))
+    if method == "monte-carlo":
+        chi = estimate.chi_square(target)
+        passed = np.all((chi["statistic"] < chi["threshold"])[positions])
+        fields["draws"] = num_draws
+        fields["chi_square"] = ChiSquare(
+            _floats(chi["statistic"]),
+            _floats(chi["df"]),
+            _floats(chi["threshold"]),
+            bool(passed),
+        )
+    return Evaluation(**fields)
