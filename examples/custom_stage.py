@@ -105,6 +105,6 @@ if __name__ == "__main__":
     verifier = eqx_specdec.Verifier(MyLenientRatioTest(0.5))
     result = eqx_specdec.evaluate_verifier(verifier, q, p)
     print(
-        f"lenience 0.50, G = 2, V = 3 ({result['method']}): distance from the target "
-        f"{result['distance']:.4f}, tokens per step {result['tokens_per_step']:.4f}"
+        f"lenience 0.50, G = 2, V = 3 ({result.method}): distance from the target "
+        f"{result.distance:.4f}, tokens per step {result.tokens_per_step:.4f}"
     )

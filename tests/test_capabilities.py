@@ -8,6 +8,7 @@ capability gets `MissingCapabilityError` naming the method to write, on every pa
 
 import importlib.util
 import pathlib
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -256,3 +257,33 @@ def test_evaluation_falls_back_to_monte_carlo_without_breakpoints():
         es.Verifier(BareLenientRatioTest(1.0)), q, p, num_draws=20_000
     )
     assert result.method == "monte-carlo" and result.chi_square.passed
+
+
+class MissingCutsRatioTest(es.AbstractRatioTest):
+    """The lenient test, with breakpoints that leave out its own cuts $p / (l q)$."""
+
+    inner: es.LenientRatioTest
+    uses_uniforms: ClassVar[bool] = True
+    log_space: ClassVar[bool] = False
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
+        return self.inner(draft_tokens, draft_probs, target_probs, accept_uniforms)
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
+
+
+def test_quadrature_refuses_cells_on_which_the_tokens_change():
+    """Exact quadrature checks its own cells: tokens constant across each cell's
+    points. A rule missing a cut raises, naming its class, instead of returning an
+    inexact number; where no cut is missing the result equals the library's."""
+    rule = MissingCutsRatioTest(es.LenientRatioTest(0.5))
+    q, p, _ = distributions("peaked", 2, 5, 0)
+    with pytest.raises(
+        ValueError, match="MissingCutsRatioTest.*quadrature_breakpoints"
+    ):
+        es.emission_by_quadrature(es.Verifier(rule), q, p)
+    q, p, _ = distributions("flat", 2, 5, 0)  # every p / (l q) is above 1: no cut
+    ours = es.emission_by_quadrature(es.Verifier(rule), q, p)
+    library = es.emission_by_quadrature(es.Verifier(es.LenientRatioTest(0.5)), q, p)
+    np.testing.assert_allclose(ours.emitted, library.emitted, atol=1e-12)

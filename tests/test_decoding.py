@@ -450,8 +450,8 @@ class _RuleWithoutDrafting(es.AbstractNodeRule):
     def test(self, residual, mass, draft, token, uniform):
         return es.IIDCandidates().test(residual, mass, draft, token, uniform)
 
-    def reject(self, residual, mass, draft, token):
-        return es.IIDCandidates().reject(residual, mass, draft, token)
+    def reject(self, residual, mass, draft, token, child):
+        return es.IIDCandidates().reject(residual, mass, draft, token, child)
 
 
 @pytest.mark.parametrize(

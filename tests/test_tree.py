@@ -161,12 +161,12 @@ def test_lossy_tree_rule_is_caught():
     class WrongRule(eqx_specdec.AbstractNodeRule):
         uses_draft_probs: ClassVar[bool] = True
 
-        def test(self, residual, mass, draft, token, uniform):
+        def test(self, residual, mass, draft, token, uniform, child):
             return eqx_specdec.IIDCandidates().test(
-                residual, mass, draft, token, uniform
+                residual, mass, draft, token, uniform, child
             )
 
-        def reject(self, residual, mass, draft, token):
+        def reject(self, residual, mass, draft, token, child):
             return residual, mass, draft  # forgets to update the target
 
     vocab, draws = 16, 100_000
@@ -224,3 +224,30 @@ def test_a_bad_node_token_names_node_tokens():
         jax.block_until_ready(
             eqx_specdec.tree_accept(x, parents, tree_q, p, u, s)["tokens"]
         )
+
+
+class SecondChildRule(eqx_specdec.AbstractNodeRule):
+    """Accepts a node's second child only: it reads which sibling it tests."""
+
+    uses_draft_probs: ClassVar[bool] = False
+
+    def test(self, residual, mass, draft, token, uniform, child):
+        return child == 1
+
+    def reject(self, residual, mass, draft, token, child):
+        return residual, mass, draft
+
+
+def test_a_node_rule_is_told_which_sibling_it_tests():
+    # Root children 0, 3, 4; node 0 has children 1, 2; node 4 has child 5.
+    parents = np.array([[-1, 0, 0, -1, -1, 4]], np.int32)
+    tokens = np.array([[1, 2, 3, 4, 5, 6]], np.int32)
+    p = np.full((1, 7, 8), 1 / 8, np.float32)
+    u = np.zeros((1, 6), np.float32)
+    out = eqx_specdec.tree_accept(
+        tokens, parents, None, p, u, np.zeros(1, np.float32),
+        verifier=eqx_specdec.TreeVerifier(SecondChildRule()),
+    )  # fmt: skip
+    # The root's second child (node 3) has no children: the walk stops there.
+    np.testing.assert_array_equal(out["path"][0], [3, -1, -1, -1, -1, -1])
+    np.testing.assert_array_equal(out["tokens"][0, :1], [4])

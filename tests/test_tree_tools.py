@@ -34,17 +34,17 @@ class _ForgetfulRule(es.AbstractNodeRule):
 
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, residual, mass, draft, token, uniform):
-        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
+    def test(self, residual, mass, draft, token, uniform, child):
+        return es.IIDCandidates().test(residual, mass, draft, token, uniform, child)
 
-    def reject(self, residual, mass, draft, token):
+    def reject(self, residual, mass, draft, token, child):
         return residual, mass, draft
 
     def candidate_law(self, draft, drafted):
         return draft
 
-    def pass_threshold(self, residual, mass, draft, token):
-        return es.IIDCandidates().pass_threshold(residual, mass, draft, token)
+    def pass_threshold(self, residual, mass, draft, token, child):
+        return es.IIDCandidates().pass_threshold(residual, mass, draft, token, child)
 
 
 @pytest.mark.parametrize("tree", TREES, ids=str)

@@ -118,10 +118,10 @@ class UserIIDCandidates(eqx_specdec.AbstractNodeRule):
 
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, residual, mass, draft, token, uniform):
+    def test(self, residual, mass, draft, token, uniform, child):
         return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
 
-    def reject(self, residual, mass, draft, token):
+    def reject(self, residual, mass, draft, token, child):
         new = jnp.maximum(residual - mass * draft, 0)
         new_mass = jnp.sum(new)
         keep = new_mass > jnp.finfo(residual.dtype).tiny
@@ -130,7 +130,7 @@ class UserIIDCandidates(eqx_specdec.AbstractNodeRule):
     def candidate_law(self, draft, drafted):
         return draft
 
-    def pass_threshold(self, residual, mass, draft, token):
+    def pass_threshold(self, residual, mass, draft, token, child):
         denominator = mass * draft[token]
         safe = jnp.where(denominator > 0, denominator, 1)
         return jnp.where(denominator > 0, residual[token] / safe, jnp.inf)
@@ -142,11 +142,13 @@ class DraftlessIIDRule(eqx_specdec.AbstractNodeRule):
 
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, residual, mass, draft, token, uniform):
-        return eqx_specdec.IIDCandidates().test(residual, mass, draft, token, uniform)
+    def test(self, residual, mass, draft, token, uniform, child):
+        return eqx_specdec.IIDCandidates().test(
+            residual, mass, draft, token, uniform, child
+        )
 
-    def reject(self, residual, mass, draft, token):
-        return eqx_specdec.IIDCandidates().reject(residual, mass, draft, token)
+    def reject(self, residual, mass, draft, token, child):
+        return eqx_specdec.IIDCandidates().reject(residual, mass, draft, token, child)
 
 
 class MappedVerifier(eqx_specdec.AbstractVerifier):

@@ -188,38 +188,6 @@ def run_evaluate(args) -> dict:
     print(f"target: {target}")
     print(result)
     return {"verifier": args.verifier, "case": args.case, **result.as_dict()}
-    print(f"verifier: {args.verifier} ({description}), drafts: {drafting}")
-    print(
-        f"case: {args.case}, gamma = {result['gamma']}, vocabulary {result['vocab']}, "
-        f"seed {args.seed}"
-    )
-    how = (
-        "exact quadrature"
-        if result["method"] == "quadrature"
-        else (f"Monte Carlo, {result['draws']} draws")
-    )
-    print(f"method: {how}")
-    target = "greedy decoding of p" if args.verifier == "greedy" else "p"
-    print(
-        f"distance from the target ({target}), max TV over positions: "
-        f"{result['distance']:.4g}"
-    )
-    per = " ".join(
-        "-" if d is None else f"{d:.4g}" for d in result["distance_per_position"]
-    )
-    print(f"  per position: {per}")
-    if "chi_square" in result:
-        chi = result["chi_square"]
-        cells = [
-            f"{s:.1f}/{t:.1f}"
-            for s, t in zip(chi["statistic"], chi["threshold"])
-            if s is not None
-        ]
-        verdict = "consistent with p" if chi["passed"] else "REJECTED"
-        print(f"  chi-square / threshold per position: {' '.join(cells)} ({verdict})")
-    print(f"acceptance rate: {result['acceptance_rate']:.4f}")
-    print(f"expected tokens per step: {result['tokens_per_step']:.4f}")
-    return result
 
 
 def build_parser() -> argparse.ArgumentParser:

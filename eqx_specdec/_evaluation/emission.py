@@ -52,6 +52,31 @@ class EmissionEstimate(eqx.Module):
         with np.errstate(invalid="ignore", divide="ignore"):
             return self.emitted / self.reached[:, None]
 
+    def distance_noise(self, target_probs) -> np.ndarray:
+        """Per position, the total variation distance that sampling noise alone gives a
+        lossless verifier's Monte Carlo counts on average,
+        $\tfrac12 \sum_v \sqrt{2\, p_k(v) (1 - p_k(v)) / (\pi\, m_k)}$ for $m_k$
+        draws reaching position $k$ (the normal approximation of
+        $E|\hat p - p|$): a measured distance near it is noise, not a loss. Zeros for
+        quadrature; NaN at positions never reached.
+
+        **Arguments:**
+
+        - `target_probs`: `(G + 1, V)`, the target distributions $p_k$.
+
+        **Returns:**
+
+        Float64 `(G + 1,)`.
+        """
+        target = np.asarray(target_probs, np.float64)
+        if self.num_draws is None:
+            return np.where(self.reached > 0, 0.0, np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            spread = np.sqrt(
+                2 * target * (1 - target) / (np.pi * self.reached[:, None])
+            )
+            return np.where(self.reached > 0, 0.5 * spread.sum(-1), np.nan)
+
     def max_error(self, target_probs) -> float:
         """The largest $|\\hat P(\\text{tokens}[k] = v \\mid n \\ge k) - p_k(v)|$ over
         reached positions and all tokens.

@@ -21,6 +21,7 @@ from .lossless import (
     stage_breakpoints,
 )
 from .tree_evaluation import tree_quadrature_problem
+from .validation import check_distributions
 
 
 SYNTHETIC_KINDS = (
@@ -185,6 +186,12 @@ class Evaluation(eqx.Module):
     - `optimal_acceptance`: for a tree whose drafting rule implements
         `optimal_acceptance`, $\alpha^*$ of its draft law with that many children (see
         [`eqx_specdec.optimal_acceptance`][]); `None` otherwise.
+    - `distance_noise_per_position`: with Monte Carlo, per position the distance
+        sampling noise alone gives a lossless verifier at that position's count (see
+        [`eqx_specdec.EmissionEstimate.distance_noise`][]); `None` for quadrature.
+    - `under_sampled`: with Monte Carlo, per position whether it was reached too
+        rarely to measure (fewer than 5 draws per token the target can emit there);
+        such positions do not enter `distance`. `None` for quadrature.
     - `draws`: Monte Carlo draws (`None` for quadrature).
     - `chi_square`: a [`eqx_specdec.ChiSquare`][] with Monte Carlo, `None` for
         quadrature.
@@ -200,6 +207,8 @@ class Evaluation(eqx.Module):
     reached: tuple[float, ...]
     root_acceptance: float | None = None
     optimal_acceptance: float | None = None
+    distance_noise_per_position: tuple[float | None, ...] | None = None
+    under_sampled: tuple[bool, ...] | None = None
     draws: int | None = None
     chi_square: ChiSquare | None = None
 
@@ -211,8 +220,14 @@ class Evaluation(eqx.Module):
             out["chi_square"] = {
                 f.name: getattr(chi, f.name) for f in dataclasses.fields(chi)
             }
-        for name in ("distance_per_position", "reached"):
-            out[name] = list(out[name])
+        for name in (
+            "distance_per_position",
+            "reached",
+            "distance_noise_per_position",
+            "under_sampled",
+        ):
+            if out[name] is not None:
+                out[name] = list(out[name])
         return out
 
     def __str__(self) -> str:
@@ -237,6 +252,11 @@ class Evaluation(eqx.Module):
                 if s is not None
             ]
             verdict = "consistent with the target" if chi.passed else "REJECTED"
+            noise = " ".join(
+                "-" if d is None else f"{d:.2g}"
+                for d in self.distance_noise_per_position
+            )
+            lines.append(f"  sampling noise per position: {noise}")
             lines.append(
                 f"  chi-square / threshold per position: {' '.join(cells)} ({verdict})"
             )
@@ -295,6 +315,12 @@ def evaluate_verifier(
         raise ValueError(
             f'`method` must be "auto", "quadrature" or "monte-carlo", got {method!r}.'
         )
+    for name, value in (
+        ("draft_probs", draft_probs),
+        ("target_probs", target_probs),
+        ("draft_law", draft_law),
+    ):
+        check_distributions("evaluate_verifier", name, value)
     p = np.asarray(target_probs, np.float64)
     q = None if draft_probs is None else np.asarray(draft_probs, np.float64)
     vocab = p.shape[1]
@@ -325,15 +351,29 @@ def evaluate_verifier(
         for k in range(len(positions))
     ]
     accepted = float(reached[1:].sum())
+    measured = [d for d in distances if d is not None]
+    extra = {}
+    if method == "monte-carlo":
+        support = np.count_nonzero(target > 0, axis=-1)
+        under = [
+            bool(estimate.reached[k] < 5 * support[k]) for k in range(len(positions))
+        ]
+        measured = [d for d, u in zip(distances, under) if d is not None and not u]
+        measured = measured or [d for d in distances if d is not None]
+        extra = dict(
+            distance_noise_per_position=_floats(estimate.distance_noise(target)),
+            under_sampled=tuple(under),
+        )
     fields = dict(
         method=method,
         gamma=depth,
         vocab=vocab,
-        distance=max(d for d in distances if d is not None),
+        distance=max(measured),
         distance_per_position=tuple(distances),
         acceptance_rate=accepted / depth,
         tokens_per_step=1.0 + accepted,
         reached=tuple(float(r) for r in reached),
+        **extra,
     )
     if isinstance(verifier, AbstractTreeVerifier):
         fields.update(_root_optimum(verifier, tree, q, p, float(reached[1])))

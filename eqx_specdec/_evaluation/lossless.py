@@ -14,9 +14,21 @@ from .._verify.dispatch import FilterJit
 from .._verify.verifier import Verifier
 from .emission import accumulate, cells, EmissionEstimate, padded_size
 from .tree_evaluation import tree_emission_by_monte_carlo, tree_emission_by_quadrature
+from .validation import check_distributions
+
+
+# The narrowest cell (in every axis) whose points are compared; float32 spacing near 1
+# is 6e-8.
+_COMPARED_WIDTH = 1e-5
 
 
 def _checked(draft_probs, target_probs, draft_law):
+    for name, value in (
+        ("draft_probs", draft_probs),
+        ("target_probs", target_probs),
+        ("draft_law", draft_law),
+    ):
+        check_distributions("the emission tools", name, value)
     target = np.asarray(target_probs, np.float64)
     if target.ndim != 2:
         raise ValueError(
@@ -221,12 +233,23 @@ def emission_by_quadrature(
     uniforms = np.stack([grids[d][index[:, d]] for d in range(gamma + 1)], -1)
     volume = np.prod([grid_weights[d][index[:, d]] for d in range(gamma + 1)], axis=0)
 
+    # The rows sharing a cell in every axis (its `subdivisions` points per axis): the
+    # verifier's tokens must be equal across them, or a breakpoint is missing.
+    _, cell_of = np.unique(index // subdivisions, axis=0, return_inverse=True)
+    cell_of = cell_of.ravel()
+    first = np.zeros(cell_of.max() + 1, np.int64)
+    first[cell_of[::-1]] = np.arange(len(cell_of))[::-1]
+    # Cells narrower than this in some axis are not compared: float32 uniforms cannot
+    # place two points on one side of a cut so close to it.
+    widths = np.stack([grid_weights[d][index[:, d]] for d in range(gamma + 1)], -1)
+    wide = np.all(widths * subdivisions > _COMPARED_WIDTH, axis=-1)
     q, p = _verifier_inputs(draft, target, log_inputs)
     emitted = np.zeros((gamma + 1, vocab))
     reached = np.zeros(gamma + 1)
     u = uniforms[:, :gamma].astype(np.float32)
     s = uniforms[:, gamma].astype(np.float32)
     size = padded_size(len(volume), chunk_size)
+    found = []
     for x, weight in sequences:
         for start in range(0, len(volume), size):
             stop = min(start + size, len(volume))
@@ -239,7 +262,34 @@ def emission_by_quadrature(
             tokens = np.asarray(verify_rows(verifier, xs, q, p, u_chunk, s_chunk))
             w = weight * volume[start:stop]
             accumulate(emitted, reached, tokens[: stop - start], w, vocab)
+            found.append(tokens[: stop - start])
+        _check_cells(verifier, np.concatenate(found), cell_of, first, uniforms, x, wide)
+        found.clear()
     return EmissionEstimate(emitted, reached)
+
+
+def _check_cells(verifier, tokens, cell_of, first, uniforms, draft_tokens, wide):
+    """Raises unless the verifier's tokens are constant on every cell of the grid, as
+    exact quadrature assumes (cells wider than `_COMPARED_WIDTH` in every axis): a
+    stage whose `quadrature_breakpoints` miss a cut gives
+    different tokens at two points of one cell (when the cut lies between them)."""
+    differs = np.any(tokens != tokens[first[cell_of]], axis=1) & wide
+    if not np.any(differs):
+        return
+    row = int(np.argmax(differs))
+    stages = ", ".join(
+        type(stage).__name__
+        for stage in (verifier.ratio_test, verifier.residual_sampler)
+    )
+    raise ValueError(
+        "emission_by_quadrature: the verifier's tokens change inside one quadrature cell "
+        f"(draft tokens {draft_tokens.tolist()}, uniforms "
+        f"{np.round(uniforms[row], 6).tolist()} against "
+        f"{np.round(uniforms[first[cell_of[row]]], 6).tolist()}), so the result would "
+        f"not be exact. A stage of ({stages}) changes its outcome at a value its "
+        "`quadrature_breakpoints` does not return: return every value of $u_i$ (and "
+        'of $s$) where its outcome can change, or use method="monte-carlo".'
+    )
 
 
 def _merge(given, declared, axis):

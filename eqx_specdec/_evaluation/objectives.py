@@ -14,6 +14,7 @@ from .._custom_types import DraftProbs, DraftTokens, TargetProbs
 from .._misc import compute_dtype
 from .._stages.row_fields import per_row_values, with_row_values
 from .._verify.verifier import Verifier
+from .validation import check_distributions
 
 
 def _check_arguments(entry_point, verifier, draft_probs, target_probs, draft_tokens):
@@ -100,7 +101,7 @@ def acceptance_by_position(
     for any ratio test whose `pass_probabilities` are exact,
     $\\beta_i = \\sum_v q_i(v)\\, a_i(v)$, combined by the prefix counter's
     `reach_probabilities`. It equals the library's exact quadrature
-    ([`eqx_specdec.evaluate_verifier`][]`["reached"]`).
+    ([`eqx_specdec.evaluate_verifier`][]`.reached`).
 
     With `draft_tokens`, the expectation is over the uniforms given the drafts: the
     ratio test's `pass_probabilities_given_drafts` combined by the counter. This is how
@@ -140,7 +141,7 @@ def acceptance_by_position(
     - [`eqx_specdec.MissingCapabilityError`][]: a stage lacks the capability the
         objective needs.
     """
-    return _reached(
+    return _reached_checked(
         "acceptance_by_position",
         draft_probs,
         target_probs,
@@ -148,6 +149,16 @@ def acceptance_by_position(
         draft_tokens,
         logits,
     )
+
+
+def _reached_checked(name, draft_probs, target_probs, verifier, draft_tokens, logits):
+    if not logits:
+        for argument, value in (
+            ("draft_probs", draft_probs),
+            ("target_probs", target_probs),
+        ):
+            check_distributions(name, argument, value)
+    return _reached(name, draft_probs, target_probs, verifier, draft_tokens, logits)
 
 
 @eqx.filter_jit
@@ -201,7 +212,7 @@ def expected_accepted_length(
 
     Float of shape `(B,)`.
     """
-    reached = _reached(
+    reached = _reached_checked(
         "expected_accepted_length",
         draft_probs,
         target_probs,

@@ -14,6 +14,7 @@ from .._tree.abstract_tree_verifier import AbstractTreeVerifier, check_static_de
 from .._tree.top_down import check_tree_shape
 from .._verify.dispatch import FilterJit
 from .emission import cells, EmissionEstimate, padded_size
+from .validation import check_distributions
 
 
 # Beyond this many verifier rows, quadrature on a tree is refused (use Monte Carlo).
@@ -32,6 +33,8 @@ def _check(verifier, tree, draft_probs, target_probs, *, exact: bool):
             "exact evaluation of trees",
             'use method="monte-carlo"',
         )
+    for name, value in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+        check_distributions("the tree evaluation tools", name, value)
     p = np.asarray(target_probs, np.float64)
     shape = (len(tree) + 1, p.shape[-1])
     if p.shape != shape:

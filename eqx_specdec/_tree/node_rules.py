@@ -54,15 +54,21 @@ class AbstractNodeRule(eqx.Module):
         draft: Row,
         token: Int[Array, ""],
         uniform: Scalar,
+        child: Int[Array, ""],
     ) -> Bool[Array, ""]:
         """Whether candidate `token` passes, given the evolving state.
 
         **Arguments:**
 
-        - `residual`, `mass`: the evolving target, $p^{(k)} = $ `residual / mass`.
-        - `draft`: the evolving draft $q^{(k)}$ (zeros for rules without one).
+        - `residual`, `mass`: the evolving target, $p^{(k)} = $ `residual / mass`. At
+            a node's first child (`child == 0`) they are the target's row after the
+            node, unnormalised only by rounding (`mass` is 1).
+        - `draft`: the evolving draft $q^{(k)}$ (zeros for rules without one); at the
+            first child, the draft's row after the node.
         - `token`: the candidate $c_k$.
         - `uniform`: its uniform $u_k$.
+        - `child`: $k - 1$, which sibling this is: 0 for the node's first child, 1 for
+            the child tried after it failed, and so on (int32 scalar).
 
         **Returns:**
 
@@ -71,7 +77,12 @@ class AbstractNodeRule(eqx.Module):
 
     @abc.abstractmethod
     def reject(
-        self, residual: Row, mass: Scalar, draft: Row, token: Int[Array, ""]
+        self,
+        residual: Row,
+        mass: Scalar,
+        draft: Row,
+        token: Int[Array, ""],
+        child: Int[Array, ""],
     ) -> tuple[Row, Scalar, Row]:
         """The state after candidate `token` failed: `(residual, mass, draft)`.
 
@@ -120,11 +131,17 @@ class AbstractNodeRule(eqx.Module):
 
     @capability
     def pass_threshold(
-        self, residual: Row, mass: Scalar, draft: Row, token: Int[Array, ""]
+        self,
+        residual: Row,
+        mass: Scalar,
+        draft: Row,
+        token: Int[Array, ""],
+        child: Int[Array, ""],
     ) -> Scalar:
         """Capability for exact evaluation of trees
         ([`eqx_specdec.emission_by_quadrature`][] with a tree): the value $t$ such that
-        `test(residual, mass, draft, token, u)` passes exactly when $u < t$. Traced.
+        `test(residual, mass, draft, token, u, child)` passes exactly when $u < t$.
+        Traced.
 
         **Arguments:**
 
@@ -172,13 +189,13 @@ class IIDCandidates(AbstractNodeRule):
     def optimal_acceptance(self, target, draft, num_children):
         return optimal_acceptance(target, draft, num_children, drafting="iid")
 
-    def pass_threshold(self, residual, mass, draft, token):
+    def pass_threshold(self, residual, mass, draft, token, child):
         return _threshold(residual, mass, draft, token)
 
-    def test(self, residual, mass, draft, token, uniform):
+    def test(self, residual, mass, draft, token, uniform, child):
         return _passes(residual, mass, draft, token, uniform)
 
-    def reject(self, residual, mass, draft, token):
+    def reject(self, residual, mass, draft, token, child):
         residual, mass = _subtract(residual, mass, draft)
         return residual, mass, draft
 
@@ -200,13 +217,13 @@ class WithoutReplacementCandidates(AbstractNodeRule):
             target, draft, num_children, drafting="without replacement"
         )
 
-    def pass_threshold(self, residual, mass, draft, token):
+    def pass_threshold(self, residual, mass, draft, token, child):
         return _threshold(residual, mass, draft, token)
 
-    def test(self, residual, mass, draft, token, uniform):
+    def test(self, residual, mass, draft, token, uniform, child):
         return _passes(residual, mass, draft, token, uniform)
 
-    def reject(self, residual, mass, draft, token):
+    def reject(self, residual, mass, draft, token, child):
         residual, mass = _subtract(residual, mass, draft)
         ids = jnp.arange(draft.shape[0], dtype=jnp.int32)
         remaining = 1 - draft[token]
@@ -234,13 +251,13 @@ class DeterministicCandidates(AbstractNodeRule):
         # A deterministic set D: P(S in H) is 1 when H holds D, else 0, so alpha* = p(D).
         return jnp.sum(jnp.where(_top_mask(draft, num_children), target, 0))
 
-    def pass_threshold(self, residual, mass, draft, token):
+    def pass_threshold(self, residual, mass, draft, token, child):
         return residual[token] / mass
 
-    def test(self, residual, mass, draft, token, uniform):
+    def test(self, residual, mass, draft, token, uniform, child):
         return uniform.astype(residual.dtype) * mass < residual[token]
 
-    def reject(self, residual, mass, draft, token):
+    def reject(self, residual, mass, draft, token, child):
         # (p - onehot(c))_+ is p with c zeroed: the i.i.d. update with q = onehot(c).
         one_hot = (jnp.arange(residual.shape[0], dtype=jnp.int32) == token).astype(
             residual.dtype
@@ -290,18 +307,18 @@ class _TopPlusOne(AbstractNodeRule):
         one_hot = jax.nn.one_hot(best, draft.shape[0], dtype=draft.dtype)
         return jnp.where(first, self._sampled_law(draft), one_hot)
 
-    def pass_threshold(self, residual, mass, draft, token):
+    def pass_threshold(self, residual, mass, draft, token, child):
         sampled = _threshold(residual, mass, self._sampled_law(draft), token)
         return jnp.where(self._first_phase(draft), sampled, residual[token] / mass)
 
-    def test(self, residual, mass, draft, token, uniform):
+    def test(self, residual, mass, draft, token, uniform, child):
         u = uniform.astype(residual.dtype)
         law = self._sampled_law(draft)
         sampled = _passes(residual, mass, law, token, uniform)
         deterministic = u * mass < residual[token]
         return jnp.where(self._first_phase(draft), sampled, deterministic)
 
-    def reject(self, residual, mass, draft, token):
+    def reject(self, residual, mass, draft, token, child):
         ids = jnp.arange(residual.shape[0], dtype=jnp.int32)
         # First phase: r = (p - q')_+ off D (q' is zero on D, so p stays there).
         law = self._sampled_law(draft)

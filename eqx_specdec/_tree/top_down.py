@@ -57,7 +57,8 @@ class TreeVerifier(AbstractTreeVerifier):
         return self.node_rule
 
     def _walk(self, node_tokens, parents, draft_probs, target_probs, decide, record):
-        """The top-down walk. `decide(i, residual, mass, draft, token)` is node `i`'s
+        """The top-down walk. `decide(i, residual, mass, draft, token, child)` is node
+        `i`'s
         outcome; with `record`, each tested node's `pass_threshold` (NaN if not
         tested). Returns the accepted length, path, tokens, the final evolving target
         and the thresholds (`None` without `record`)."""
@@ -76,16 +77,20 @@ class TreeVerifier(AbstractTreeVerifier):
             return draft_probs[i].astype(dtype)
 
         def step(i, carry):
-            current, depth, residual, mass, draft, path, tokens, thresholds = carry
+            current, depth, child, residual, mass, draft, path, tokens, thresholds = (
+                carry
+            )
             token = tokens_in[i]
             is_child = parents[i] == current
             if record:
-                t = rule.pass_threshold(residual, mass, draft, token)
+                t = rule.pass_threshold(residual, mass, draft, token, child)
                 thresholds = thresholds.at[i].set(jnp.where(is_child, t, jnp.nan))
-            passed = decide(i, residual, mass, draft, token)
+            passed = decide(i, residual, mass, draft, token, child)
             accept = is_child & passed
             reject = is_child & ~passed
-            r_residual, r_mass, r_draft = rule.reject(residual, mass, draft, token)
+            r_residual, r_mass, r_draft = rule.reject(
+                residual, mass, draft, token, child
+            )
             residual = jnp.where(
                 accept,
                 target_probs[i + 1].astype(dtype),
@@ -101,10 +106,23 @@ class TreeVerifier(AbstractTreeVerifier):
             tokens = jnp.where(accept, tokens.at[depth].set(token), tokens)
             current = jnp.where(accept, i, current)
             depth = depth + accept.astype(jnp.int32)
-            return current, depth, residual, mass, draft, path, tokens, thresholds
+            # Which sibling the next child of `current` is: 0 after descending.
+            child = jnp.where(accept, 0, child + reject.astype(jnp.int32))
+            return (
+                current,
+                depth,
+                child,
+                residual,
+                mass,
+                draft,
+                path,
+                tokens,
+                thresholds,
+            )
 
         init = (
             jnp.int32(-1),
+            jnp.int32(0),
             jnp.int32(0),
             target_probs[0].astype(dtype),
             jnp.ones((), dtype),
@@ -113,7 +131,7 @@ class TreeVerifier(AbstractTreeVerifier):
             jnp.full((nodes + 1,), -1, jnp.int32),
             jnp.full((nodes,), jnp.nan, dtype) if record else None,
         )
-        _, depth, residual, _, _, path, tokens, thresholds = jax.lax.fori_loop(
+        _, depth, _, residual, _, _, path, tokens, thresholds = jax.lax.fori_loop(
             0, nodes, step, init
         )
         return depth, path, tokens, residual, thresholds
@@ -150,8 +168,10 @@ class TreeVerifier(AbstractTreeVerifier):
         "path": int32 (nodes,) (the accepted nodes' indices, then -1)}`.
         """
 
-        def decide(i, residual, mass, draft, token):
-            return self.node_rule.test(residual, mass, draft, token, accept_uniforms[i])
+        def decide(i, residual, mass, draft, token, child):
+            return self.node_rule.test(
+                residual, mass, draft, token, accept_uniforms[i], child
+            )
 
         depth, path, tokens, residual, _ = self._walk(
             node_tokens, parents, draft_probs, target_probs, decide, record=False
