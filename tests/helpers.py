@@ -1,4 +1,5 @@
-"""A NumPy reference written from SPEC.md section 1, and random test cases."""
+"""A NumPy reference written from section 1 of the contract (docs/contract.md), and
+random test cases."""
 
 import os
 import pathlib

@@ -1,4 +1,4 @@
-"""SPEC.md section 3: the edge-case rules, each tested."""
+"""The contract's section 3 (docs/contract.md): the edge-case rules, each tested."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""The worked examples of SPEC.md section 2, exact."""
+"""The worked examples of the contract's section 2 (docs/contract.md), exact."""
 
 import equinox as eqx
 import jax

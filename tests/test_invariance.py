@@ -67,9 +67,13 @@ def test_same_output_in_32_and_64_bit_mode():
 
 
 def test_repeated_calls_are_bit_identical():
+    """Same inputs, same outputs, bit for bit: eagerly again and again, and under a
+    fresh `jax.jit` each time."""
     inputs = random_case(6, 32, G, V)
     first = eqx_specdec.speculative_accept(*inputs)
-    for _ in range(3):
-        again = eqx_specdec.speculative_accept(*inputs)
+    calls = [lambda: eqx_specdec.speculative_accept(*inputs)] * 3
+    calls += [lambda: jax.jit(eqx_specdec.speculative_accept)(*inputs)] * 2
+    for call in calls:
+        again = call()
         for key in first:
             np.testing.assert_array_equal(first[key], again[key])

@@ -1,4 +1,5 @@
-"""The verifier against the NumPy reference of SPEC.md, on random cases."""
+"""The verifier against the NumPy reference of the contract (docs/contract.md,
+section 1), on random cases."""
 
 import itertools
 
