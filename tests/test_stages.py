@@ -241,15 +241,18 @@ def test_node_rule_capabilities_agree_with_its_test(rule, drafting):
     q = jnp.asarray(rng.dirichlet(np.ones(vocab)), jnp.float32)
     draft = q if rule.uses_draft_probs else jnp.zeros(vocab, jnp.float32)
     residual, mass = p, jnp.float32(1.0)
-    for token in (3, 1, 5):  # a node's candidates, each rejected in turn
-        t = rule.pass_threshold(residual, mass, draft, jnp.int32(token))
+    for child, token in enumerate((3, 1, 5)):  # a node's candidates, each rejected
+        child = jnp.int32(child)
+        t = rule.pass_threshold(residual, mass, draft, jnp.int32(token), child)
         for u in np.linspace(0.005, 0.995, 50):
             if abs(u - float(t)) > 1e-5:
                 passed = rule.test(
-                    residual, mass, draft, jnp.int32(token), jnp.float32(u)
+                    residual, mass, draft, jnp.int32(token), jnp.float32(u), child
                 )
                 assert bool(passed) == (u < float(t))
-        residual, mass, draft = rule.reject(residual, mass, draft, jnp.int32(token))
+        residual, mass, draft = rule.reject(
+            residual, mass, draft, jnp.int32(token), child
+        )
     drafted = jnp.arange(vocab) < 2
     law = np.asarray(rule.candidate_law(q, drafted))
     assert law.sum() == pytest.approx(1.0, abs=1e-6) and np.all(law >= 0)

@@ -315,12 +315,12 @@ def evaluate_verifier(
         raise ValueError(
             f'`method` must be "auto", "quadrature" or "monte-carlo", got {method!r}.'
         )
-    for name, value in (
-        ("draft_probs", draft_probs),
-        ("target_probs", target_probs),
-        ("draft_law", draft_law),
-    ):
-        check_distributions("evaluate_verifier", name, value)
+    check_distributions(
+        "evaluate_verifier",
+        draft_probs=draft_probs,
+        target_probs=target_probs,
+        draft_law=draft_law,
+    )
     p = np.asarray(target_probs, np.float64)
     q = None if draft_probs is None else np.asarray(draft_probs, np.float64)
     vocab = p.shape[1]

@@ -23,12 +23,12 @@ _COMPARED_WIDTH = 1e-5
 
 
 def _checked(draft_probs, target_probs, draft_law):
-    for name, value in (
-        ("draft_probs", draft_probs),
-        ("target_probs", target_probs),
-        ("draft_law", draft_law),
-    ):
-        check_distributions("the emission tools", name, value)
+    check_distributions(
+        "the emission tools",
+        draft_probs=draft_probs,
+        target_probs=target_probs,
+        draft_law=draft_law,
+    )
     target = np.asarray(target_probs, np.float64)
     if target.ndim != 2:
         raise ValueError(

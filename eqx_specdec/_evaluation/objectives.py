@@ -153,11 +153,7 @@ def acceptance_by_position(
 
 def _reached_checked(name, draft_probs, target_probs, verifier, draft_tokens, logits):
     if not logits:
-        for argument, value in (
-            ("draft_probs", draft_probs),
-            ("target_probs", target_probs),
-        ):
-            check_distributions(name, argument, value)
+        check_distributions(name, draft_probs=draft_probs, target_probs=target_probs)
     return _reached(name, draft_probs, target_probs, verifier, draft_tokens, logits)
 
 

@@ -33,8 +33,9 @@ def _check(verifier, tree, draft_probs, target_probs, *, exact: bool):
             "exact evaluation of trees",
             'use method="monte-carlo"',
         )
-    for name, value in (("draft_probs", draft_probs), ("target_probs", target_probs)):
-        check_distributions("the tree evaluation tools", name, value)
+    check_distributions(
+        "the tree evaluation tools", draft_probs=draft_probs, target_probs=target_probs
+    )
     p = np.asarray(target_probs, np.float64)
     shape = (len(tree) + 1, p.shape[-1])
     if p.shape != shape:

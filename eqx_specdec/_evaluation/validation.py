@@ -8,13 +8,18 @@ import numpy as np
 from .._verify.checks import sum_tolerance
 
 
-def check_distributions(entry_point: str, name: str, value) -> None:
-    """Raises `ValueError` unless every row of `value` (`(..., V)`) is a probability
+def check_distributions(entry_point: str, **arrays) -> None:
+    """Raises `ValueError` unless every row of each array given by name (`(..., V)`,
+    `None` skipped) is a probability
     distribution: finite, non-negative and summing to 1 within the tolerance of its
     dtype. Skipped for traced values (inside a caller's `jax.jit` or `jax.grad`, where
     the caller vouches for them), so it costs one host read of concrete inputs."""
-    if value is None or isinstance(value, jax.core.Tracer):
-        return
+    for name, value in arrays.items():
+        if value is not None and not isinstance(value, jax.core.Tracer):
+            _check(entry_point, name, value)
+
+
+def _check(entry_point: str, name: str, value) -> None:
     dtype = getattr(value, "dtype", np.float64)
     rows = np.asarray(value, np.float64)
     fix = (
