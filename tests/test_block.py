@@ -27,7 +27,9 @@ def _binary_toy(gamma):
     return q, p
 
 
-# VARIANTS.md: expected accepted draft tokens, standard / block.
+# Expected accepted draft tokens, standard / block, on the binary toy (p = (1/3, 2/3),
+# q = (2/3, 1/3) at every position), worked out exactly in Sun et al. and on the docs'
+# Variants page (docs/variants.md, Block verification).
 BINARY_TOY = {
     2: (Fraction(10, 9), Fraction(11, 9)),
     3: (Fraction(38, 27), Fraction(5, 3)),

@@ -1,5 +1,5 @@
 """Multi-draft verification: the optimum alpha* against exhaustive search over token sets,
-the one-node table of VARIANTS.md reproduced by the rules and by the optimum, and the
+the one-node table of the Trees page (docs/trees.md, multi-draft verification) reproduced by the rules and by the optimum, and the
 multi-draft node rules lossless by exact quadrature."""
 
 import itertools
@@ -10,7 +10,7 @@ import pytest
 import eqx_specdec as es
 
 
-# The one-node case of VARIANTS.md (V = 5, TV 0.560).
+# The one-node case of the Trees page (docs/trees.md): V = 5, total variation 0.560.
 P = np.array([0.432092, 0.163163, 0.283039, 0.115148, 0.006558])
 Q = np.array([0.192869, 0.285426, 0.051213, 0.025701, 0.444792])
 # (rule, K): (measured acceptance, alpha* of that draft law), to 1e-4.
@@ -76,7 +76,7 @@ def test_optimal_acceptance_equals_exhaustive_search(drafting):
 def test_the_one_node_table():
     """Each rule's acceptance at a root with K children, by exact quadrature, and alpha*
     (of the public function and of the rule's capability, which evaluate_verifier
-    reports) reproduce VARIANTS.md to 1e-4; no rule beats its optimum."""
+    reports) reproduce the Trees page's table to 1e-4; no rule beats its optimum."""
     for (rule, k), (acceptance, optimum) in TABLE.items():
         result = es.evaluate_verifier(
             es.TreeVerifier(rule),
