@@ -55,9 +55,9 @@ class EmissionEstimate(eqx.Module):
     def distance_noise(self, target_probs) -> np.ndarray:
         """Per position, the total variation distance that sampling noise alone gives a
         lossless verifier's Monte Carlo counts on average,
-        $\tfrac12 \sum_v \sqrt{2\, p_k(v) (1 - p_k(v)) / (\pi\, m_k)}$ for $m_k$
+        $\\tfrac12 \\sum_v \\sqrt{2\\, p_k(v) (1 - p_k(v)) / (\\pi\\, m_k)}$ for $m_k$
         draws reaching position $k$ (the normal approximation of
-        $E|\hat p - p|$): a measured distance near it is noise, not a loss. Zeros for
+        $E|\\hat p - p|$): a measured distance near it is noise, not a loss. Zeros for
         quadrature; NaN at positions never reached.
 
         **Arguments:**

@@ -154,7 +154,7 @@ class ChiSquare(eqx.Module):
     **Fields:**
 
     - `statistic`, `df`, `threshold`: per position, the statistic, its degrees of
-        freedom and the tail threshold $\mathrm{df} + 10\sqrt{2\,\mathrm{df}}$.
+        freedom and the tail threshold $\\mathrm{df} + 10\\sqrt{2\\,\\mathrm{df}}$.
     - `passed`: every statistic of a reached position under its threshold.
     """
 
@@ -180,11 +180,11 @@ class Evaluation(eqx.Module):
         `None` where never reached.
     - `acceptance_rate`: accepted draft tokens over drafted, $E[n] / G$.
     - `tokens_per_step`: $1 + E[n]$.
-    - `reached`: $P(n \ge k)$ for $k = 0, \dots, G$.
+    - `reached`: $P(n \\ge k)$ for $k = 0, \\dots, G$.
     - `root_acceptance`: for a tree, the probability that some child of the root is
         accepted; `None` for a chain.
     - `optimal_acceptance`: for a tree whose drafting rule implements
-        `optimal_acceptance`, $\alpha^*$ of its draft law with that many children (see
+        `optimal_acceptance`, $\\alpha^*$ of its draft law with that many children (see
         [`eqx_specdec.optimal_acceptance`][]); `None` otherwise.
     - `distance_noise_per_position`: with Monte Carlo, per position the distance
         sampling noise alone gives a lossless verifier at that position's count (see

@@ -153,7 +153,12 @@ def acceptance_by_position(
 
 def _reached_checked(name, draft_probs, target_probs, verifier, draft_tokens, logits):
     if not logits:
-        check_distributions(name, draft_probs=draft_probs, target_probs=target_probs)
+        check_distributions(
+            name,
+            other_fix=", or pass `logits=True`",
+            draft_probs=draft_probs,
+            target_probs=target_probs,
+        )
     return _reached(name, draft_probs, target_probs, verifier, draft_tokens, logits)
 
 

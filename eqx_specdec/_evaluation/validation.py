@@ -8,28 +8,24 @@ import numpy as np
 from .._verify.checks import sum_tolerance
 
 
-def check_distributions(entry_point: str, **arrays) -> None:
+def check_distributions(entry_point: str, *, other_fix: str = "", **arrays) -> None:
     """Raises `ValueError` unless every row of each array given by name (`(..., V)`,
     `None` skipped) is a probability
     distribution: finite, non-negative and summing to 1 within the tolerance of its
     dtype. Skipped for traced values (inside a caller's `jax.jit` or `jax.grad`, where
-    the caller vouches for them), so it costs one host read of concrete inputs."""
+    the caller vouches for them), so it costs one host read of concrete inputs.
+    `other_fix` completes the message's fix (", or pass `logits=True`")."""
     for name, value in arrays.items():
         if value is not None and not isinstance(value, jax.core.Tracer):
-            _check(entry_point, name, value)
+            _check(entry_point, name, value, other_fix)
 
 
-def _check(entry_point: str, name: str, value) -> None:
+def _check(entry_point: str, name: str, value, other_fix: str) -> None:
     dtype = getattr(value, "dtype", np.float64)
     rows = np.asarray(value, np.float64)
     fix = (
         "Pass probabilities (a softmax of logits), not logits or log-probabilities"
-        + (
-            ", or pass `logits=True`"
-            if entry_point.startswith(("expected", "accept"))
-            else ""
-        )
-        + "."
+        f"{other_fix}."
     )
     if not np.all(np.isfinite(rows)):
         raise ValueError(

@@ -213,5 +213,4 @@ def entry_point(fn):
         check_level(check_inputs)
         return compiled(*args, check_inputs=check_inputs, **kwargs)
 
-    wrapper.compiled = compiled
     return wrapper
