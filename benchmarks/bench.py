@@ -5,7 +5,7 @@ interleaved repeats after compilation, inputs rotated over several copies so tha
 read from memory rather than cache), the effective read bandwidth over the bytes the step
 must read (`B*G*2*4 + B*V*2*4` for float32: the draft token's p and q at every position,
 and rows n of p and q), its share of the machine's read bandwidth measured in the same
-run (a jitted `jnp.sum` over 1 GiB), the cost of the check levels (`check_inputs=True`,
+run (a jitted `jnp.sum` over 1 GiB), the cost of the check levels (`check_inputs="read"`,
 the default, against the unchecked call; `"all"` against a jitted read of all of p and q),
 and ratios against a naive JAX implementation
 (residual and full cumsum at every position), a PyTorch implementation in the style of
@@ -109,10 +109,10 @@ def torch_verify(
 # program, without the filter-semantics dispatch (flattening the arguments, the verifier
 # included, and looking up the compiled function). The dispatch is measured against it.
 hand_jit = jax.jit(
-    functools.partial(speculative_accept.__wrapped__, check_inputs=False)
+    functools.partial(speculative_accept.__wrapped__, check_inputs="off")
 )
 hand_jit_checked = jax.jit(
-    functools.partial(speculative_accept.__wrapped__, check_inputs=True)
+    functools.partial(speculative_accept.__wrapped__, check_inputs="read")
 )
 
 
@@ -192,7 +192,7 @@ def _interleaved(impls, device, torch_inputs, copies, repeats) -> dict:
 
 def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
     bandwidth = _read_bandwidth(max(repeats, 5))
-    library = functools.partial(speculative_accept, check_inputs=False)
+    library = functools.partial(speculative_accept, check_inputs="off")
     library_checked = speculative_accept
     naive = jax.jit(naive_jax)
     impls = {
@@ -318,7 +318,7 @@ def compile_seconds(batches=(1_000, 200_000), gamma=4, vocab=1_000) -> dict:
             )
         ]
         program = jax.jit(
-            functools.partial(speculative_accept.__wrapped__, check_inputs=True)
+            functools.partial(speculative_accept.__wrapped__, check_inputs="read")
         )
         start = time.perf_counter()
         program.lower(*args).compile()

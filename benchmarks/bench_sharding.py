@@ -186,7 +186,7 @@ def main(argv=None):
         inputs = _inputs(batch, gamma, vocab, mesh, batch_axis, vocab_axis)
         sharded = ShardedVerifier(Verifier(), mesh, batch_axis, vocab_axis)
         ours = jax.jit(
-            lambda *a, v=sharded: speculative_accept(*a, verifier=v, check_inputs=False)
+            lambda *a, v=sharded: speculative_accept(*a, verifier=v, check_inputs="off")
         )
         ours_found = collectives(ours.lower(*inputs).compile().as_text())
         ours_bytes = sum(c[2] for c in ours_found)

@@ -134,7 +134,7 @@ def main():
                 return es.tree_accept(*a, verifier=verifier)
 
             def unchecked(*a, verifier=verifier):
-                return es.tree_accept(*a, verifier=verifier, check_inputs=False)
+                return es.tree_accept(*a, verifier=verifier, check_inputs="off")
 
             default_ms = _median_ms(default, data, args.repeats)
             unchecked_ms = _median_ms(unchecked, data, args.repeats)

@@ -29,7 +29,7 @@ def test_zero_residual_mass_draws_from_p():
     p = [p0, [0.25] * 4, [0.25] * 4]
     cdf = np.cumsum(p0)
     for s in np.linspace(0.01, 0.99, 49):
-        n, tokens = _row([0, 1], q, p, [0.5, 0.5], s, check_inputs=True)
+        n, tokens = _row([0, 1], q, p, [0.5, 0.5], s, check_inputs="read")
         assert n == 0
         assert tokens[0] == np.argmax(cdf > s)
         assert tokens[0] != 0  # token 0 has no mass under p_0
@@ -123,8 +123,8 @@ def test_every_float_dtype(dtype):
     x, q, p, u, s = random_case(3, 16, 4, 64)
     rounded = [jnp.asarray(a).astype(dtype) for a in (q, p, u, s)]
     as_f32 = [a.astype(jnp.float32) for a in rounded]
-    out = eqx_specdec.speculative_accept(x, *rounded, check_inputs=False)
-    expected = eqx_specdec.speculative_accept(x, *as_f32, check_inputs=False)
+    out = eqx_specdec.speculative_accept(x, *rounded, check_inputs="off")
+    expected = eqx_specdec.speculative_accept(x, *as_f32, check_inputs="off")
     for key in out:
         assert out[key].dtype == jnp.int32
         np.testing.assert_array_equal(out[key], expected[key])

@@ -295,7 +295,7 @@ def test_within_tolerance_is_accepted():
 def test_checks_off_still_well_formed(make):
     inputs = make()
     run = jax.jit(eqx_specdec.speculative_accept, static_argnames="check_inputs")
-    out = run(**inputs, check_inputs=False)
+    out = run(**inputs, check_inputs="off")
     assert out["num_accepted"].dtype == out["tokens"].dtype == jnp.int32
     assert out["num_accepted"].shape == (B,) and out["tokens"].shape == (B, G + 1)
     n = np.asarray(out["num_accepted"])
@@ -307,10 +307,10 @@ def test_checks_off_still_well_formed(make):
 
 
 def test_checks_off_adds_no_operation():
-    """With `check_inputs=False` the program is exactly the verifier's own."""
+    """With `check_inputs="off"` the program is exactly the verifier's own."""
     inputs = _inputs()
     unchecked = jax.make_jaxpr(
-        lambda *a: eqx_specdec.speculative_accept(*a, check_inputs=False)
+        lambda *a: eqx_specdec.speculative_accept(*a, check_inputs="off")
     )(*inputs.values())
     bare = jax.make_jaxpr(eqx_specdec.Verifier())(*inputs.values())
     checked = jax.make_jaxpr(eqx_specdec.speculative_accept)(*inputs.values())
@@ -329,10 +329,20 @@ def test_checks_off_adds_no_operation():
 
 
 def test_check_inputs_must_be_static():
-    with pytest.raises(TypeError, match="`check_inputs` must be True .* traced value"):
-        jax.jit(eqx_specdec.speculative_accept)(**_inputs(), check_inputs=False)
-    with pytest.raises(TypeError, match="`check_inputs` must be True .* got 'some'"):
+    level = '`check_inputs` must be "read"'
+    # A string passed to an unmarked jit is JAX's own error, naming the argument.
+    with pytest.raises(TypeError, match="path check_inputs"):
+        jax.jit(eqx_specdec.speculative_accept)(**_inputs(), check_inputs="off")
+    with pytest.raises(TypeError, match=f"{level} .* traced value"):
+        jax.jit(
+            lambda c: eqx_specdec.speculative_accept(**_inputs(), check_inputs=c)
+        )(jnp.int32(0))
+    with pytest.raises(TypeError, match=f"{level} .* got 'some'"):
         eqx_specdec.speculative_accept(**_inputs(), check_inputs="some")
+    # The booleans of earlier versions name the string that replaces them.
+    for old, new in ((False, '"off"'), (True, '"read"')):
+        with pytest.raises(TypeError, match=f"got {old}.*`check_inputs={new}`"):
+            eqx_specdec.speculative_accept(**_inputs(), check_inputs=old)
 
 
 def test_verifier_row_checks_its_shapes():

@@ -158,7 +158,7 @@ def test_compiled_once_per_static_configuration():
         es.speculative_accept(*random_case(seed, 4, 3, 10), verifier=verifier)
     assert test.traces.count == 1
     es.speculative_accept(
-        *random_case(0, 4, 3, 10), verifier=verifier, check_inputs=False
+        *random_case(0, 4, 3, 10), verifier=verifier, check_inputs="off"
     )
     assert test.traces.count == 2  # another static configuration
 

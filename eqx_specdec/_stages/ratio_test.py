@@ -65,7 +65,7 @@ class AbstractRatioTest(eqx.Module):
     **Declared with a default:**
 
     - `reads` (class attribute): which values of the distributions the test reads, so
-        that the entry points' default checks (`check_inputs=True`) validate exactly
+        that the entry points' default checks (`check_inputs="read"`) validate exactly
         those: `"draft tokens"` ($p_i(x_i)$ and $q_i(x_i)$ only, as the standard test)
         or `"whole rows"` (the default, always safe: every row is then checked).
     - `theory` (class attribute, default `"exact"`): what `pass_probabilities`

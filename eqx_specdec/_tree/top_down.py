@@ -1,7 +1,7 @@
 """Tree (multi-candidate) verification: SpecInfer-style trees of draft tokens."""
 
 import typing
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ from .._verify.abstract_verifier import malformed_tokens
 from .._verify.checks import (
     check_level,
     checked,
+    CheckLevel,
     distribution_problems,
     stage_problem,
     token_problems,
@@ -244,7 +245,7 @@ def tree_accept(
     sample_uniforms: Float[Array, " batch"],
     *,
     verifier: AbstractTreeVerifier = TreeVerifier(),
-    check_inputs: bool | Literal["all"] = True,
+    check_inputs: CheckLevel = "read",
 ) -> dict[str, Int[Array, "..."]]:
     """Verifies a batch of draft trees (see [`eqx_specdec.AbstractTreeVerifier`][] for
     the layout).
@@ -261,7 +262,7 @@ def tree_accept(
         [`eqx_specdec.TreeVerifier`][] (default) or
         [`eqx_specdec.TraversalVerifier`][].
     - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][];
-        both `True` and `"all"` check every row (the walk reads them all),
+        both `"read"` and `"all"` check every row (the walk reads them all),
         plus the depth-first order of `parents`.
 
     **Returns:**

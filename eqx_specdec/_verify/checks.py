@@ -21,26 +21,34 @@ from .._errors import InvalidInputError
 from .._misc import compute_dtype
 
 
-Level = Literal["read", "all"]
-LEVELS = "`check_inputs` must be True (check every value the verification reads), "
-LEVELS += '"all" (check every value of every input) or False (check nothing)'
+CheckLevel = Literal["read", "all", "off"]
+"""The run-time check level of the verification entry points' `check_inputs`: `"read"`
+(every value the verification reads; the default), `"all"` (every value of every
+input) or `"off"` (nothing)."""
+
+_LEVELS = '`check_inputs` must be "read" (check every value the verification reads), '
+_LEVELS += '"all" (every value of every input) or "off" (nothing)'
 
 
-def check_level(check_inputs) -> Level | None:
-    """The check level a `check_inputs` argument asks for: `"read"` (`True`, the
-    default), `"all"`, or `None` (`False`). A `TypeError` for anything else."""
+def check_level(check_inputs) -> Literal["read", "all"] | None:
+    """The check level a `check_inputs` argument asks for: `"read"`, `"all"`, or `None`
+    for `"off"`. A `TypeError` naming the argument and the fix for anything else."""
     if isinstance(check_inputs, jax.core.Tracer):
         raise TypeError(
-            f"{LEVELS}; got a traced value. Under `jax.jit`, mark it static: "
+            f"{_LEVELS}; got a traced value. Under `jax.jit`, mark it static: "
             '`jax.jit(entry_point, static_argnames="check_inputs")`.'
         )
-    if check_inputs is True:
-        return "read"
-    if check_inputs is False:
+    if isinstance(check_inputs, bool):
+        hint = '"read"' if check_inputs else '"off"'
+        raise TypeError(
+            f"{_LEVELS}; got {check_inputs!r}. The check level is a string: pass "
+            f"`check_inputs={hint}`."
+        )
+    if isinstance(check_inputs, str) and check_inputs in ("read", "all"):
+        return check_inputs
+    if isinstance(check_inputs, str) and check_inputs == "off":
         return None
-    if isinstance(check_inputs, str) and check_inputs == "all":
-        return "all"
-    raise TypeError(f"{LEVELS}; got {check_inputs!r}.")
+    raise TypeError(f"{_LEVELS}; got {check_inputs!r}.")
 
 
 def sum_tolerance(dtype) -> float:

@@ -209,7 +209,7 @@ def entry_point(fn):
     compiled = FilterJit(fn)
 
     @functools.wraps(fn)
-    def wrapper(*args, check_inputs=True, **kwargs):
+    def wrapper(*args, check_inputs="read", **kwargs):
         check_level(check_inputs)
         return compiled(*args, check_inputs=check_inputs, **kwargs)
 

@@ -1,7 +1,6 @@
 """The verification step with its randomness drawn from a `jax.random` key."""
 
 import typing
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +8,7 @@ from jaxtyping import Array, Float, Int, Key
 
 from .._custom_types import DraftProbs, DraftTokens, TargetProbs
 from .abstract_verifier import AbstractVerifier
+from .checks import CheckLevel
 from .dispatch import entry_point
 from .verifier import speculative_accept, Verifier
 
@@ -67,7 +67,7 @@ def speculative_accept_from_key(
     target_probs: TargetProbs,
     *,
     verifier: AbstractVerifier = Verifier(),
-    check_inputs: bool | Literal["all"] = True,
+    check_inputs: CheckLevel = "read",
 ) -> dict[str, Int[Array, "..."]]:
     """[`eqx_specdec.speculative_accept`][] with its randomness drawn from a key, by
     [`eqx_specdec.uniforms_from_key`][]: the same key and inputs always give the same

@@ -2,7 +2,6 @@
 space."""
 
 import typing
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -16,7 +15,7 @@ from .._stages.ratio_test import RatioTest
 from .._stages.residual_sampler import ResidualSampler
 from .._stages.token_assembler import TokenAssembler
 from .abstract_verifier import AbstractVerifier
-from .checks import check_level, checked
+from .checks import check_level, checked, CheckLevel
 from .dispatch import entry_point
 from .inputs import LOGIT_NAMES, prepare_inputs
 from .verifier import Verifier
@@ -229,7 +228,7 @@ def speculative_accept_logits(
     target_warp: Warp = Warp(),
     draft_warp: Warp = Warp(),
     verifier: AbstractVerifier = LOGITS_VERIFIER,
-    check_inputs: bool | Literal["all"] = True,
+    check_inputs: CheckLevel = "read",
 ) -> dict[str, Int[Array, "..."]]:
     """Runs one verification step on logits, with a logit bias, temperature, top-k, top-p
     and min-p.
@@ -259,7 +258,7 @@ def speculative_accept_logits(
     - `verifier`: a [`eqx_specdec.Verifier`][] whose stages read log-probabilities.
         Default: the standard rule in log space.
     - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][]; both
-        `True` and `"all"` check every logit (the warp reads them all): no
+        `"read"` and `"all"` check every logit (the warp reads them all): no
         NaN or $+\\infty$ logit, no distribution with every logit $-\\infty$, token ids
         and uniforms in range, temperatures $\\ge 0$, `top_p` in $(0, 1]$, `top_k`
         $\\ge 0$, `min_p` in $[0, 1]$, no NaN or $+\\infty$ logit bias and none that bans

@@ -28,7 +28,7 @@ from .._stages.residual_sampler import AbstractResidualSampler, ResidualSampler
 from .._stages.row_fields import per_row_values, with_row_values
 from .._stages.token_assembler import AbstractTokenAssembler, TokenAssembler
 from .abstract_verifier import AbstractVerifier, check_stages, RowReport, verify_row
-from .checks import check_level, checked
+from .checks import check_level, checked, CheckLevel
 from .dispatch import entry_point
 from .inputs import prepare_inputs
 
@@ -187,7 +187,7 @@ def speculative_accept(
     sample_uniforms: SampleRandomnessBatch | None,
     *,
     verifier: AbstractVerifier = Verifier(),
-    check_inputs: bool | Literal["all"] = True,
+    check_inputs: CheckLevel = "read",
 ) -> dict[str, Int[Array, "..."]]:
     """Runs one verification step of speculative decoding on a batch.
 
@@ -222,16 +222,16 @@ def speculative_accept(
     - `verifier`: the [`eqx_specdec.AbstractVerifier`][] to run (a
         [`eqx_specdec.Verifier`][] or [`eqx_specdec.ShardedVerifier`][]). Default: the
         standard rule.
-    - `check_inputs`: the run-time check level, a Python value (see the Correctness
+    - `check_inputs`: the run-time check level, a Python string (see the Correctness
         page for what each guarantees and costs):
-        - `True` (the default): every value the verification reads: token ids in
+        - `"read"` (the default): every value the verification reads: token ids in
             `[0, V)`, uniforms in `[0, 1)`, $p_i(x_i)$ and $q_i(x_i)$ finite and in
             `[0, 1]` at every position, the whole rows $n$ of `p` and `q` finite,
             non-negative and summing to 1 within `1e-3` (`1e-2` for float16 and
             bfloat16), and what each stage returned. Stages that read whole rows (their
             `reads` attribute) get every row checked.
         - `"all"`: every row of every distribution as well.
-        - `False`: nothing; the program is the verifier's own. The outputs are still
+        - `"off"`: nothing; the program is the verifier's own. The outputs are still
             int32 arrays of the right shapes, their values unspecified for invalid
             inputs.
 
