@@ -3,11 +3,6 @@
 import importlib.metadata
 
 from ._decoding.autoregressive import autoregressive_decode as autoregressive_decode
-from ._decoding.draft_length import (
-    AbstractDraftLength as AbstractDraftLength,
-    FixedDraftLength as FixedDraftLength,
-    StopWhenUnlikely as StopWhenUnlikely,
-)
 from ._decoding.loop import speculative_decode as speculative_decode
 from ._decoding.models import (
     builtin_corpus as builtin_corpus,
@@ -37,8 +32,18 @@ from ._evaluation.lossless import (
 )
 from ._evaluation.objectives import (
     acceptance_by_position as acceptance_by_position,
+    acceptance_by_position_logits as acceptance_by_position_logits,
     expected_accepted_length as expected_accepted_length,
+    expected_accepted_length_logits as expected_accepted_length_logits,
 )
+from ._proposal.abstract_proposal import AbstractProposal as AbstractProposal
+from ._proposal.chain import Chain as Chain
+from ._proposal.draft_length import (
+    AbstractDraftLength as AbstractDraftLength,
+    FixedDraftLength as FixedDraftLength,
+    StopWhenUnlikely as StopWhenUnlikely,
+)
+from ._proposal.tree import Tree as Tree
 from ._sharding import ShardedVerifier as ShardedVerifier
 from ._stages.block import (
     BlockRatioTest as BlockRatioTest,

@@ -20,7 +20,9 @@ result = es.speculative_decode(
     lengths,
     num_tokens=80,
     key=jax.random.key(0),
-    gamma=4,
+    proposal=es.Chain(
+        4
+    ),  # G = 4 draft tokens per step (or es.Tree via a tree verifier)
     verifier=es.Verifier(),  # any verifier: block, greedy, your own...
 )
 for text, tokens in zip(texts, result.tokens):

@@ -66,6 +66,6 @@ for name, draft in (("maximum likelihood", mle_draft), ("trained", trained_draft
         lengths,
         num_tokens=256,
         key=jax.random.key(0),
-        gamma=GAMMA,
+        proposal=es.Chain(GAMMA),
     )
     print(f"{name:<20} {float(objective):>18.3f} {result.tokens_per_call():>23.3f}")

@@ -165,28 +165,25 @@ MISSING = [
             None,
             8,
             jax.random.key(0),
-            verifier=es.TreeVerifier(DraftlessIIDRule()),
-            tree=(-1, 0),
+            verifier=es.TreeVerifier(DraftlessIIDRule(), tree=(-1, 0)),
         ),  # fmt: skip
         "DraftlessIIDRule does not implement `candidate_law`",
     ),
     (
         "tree drafting in the tools",
         lambda: es.emission_by_monte_carlo(
-            es.TreeVerifier(DraftlessIIDRule()),
+            es.TreeVerifier(DraftlessIIDRule(), tree=(-1, -1, 0)),
             *_tree_case(),
             jax.random.key(0),
             100,
-            tree=(-1, -1, 0),
         ),  # fmt: skip
         "DraftlessIIDRule does not implement `candidate_law`",
     ),
     (
         "tree quadrature",
         lambda: es.evaluate_verifier(
-            es.TreeVerifier(_DraftingOnlyRule()),
+            es.TreeVerifier(_DraftingOnlyRule(), tree=(-1, -1, 0)),
             *_tree_case(),
-            tree=(-1, -1, 0),
             method="quadrature",
         ),  # fmt: skip
         "_DraftingOnlyRule does not implement `pass_threshold`",
@@ -236,9 +233,8 @@ def test_a_composite_has_a_capability_when_its_parts_have_it():
         es.MissingCapabilityError, match="DraftlessIIDRule does not implement"
     ):
         es.emission_by_quadrature(
-            es.TreeVerifier(DraftlessIIDRule()),
+            es.TreeVerifier(DraftlessIIDRule(), tree=(-1, 0)),
             *distributions("flat", 2, 4, 0)[:2],
-            tree=(-1, 0),
         )
 
 

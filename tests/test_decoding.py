@@ -60,41 +60,53 @@ class PeekingLength(es.AbstractDraftLength):
 # Two candidates at the root, each with one child: a tree of depth 2.
 TREE = (-1, 0, -1, 2)
 
+# Chains of two draft tokens in the chi-square runs; trees of TREE's shape.
+CHAIN = es.Chain(2)
+
 LOOP_VERIFIERS = {
-    "standard": (es.Verifier(), {}),
-    "one-hot": (es.Verifier(), dict(drafting="argmax")),
-    "block": (es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()), {}),
-    "Gumbel sampler": (es.Verifier(residual_sampler=es.GumbelSampler()), {}),
-    "tree, i.i.d.": (es.TreeVerifier(es.IIDCandidates()), dict(tree=TREE)),
+    "standard": (es.Verifier(), dict(proposal=CHAIN)),
+    "one-hot": (es.Verifier(), dict(proposal=es.Chain(2, "argmax"))),
+    "block": (
+        es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()),
+        dict(proposal=CHAIN),
+    ),
+    "Gumbel sampler": (
+        es.Verifier(residual_sampler=es.GumbelSampler()),
+        dict(proposal=CHAIN),
+    ),
+    "tree, i.i.d.": (es.TreeVerifier(es.IIDCandidates(), tree=TREE), {}),
     "tree, without replacement": (
-        es.TreeVerifier(es.WithoutReplacementCandidates()),
-        dict(tree=TREE),
+        es.TreeVerifier(es.WithoutReplacementCandidates(), tree=TREE),
+        {},
     ),
-    "tree, top-k": (es.TreeVerifier(es.DeterministicCandidates()), dict(tree=TREE)),
-    "traversal": (es.TraversalVerifier(), dict(tree=TREE)),
+    "tree, top-k": (es.TreeVerifier(es.DeterministicCandidates(), tree=TREE), {}),
+    "traversal": (es.TraversalVerifier(tree=TREE), {}),
     "tree, greedy multi-draft": (
-        es.TreeVerifier(es.GreedyMultiDraft(2)),
-        dict(tree=TREE),
+        es.TreeVerifier(es.GreedyMultiDraft(2), tree=TREE),
+        {},
     ),
-    "tree, SpecHub": (es.TreeVerifier(es.SpecHub()), dict(tree=TREE)),
+    "tree, SpecHub, the shape as the proposal": (
+        es.TreeVerifier(es.SpecHub()),
+        dict(proposal=es.Tree(TREE)),
+    ),
     "standard, stop on the draft's confidence": (
         es.Verifier(),
-        dict(draft_length=es.StopWhenUnlikely(0.5)),
+        dict(proposal=es.Chain(2, draft_length=es.StopWhenUnlikely(0.5))),
     ),
     "block, stop by the oracle": (
         es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()),
-        dict(draft_length=es.StopWhenUnlikely(0.5, "oracle")),
+        dict(proposal=es.Chain(2, draft_length=es.StopWhenUnlikely(0.5, "oracle"))),
     ),
     "standard, a user's draft length": (
         es.Verifier(),
-        dict(draft_length=FirstTokenLength()),
+        dict(proposal=es.Chain(2, draft_length=FirstTokenLength())),
     ),
     "log space, logits models": (
         es.Verifier(
             es.RatioTest(log_space=True),
             residual_sampler=es.ResidualSampler(log_space=True),
         ),
-        dict(outputs="logits"),
+        dict(proposal=CHAIN, outputs="logits"),
     ),
 }
 
@@ -106,8 +118,6 @@ def _chi_square_of_loop(verifier, options, seed=0):
     draft, target = _tiny_models()
     vocab = target.vocab_size
     prompt = jnp.full((NUM_ROWS, 1), 1, jnp.int32)
-    if "tree" not in options:
-        options = dict(gamma=2, **options)
     models = (draft, target)
     if options.get("outputs") == "logits":
         models = (_as_logits(draft), _as_logits(target))
@@ -154,10 +164,10 @@ class _IIDRuleDraftingWithoutReplacement(DraftlessIIDRule):
 @pytest.mark.parametrize(
     "verifier, options",
     [
-        (es.Verifier(es.LenientRatioTest(0.3)), {}),
-        (es.Verifier(es.BlockRatioTest(), es.PrefixCounter()), {}),
-        (es.TreeVerifier(_IIDRuleDraftingWithoutReplacement()), dict(tree=TREE)),
-        (es.Verifier(), dict(draft_length=PeekingLength())),
+        (es.Verifier(es.LenientRatioTest(0.3)), dict(proposal=CHAIN)),
+        (es.Verifier(es.BlockRatioTest(), es.PrefixCounter()), dict(proposal=CHAIN)),
+        (es.TreeVerifier(_IIDRuleDraftingWithoutReplacement(), tree=TREE), {}),
+        (es.Verifier(), dict(proposal=es.Chain(2, draft_length=PeekingLength()))),
     ],
     ids=[
         "lenience 0.3",
@@ -183,9 +193,8 @@ def test_greedy_speculative_decoding_is_greedy_decoding_of_the_target(gamma):
         lengths,
         64,
         jax.random.key(0),
-        gamma=gamma,
         verifier=greedy,
-        drafting="argmax",
+        proposal=es.Chain(gamma, "argmax"),
     )
     reference = es.autoregressive_decode(target, tokens, lengths, 64)
     np.testing.assert_array_equal(result.tokens, reference)
@@ -216,7 +225,7 @@ def test_logits_models_decode_greedily_like_the_probabilities(gamma):
     greedy = es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler())
     result = es.speculative_decode(
         _as_logits(draft), _as_logits(target), tokens, lengths, 48,
-        jax.random.key(0), gamma=gamma, verifier=greedy, drafting="argmax",
+        jax.random.key(0), verifier=greedy, proposal=es.Chain(gamma, "argmax"),
         outputs="logits",
     )  # fmt: skip
     reference = es.autoregressive_decode(target, tokens, lengths, 48)
@@ -228,8 +237,9 @@ def test_statistics_are_consistent_and_match_the_theory():
     tokens, lengths = _prompts(64)
     gamma, num_tokens = 4, 128
     result = es.speculative_decode(
-        draft, target, tokens, lengths, num_tokens, jax.random.key(1), gamma=gamma
-    )
+        draft, target, tokens, lengths, num_tokens, jax.random.key(1),
+        proposal=es.Chain(gamma),
+    )  # fmt: skip
     hist = np.asarray(result.accepted_histogram)
     calls = np.asarray(result.target_calls)
     np.testing.assert_array_equal(hist.sum(-1), calls)
@@ -257,7 +267,7 @@ def test_statistics_are_consistent_and_match_the_theory():
         lengths,
         num_tokens,
         jax.random.key(1),
-        gamma=gamma,
+        proposal=es.Chain(gamma),
         verifier=es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()),
     )
     assert block.theory == "lower bound"
@@ -359,9 +369,8 @@ def test_fit_ngram_estimates():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(gamma=0), ValueError, "`gamma` must be a Python int >= 1"),
+        (dict(proposal=4), TypeError, "`proposal` must be an eqx_specdec.Chain"),
         (dict(num_tokens=0), ValueError, "`num_tokens` must be a Python int >= 1"),
-        (dict(drafting="top-k"), ValueError, "`drafting` must be"),
         (dict(outputs="log"), ValueError, "`outputs` must be"),
         (
             dict(prompt_lengths=np.array([0, 4])),
@@ -457,13 +466,12 @@ class _RuleWithoutDrafting(es.AbstractNodeRule):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(verifier=es.TreeVerifier()), TypeError, "A TreeVerifier needs the tree's shape"),
-        (dict(tree=(-1, 0)), TypeError, "`tree` is given, so `verifier` must be a tree verifier"),
-            (dict(verifier=es.TraversalVerifier()), TypeError, "A TraversalVerifier needs the tree's shape"),
-        (dict(verifier=es.TreeVerifier(), tree=(-1, 1)), ValueError, "depth-first order"),
-        (dict(verifier=es.TreeVerifier(), tree=()), ValueError, "non-empty tuple"),
-        (dict(verifier=es.TreeVerifier(), tree=(-1,), drafting="argmax"), ValueError, "`drafting` is for chains"),
-        (dict(verifier=es.TreeVerifier(DraftlessIIDRule()), tree=(-1,)), es.MissingCapabilityError, "DraftlessIIDRule does not implement `candidate_law`"),
+        (dict(verifier=es.TreeVerifier()), ValueError, "speculative_decode needs the tree's shape, and this TreeVerifier has none: build it with `tree=`"),
+        (dict(verifier=es.TraversalVerifier()), ValueError, "this TraversalVerifier has none"),
+        (dict(proposal=es.Tree((-1, 0))), TypeError, "The proposal is a Tree, so `verifier` must be a tree verifier"),
+        (dict(verifier=es.TreeVerifier(tree=(-1,)), proposal=es.Chain(2)), TypeError, "The proposal is a Chain, so `verifier` must verify chains"),
+        (dict(verifier=es.TreeVerifier(tree=(-1,)), proposal=es.Tree((-1, 0))), ValueError, "give the shape once"),
+        (dict(verifier=es.TreeVerifier(DraftlessIIDRule(), tree=(-1,))), es.MissingCapabilityError, "DraftlessIIDRule does not implement `candidate_law`"),
     ],
 )  # fmt: skip
 def test_bad_tree_arguments_are_named(kwargs, error, match):
@@ -480,17 +488,34 @@ def test_bad_tree_arguments_are_named(kwargs, error, match):
         )
 
 
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: es.Chain(0), ValueError, r"Chain\(`length`=...\) must be a Python int >= 1, got 0"),
+        (lambda: es.Chain(2, "top-k"), ValueError, r"Chain\(`drafting`=...\) must be \"sample\""),
+        (lambda: es.Chain(2, draft_length=3), TypeError, r"Chain\(`draft_length`=...\) must be an eqx_specdec.AbstractDraftLength"),
+        (lambda: es.Tree((-1, 1)), ValueError, "depth-first order"),
+        (lambda: es.Tree(()), ValueError, "non-empty tuple"),
+        (lambda: es.TreeVerifier(tree=(-1, True)), ValueError, "tuple of Python ints"),
+        (lambda: es.TraversalVerifier(max_depth=1, tree=(-1, 0)), ValueError, "raise its `max_depth` to at least 2"),
+    ],
+)  # fmt: skip
+def test_bad_proposals_are_named_when_built(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
 def test_a_user_node_rule_drafts_with_its_candidate_law():
     draft, target = es.builtin_models()
     tokens, lengths = _prompts(4)
     tree = (-1, 0, -1, 2)
     expected = es.speculative_decode(
         draft, target, tokens, lengths, 32, jax.random.key(2),
-        verifier=es.TreeVerifier(es.IIDCandidates()), tree=tree,
+        verifier=es.TreeVerifier(es.IIDCandidates(), tree=tree),
     )  # fmt: skip
     got = es.speculative_decode(
         draft, target, tokens, lengths, 32, jax.random.key(2),
-        verifier=es.TreeVerifier(_UserRule()), tree=tree,
+        verifier=es.TreeVerifier(_UserRule(), tree=tree),
     )  # fmt: skip
     np.testing.assert_array_equal(got.tokens, expected.tokens)
     assert got.theory == "none" and got.accepted_histogram.shape == (4, 3)

@@ -102,8 +102,8 @@ def test_the_decoding_loop_leaks_no_tracer_under_a_callers_jit():
             None,
             3,
             jax.random.key(1),
-            gamma=2,
             verifier=_lenient(lenience),
+            proposal=es.Chain(2),
         )
         return result.tokens
 

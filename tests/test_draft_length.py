@@ -62,8 +62,7 @@ def _run(gamma, draft_length, num_tokens=96):
         lengths,
         num_tokens,
         jax.random.key(0),
-        gamma=gamma,
-        draft_length=draft_length,
+        proposal=es.Chain(gamma, draft_length=draft_length),
     )
 
 
@@ -94,21 +93,7 @@ def test_draft_length_errors():
         es.StopWhenUnlikely(1.5)
     with pytest.raises(ValueError, match='`predictor`=...\\) must be "confidence"'):
         es.StopWhenUnlikely(0.5, "entropy")
-    draft, target = es.builtin_models()
-    prompts = np.ones((2, 3), np.int32)
-    with pytest.raises(TypeError, match="`draft_length` must be an eqx_specdec"):
-        es.speculative_decode(
-            draft, target, prompts, None, 8, jax.random.key(0), draft_length=3
-        )
-    with pytest.raises(ValueError, match="`draft_length` policies apply to chains"):
-        es.speculative_decode(
-            draft,
-            target,
-            prompts,
-            None,
-            8,
-            jax.random.key(0),
-            verifier=es.TreeVerifier(),
-            tree=(-1, 0),
-            draft_length=es.StopWhenUnlikely(0.5),
-        )
+    # A draft-length policy is a chain's (`Chain(draft_length=...)`): a tree's size is
+    # its shape, so the two cannot be given together.
+    with pytest.raises(TypeError, match=r"Chain\(`draft_length`=...\) must be an eqx"):
+        es.Chain(4, draft_length=3)

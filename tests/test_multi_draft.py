@@ -79,10 +79,9 @@ def test_the_one_node_table():
     reports) reproduce the Trees page's table to 1e-4; no rule beats its optimum."""
     for (rule, k), (acceptance, optimum) in TABLE.items():
         result = es.evaluate_verifier(
-            es.TreeVerifier(rule),
+            es.TreeVerifier(rule, tree=(-1,) * k),
             np.tile(Q, (k + 1, 1)),
             np.tile(P, (k + 1, 1)),
-            tree=(-1,) * k,
             method="quadrature",
         )
         name = f"{type(rule).__name__}, K = {k}"
@@ -116,7 +115,7 @@ def test_multi_draft_rules_are_lossless_on_trees(rule, tree):
     p = rng.dirichlet(np.ones(4), len(tree) + 1)
     q = rng.dirichlet(np.ones(4), len(tree) + 1)
     result = es.evaluate_verifier(
-        es.TreeVerifier(rule), q, p, tree=tree, method="quadrature"
+        es.TreeVerifier(rule, tree=tree), q, p, method="quadrature"
     )
     assert result.distance < 1e-6
     assert result.root_acceptance <= result.optimal_acceptance + 1e-6

@@ -177,17 +177,40 @@ def test_gradients_equal_finite_differences(rule):
 
     def objective(draft_logits, target_logits):
         return jnp.sum(
-            eqx_specdec.expected_accepted_length(
+            eqx_specdec.expected_accepted_length_logits(
                 draft_logits,
                 target_logits,
                 verifier=verifier,
                 draft_tokens=tokens,
-                logits=True,
             )
         )
 
     _directional_check(lambda d: objective(d, target), draft, 0)
     _directional_check(lambda t: objective(draft, t), target, 1)
+
+
+def test_logits_take_the_warps_of_verification():
+    """The logits objectives warp as `speculative_accept_logits` does: equal to the
+    probabilities objectives on the warped softmax, with the temperature's gradient
+    equal to its finite difference."""
+    draft, target, _ = _logit_case(5)
+    target_warp = eqx_specdec.Warp(0.7, top_k=3)
+    draft_warp = eqx_specdec.Warp(1.3)
+    got = eqx_specdec.acceptance_by_position_logits(
+        draft, target, target_warp=target_warp, draft_warp=draft_warp
+    )
+    expected = eqx_specdec.acceptance_by_position(
+        jnp.exp(draft_warp(draft)), jnp.exp(target_warp(target))
+    )
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+    def length(temperature):
+        warp = eqx_specdec.Warp(temperature)
+        return eqx_specdec.expected_accepted_length_logits(
+            draft, target, target_warp=warp
+        ).sum()
+
+    _directional_check(length, jnp.asarray(0.8, FLOAT), 2)
 
 
 def test_gradient_in_a_rule_parameter_under_jit():

@@ -189,11 +189,12 @@ def test_inside_the_decoding_loop():
         ),
     ]:
         sharded = es.ShardedVerifier(verifier, mesh, batch_axis, vocab_axis)
+        chain = es.Chain(4, drafting)
         expected = es.speculative_decode(
-            draft, target, tokens, None, 24, key, verifier=verifier, drafting=drafting
+            draft, target, tokens, None, 24, key, verifier=verifier, proposal=chain
         )
         got = es.speculative_decode(
-            draft, target, tokens, None, 24, key, verifier=sharded, drafting=drafting
+            draft, target, tokens, None, 24, key, verifier=sharded, proposal=chain
         )
         np.testing.assert_array_equal(got.tokens, expected.tokens)
         np.testing.assert_array_equal(

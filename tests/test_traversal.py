@@ -131,13 +131,14 @@ def test_exact_evaluation_and_monte_carlo_tools():
     tree = (-1, 0, 0, -1)
     p = rng.dirichlet(np.ones(3), 5)
     q = rng.dirichlet(np.ones(3), 5)
-    verifier = es.TraversalVerifier()
-    exact = es.evaluate_verifier(verifier, q, p, tree=tree, method="quadrature")
+    verifier = es.TraversalVerifier(tree=tree)
+    exact = es.evaluate_verifier(verifier, q, p, method="quadrature")
     assert exact.distance < 1e-6
-    top_down = es.evaluate_verifier(TOP_DOWN, q, p, tree=tree, method="quadrature")
+    top_down = es.TreeVerifier(es.WithoutReplacementCandidates(), tree=tree)
+    top_down = es.evaluate_verifier(top_down, q, p, method="quadrature")
     assert exact.tokens_per_step >= top_down.tokens_per_step - 1e-7
     sampled = es.evaluate_verifier(
-        verifier, q, p, tree=tree, method="monte-carlo", num_draws=50_000
+        verifier, q, p, method="monte-carlo", num_draws=50_000
     )
     assert abs(sampled.tokens_per_step - exact.tokens_per_step) < 0.02
     assert sampled.chi_square.passed
@@ -150,9 +151,9 @@ def test_errors_name_the_verifier_and_the_fix():
         es.tree_accept(tokens, parents, None, p, u, s, verifier=verifier)
     with pytest.raises(es.InvalidInputError, match="`node_tokens` holds a token id"):
         es.tree_accept(tokens + 100, parents, q, p, u, s, verifier=verifier)
-    shallow = es.TraversalVerifier(max_depth=1)
     with pytest.raises(ValueError, match="deeper than TraversalVerifier walks"):
-        es.evaluate_verifier(shallow, q[0, :4], p[0, :4], tree=(-1, 0, -1))
+        es.TraversalVerifier(max_depth=1, tree=(-1, 0, -1))
+    shallow = es.TraversalVerifier(max_depth=1)
     draft, target = es.builtin_models()
     with pytest.raises(ValueError, match="raise its `max_depth` to at least 2"):
         es.speculative_decode(
@@ -163,5 +164,5 @@ def test_errors_name_the_verifier_and_the_fix():
             4,
             jax.random.key(0),
             verifier=shallow,
-            tree=(-1, 0),
+            proposal=es.Tree((-1, 0)),
         )

@@ -91,10 +91,9 @@ def test_one_node_acceptance_rates(rule):
     for k in range(1, 5):
         tree = (-1,) * k
         result = eqx_specdec.evaluate_verifier(
-            eqx_specdec.TreeVerifier(RULES[rule]),
+            eqx_specdec.TreeVerifier(RULES[rule], tree=tree),
             np.tile(q64, (k + 1, 1)),
             np.tile(p64, (k + 1, 1)),
-            tree=tree,
             method="quadrature",
         )
         exact = _exact_node_acceptance(rule, p64, q64, k)

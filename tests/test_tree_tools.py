@@ -51,7 +51,7 @@ class _ForgetfulRule(es.AbstractNodeRule):
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: type(r).__name__)
 def test_tree_quadrature_is_exact_and_lossless(rule, tree):
     q, p = _case(tree)
-    result = es.evaluate_verifier(es.TreeVerifier(rule), q, p, tree=tree)
+    result = es.evaluate_verifier(es.TreeVerifier(rule, tree=tree), q, p)
     assert result.method == "quadrature"
     assert result.distance < 1e-6
     assert result.reached[0] == pytest.approx(1.0, abs=1e-9)
@@ -60,7 +60,7 @@ def test_tree_quadrature_is_exact_and_lossless(rule, tree):
 
 def test_one_node_acceptance_is_the_overlap():
     q, p = _case((-1,))
-    result = es.evaluate_verifier(es.TreeVerifier(), q, p, tree=(-1,))
+    result = es.evaluate_verifier(es.TreeVerifier(tree=(-1,)), q, p)
     assert result.tokens_per_step == pytest.approx(
         1 + np.minimum(p[0], q[0]).sum(), abs=1e-6
     )
@@ -69,7 +69,7 @@ def test_one_node_acceptance_is_the_overlap():
 def test_a_chain_tree_is_the_standard_verifier():
     q, p = _case((-1, 0))
     chain = es.evaluate_verifier(es.Verifier(), q[:2], p)
-    tree = es.evaluate_verifier(es.TreeVerifier(), q, p, tree=(-1, 0))
+    tree = es.evaluate_verifier(es.TreeVerifier(tree=(-1, 0)), q, p)
     assert tree.tokens_per_step == pytest.approx(chain.tokens_per_step, abs=1e-6)
     np.testing.assert_allclose(tree.reached, chain.reached, atol=1e-6)
 
@@ -79,7 +79,7 @@ def test_top_k_children_accept_with_their_target_mass():
     p(c_1) + p(c_2), the target mass of the draft's two most likely tokens."""
     q, p = _case((-1, -1))
     result = es.evaluate_verifier(
-        es.TreeVerifier(es.DeterministicCandidates()), q, p, tree=(-1, -1)
+        es.TreeVerifier(es.DeterministicCandidates(), tree=(-1, -1)), q, p
     )
     top = np.argsort(-q[0])[:2]
     assert result.reached[1] == pytest.approx(p[0, top].sum(), abs=1e-6)
@@ -88,7 +88,7 @@ def test_top_k_children_accept_with_their_target_mass():
 def test_quadrature_catches_a_lossy_rule():
     q, p = _case((-1, -1, 0), seed=1)
     result = es.evaluate_verifier(
-        es.TreeVerifier(_ForgetfulRule()), q, p, tree=(-1, -1, 0)
+        es.TreeVerifier(_ForgetfulRule(), tree=(-1, -1, 0)), q, p
     )
     assert result.method == "quadrature" and result.distance > 0.02
 
@@ -102,7 +102,7 @@ def test_monte_carlo_on_a_tree(rule, lossless):
     tree = (-1, -1, 0)
     q, p = _case(tree, vocab=8, seed=2)
     result = es.evaluate_verifier(
-        es.TreeVerifier(rule), q, p, tree=tree, method="monte-carlo",
+        es.TreeVerifier(rule, tree=tree), q, p, method="monte-carlo",
         num_draws=40_000, key=jax.random.key(3),
     )  # fmt: skip
     assert result.chi_square.passed is lossless
@@ -110,11 +110,15 @@ def test_monte_carlo_on_a_tree(rule, lossless):
 
 def test_bad_tree_arguments_are_named():
     q, p = _case((-1, 0))
-    with pytest.raises(TypeError, match="needs the tree's shape"):
+    with pytest.raises(
+        ValueError, match="the tree evaluation tools needs the tree's shape"
+    ):
         es.emission_by_quadrature(es.TreeVerifier(), q, p)
+    with pytest.raises(ValueError, match="evaluate_verifier needs the tree's shape"):
+        es.evaluate_verifier(es.TraversalVerifier(), q, p)
     with pytest.raises(ValueError, match="depth-first order"):
-        es.emission_by_quadrature(es.TreeVerifier(), q, p, tree=(0, -1))
+        es.TreeVerifier(tree=(0, -1))
     with pytest.raises(
         ValueError, match=r"`target_probs` must have shape \(N \+ 1, V\)"
     ):
-        es.emission_by_quadrature(es.TreeVerifier(), q, p[:2], tree=(-1, 0))
+        es.emission_by_quadrature(es.TreeVerifier(tree=(-1, 0)), q, p[:2])

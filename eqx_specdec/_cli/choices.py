@@ -3,7 +3,8 @@
 import sys
 from typing import Literal, NamedTuple
 
-from .._decoding.draft_length import FixedDraftLength, StopWhenUnlikely
+from .._proposal.chain import Chain
+from .._proposal.draft_length import FixedDraftLength, StopWhenUnlikely
 from .._stages.block import BlockRatioTest, LastSuccessCounter
 from .._stages.greedy import ArgmaxSampler, GreedyRatioTest
 from .._stages.gumbel import GumbelSampler
@@ -23,13 +24,15 @@ class Choice(NamedTuple):
     drafts: str  # the demo table's "drafts" column
     description: str
     drafting: Literal["sample", "argmax"] = "sample"
-    tree: tuple[int, ...] | None = None
 
-    def decode_options(self, gamma: int) -> dict:
-        """The keyword arguments of `speculative_decode` for this choice."""
-        if self.tree is not None:
-            return dict(tree=self.tree)
-        return dict(gamma=gamma, drafting=self.drafting)
+    @property
+    def is_tree(self) -> bool:
+        return isinstance(self.verifier, AbstractTreeVerifier)
+
+    def proposal(self, gamma: int) -> Chain | None:
+        """The `proposal` of `speculative_decode` for this choice: a chain of `gamma`
+        tokens, or `None` for a tree verifier (it drafts the tree it holds)."""
+        return None if self.is_tree else Chain(gamma, self.drafting)
 
 
 def verifiers(lenience: float) -> dict[str, Choice]:
@@ -74,24 +77,21 @@ def verifiers(lenience: float) -> dict[str, Choice]:
             "standard rule, Gumbel-max correction",
         ),
         "tree": Choice(
-            TreeVerifier(IIDCandidates()),
+            TreeVerifier(IIDCandidates(), tree=DEMO_TREE),
             "tree 2 x 4",
             "2 i.i.d. candidates at the root, each continued to depth 4",
-            tree=DEMO_TREE,
         ),
         "traversal": Choice(
-            TraversalVerifier(),
+            TraversalVerifier(tree=DEMO_TREE),
             "tree 2 x 4",
             "traversal verification of the same tree (drafted without replacement)",
-            tree=DEMO_TREE,
         ),
         "multi-draft": Choice(
-            TreeVerifier(GreedyMultiDraft(2)),
+            TreeVerifier(GreedyMultiDraft(2), tree=DEMO_TREE),
             "tree 2 x 4",
             "greedy multi-draft, K = 2 at every node, on the same tree (the root's "
             "children: one sampled from the rest, then the draft's top token; a chain "
             "node's one child is the sampled one)",
-            tree=DEMO_TREE,
         ),
     }
 
@@ -102,7 +102,7 @@ DEMO_TREE = (-1, 0, 1, 2, -1, 4, 5, 6)
 
 VERIFIER_NAMES = tuple(verifiers(0.5))
 # `evaluate` measures one verification step of a chain.
-CHAIN_NAMES = tuple(n for n, c in verifiers(0.5).items() if c.tree is None)
+CHAIN_NAMES = tuple(n for n, c in verifiers(0.5).items() if not c.is_tree)
 DEMO_DEFAULT = (
     "standard",
     "one-hot",

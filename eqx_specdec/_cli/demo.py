@@ -11,6 +11,7 @@ import numpy as np
 from .._decoding.autoregressive import autoregressive_decode
 from .._decoding.loop import speculative_decode
 from .._decoding.models import builtin_models, BUILTIN_PROMPTS, decode, encode
+from .._proposal.chain import Chain
 from .choices import draft_length, verifiers
 
 
@@ -86,12 +87,12 @@ def run_demo(args) -> dict:
     results = {}
     for name in args.verifiers:
         choice = table[name]
-        options = choice.decode_options(args.gamma)
-        results[name] = run(name, verifier=choice.verifier, **options)
+        proposal = choice.proposal(args.gamma)
+        results[name] = run(name, verifier=choice.verifier, proposal=proposal)
     policies = {}
     for name in args.draft_lengths:
         policy, gamma = draft_length(name, args.gamma)
-        policies[name] = run(name, gamma=gamma, draft_length=policy)[0]
+        policies[name] = run(name, proposal=Chain(gamma, draft_length=policy))[0]
 
     print(
         f"Built-in models: character {target.order}-gram target and "

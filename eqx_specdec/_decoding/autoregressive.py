@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, Key
 
+from .._proposal.abstract_proposal import as_probs, ModelOutputs
 from .._verify.dispatch import FilterJit
-from .._verify.verifier import Verifier
-from .drafting import as_probs, ModelOutputs, token_buffer
-from .loop import check_decode_arguments
+from .loop import check_decode_arguments, token_buffer
 
 
 @FilterJit
@@ -65,7 +64,7 @@ def autoregressive_decode(
     int32 of shape `(B, L)`, the generated tokens.
     """
     prompt_lengths = check_decode_arguments(
-        prompt_tokens, prompt_lengths, num_tokens, 1, outputs, Verifier()
+        prompt_tokens, prompt_lengths, num_tokens, outputs
     )
     greedy = key is None
     return _autoregressive(

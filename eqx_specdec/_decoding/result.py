@@ -3,7 +3,6 @@
 from typing import Literal
 
 import equinox as eqx
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
@@ -99,16 +98,3 @@ class DecodeResult(eqx.Module):
         reached = self._theory_reached()
         reached = reached / reached[0]
         return reached - np.append(reached[1:], 0.0)
-
-
-def reached_probabilities(passes, draft_law, draft_tokens):
-    """$P(n \\ge k)$, k = 0..G, for one step: unbiased given the drafted path.
-
-    With $a_j(v)$ the pass probability of token v at position j and
-    $\\beta_j = \\sum_v q_j(v) a_j(v)$, $P(n \\ge k) = E[\\prod_{j<k-1} a_j(x_j) \\beta_{k-1}]$
-    over the draft $x \\sim q$; the last factor is averaged exactly.
-    """
-    beta = jnp.sum(draft_law * passes, axis=-1)
-    a_x = jnp.take_along_axis(passes, draft_tokens[:, None], axis=-1)[:, 0]
-    before = jnp.concatenate([jnp.ones((1,), a_x.dtype), jnp.cumprod(a_x)[:-1]])
-    return jnp.concatenate([jnp.ones((1,), beta.dtype), before * beta])

@@ -109,11 +109,11 @@ def synthetic_distributions(kind: str, gamma: int, vocab: int, seed: int):
     return q, p, q
 
 
-def _quadrature_problem(verifier, q, p, tree) -> Exception | None:
+def _quadrature_problem(verifier, q, p) -> Exception | None:
     """Why exact quadrature does not apply (the error to raise), or None."""
     vocab = p.shape[1]
     if isinstance(verifier, AbstractTreeVerifier):
-        return tree_quadrature_problem(verifier, tree, vocab)
+        return tree_quadrature_problem(verifier, vocab)
     gamma = p.shape[0] - 1
     if vocab**gamma > 256:
         return ValueError(
@@ -126,11 +126,11 @@ def _quadrature_problem(verifier, q, p, tree) -> Exception | None:
     return None
 
 
-def _root_optimum(verifier, tree, q, p, root_acceptance) -> dict:
+def _root_optimum(verifier, q, p, root_acceptance) -> dict:
     """The measured acceptance at the root beside the optimum of the drafting rule's
     draft law, where the rule can say it (and the root has children)."""
     rule = verifier.drafting_rule()
-    children = sum(1 for parent in tree if parent == -1)
+    children = sum(1 for parent in verifier.tree if parent == -1)
     if not children:
         return {}
     if not has_capability(rule, "optimal_acceptance"):
@@ -282,7 +282,6 @@ def evaluate_verifier(
     method: Literal["auto", "quadrature", "monte-carlo"] = "auto",
     num_draws: int = 200_000,
     key=None,
-    tree: tuple[int, ...] | None = None,
 ) -> Evaluation:
     """Measures one verifier on one row of fixed distributions: how far the tokens it
     emits are from its target, its acceptance rate and its tokens per step.
@@ -293,8 +292,8 @@ def evaluate_verifier(
 
     **Arguments:**
 
-    - `verifier`: the [`eqx_specdec.Verifier`][], or a [`eqx_specdec.TreeVerifier`][]
-        with `tree`.
+    - `verifier`: the [`eqx_specdec.Verifier`][], or a tree verifier built with its
+        `tree` ([`eqx_specdec.TreeVerifier`][], [`eqx_specdec.TraversalVerifier`][]).
     - `draft_probs`: `(G, V)`, or `None` for one-hot drafts (for a tree, `(N + 1, V)`:
         see [`eqx_specdec.emission_by_quadrature`][]).
     - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`).
@@ -305,7 +304,6 @@ def evaluate_verifier(
         quadrature where it applies, Monte Carlo otherwise).
     - `num_draws`: Monte Carlo draws.
     - `key`: the Monte Carlo key; default `jax.random.key(0)`.
-    - `tree`: with a `TreeVerifier`, the parent of each node in depth-first order.
 
     **Returns:**
 
@@ -324,19 +322,19 @@ def evaluate_verifier(
     p = np.asarray(target_probs, np.float64)
     q = None if draft_probs is None else np.asarray(draft_probs, np.float64)
     vocab = p.shape[1]
-    problem = _quadrature_problem(verifier, q, p, tree)
+    if isinstance(verifier, AbstractTreeVerifier):
+        verifier.tree_shape("evaluate_verifier")  # a clear error before any work
+    problem = _quadrature_problem(verifier, q, p)
     if method == "quadrature" and problem is not None:
         raise problem
     if method == "auto":
         method = "quadrature" if problem is None else "monte-carlo"
     if method == "quadrature":
-        estimate = emission_by_quadrature(
-            verifier, q, p, draft_law=draft_law, tree=tree
-        )
+        estimate = emission_by_quadrature(verifier, q, p, draft_law=draft_law)
     else:
         key = jax.random.key(0) if key is None else key
         estimate = emission_by_monte_carlo(
-            verifier, q, p, key, num_draws, draft_law=draft_law, tree=tree
+            verifier, q, p, key, num_draws, draft_law=draft_law
         )
     accepted_law = estimate.accepted_distribution()
     reached = accepted_law[::-1].cumsum()[::-1]  # P(n >= k)
@@ -376,7 +374,7 @@ def evaluate_verifier(
         **extra,
     )
     if isinstance(verifier, AbstractTreeVerifier):
-        fields.update(_root_optimum(verifier, tree, q, p, float(reached[1])))
+        fields.update(_root_optimum(verifier, q, p, float(reached[1])))
     if method == "monte-carlo":
         chi = estimate.chi_square(target)
         passed = np.all((chi["statistic"] < chi["threshold"])[positions])

@@ -124,7 +124,6 @@ def emission_by_quadrature(
     sample_breakpoints=None,
     subdivisions: int = 2,
     chunk_size: int = 1 << 16,
-    tree: tuple[int, ...] | None = None,
 ) -> EmissionEstimate:
     """Computes, by deterministic quadrature over the uniforms, how often `verifier`
     emits each token at each position, for one row with fixed distributions.
@@ -140,7 +139,8 @@ def emission_by_quadrature(
     implement `quadrature_breakpoints` raises [`eqx_specdec.MissingCapabilityError`][],
     unless you pass the breakpoints yourself.
 
-    With a [`eqx_specdec.TreeVerifier`][] and `tree`, the draft is a tree: every
+    With a tree verifier ([`eqx_specdec.TreeVerifier`][] built with its `tree`), the
+    draft is that tree: every
     assignment of tokens to its nodes is enumerated (drawn by the node rule's
     `candidate_law`), and the cells are cut at the node rule's `pass_threshold` at every
     reachable state and at the cumulative sums of every final residual; positions are
@@ -168,7 +168,6 @@ def emission_by_quadrature(
         change.
     - `subdivisions`: grid points per cell and axis.
     - `chunk_size`: verifier rows per compiled call.
-    - `tree`: with a `TreeVerifier`, the parent of each node in depth-first order.
 
     **Returns:**
 
@@ -176,7 +175,7 @@ def emission_by_quadrature(
     """
     if isinstance(verifier, AbstractTreeVerifier):
         return tree_emission_by_quadrature(
-            verifier, tree, draft_probs, target_probs, chunk_size=chunk_size
+            verifier, draft_probs, target_probs, chunk_size=chunk_size
         )
     draft, target, law = _checked(draft_probs, target_probs, draft_law)
     gamma, vocab = law.shape
@@ -326,7 +325,6 @@ def emission_by_monte_carlo(
     draft_law=None,
     log_inputs: bool | None = None,
     chunk_size: int = 16_384,
-    tree: tuple[int, ...] | None = None,
 ) -> EmissionEstimate:
     """Counts, over `num_draws` random steps, how often `verifier` emits each token at
     each position, for one row with fixed distributions.
@@ -337,7 +335,10 @@ def emission_by_monte_carlo(
 
     **Arguments:**
 
-    - `verifier`: the [`eqx_specdec.Verifier`][] to measure.
+    - `verifier`: the [`eqx_specdec.Verifier`][] to measure, or a tree verifier
+        built with its `tree` ([`eqx_specdec.TreeVerifier`][]): the distributions are
+        then `(N + 1, V)` as for [`eqx_specdec.emission_by_quadrature`][], and each
+        draw drafts the tree with the node rule's `candidate_law`.
     - `draft_probs`: `(G, V)`, or `None` for one-hot drafts.
     - `target_probs`: `(G + 1, V)`.
     - `key`: a `jax.random` key.
@@ -346,9 +347,6 @@ def emission_by_monte_carlo(
     - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier. Default: whether its
         stages read log-probabilities.
     - `chunk_size`: draws per compiled call.
-    - `tree`: with a [`eqx_specdec.TreeVerifier`][], the tree's shape; the distributions
-        are then `(N + 1, V)` as for [`eqx_specdec.emission_by_quadrature`][], and each
-        draw drafts the tree with the node rule's `candidate_law`.
 
     **Returns:**
 
@@ -356,7 +354,7 @@ def emission_by_monte_carlo(
     """
     if isinstance(verifier, AbstractTreeVerifier):
         return tree_emission_by_monte_carlo(
-            verifier, tree, draft_probs, target_probs, key, num_draws, chunk_size
+            verifier, draft_probs, target_probs, key, num_draws, chunk_size
         )
     if log_inputs is None:
         log_inputs = _reads_logs(verifier)

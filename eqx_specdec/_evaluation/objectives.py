@@ -13,11 +13,15 @@ from .._capabilities import require
 from .._custom_types import DraftProbs, DraftTokens, TargetProbs
 from .._misc import compute_dtype
 from .._stages.row_fields import per_row_values, with_row_values
+from .._verify.logits import Warp
 from .._verify.verifier import Verifier
 from .validation import check_distributions
 
 
-def _check_arguments(entry_point, verifier, draft_probs, target_probs, draft_tokens):
+def _check_arguments(
+    entry_point, verifier, draft_probs, target_probs, draft_tokens, names
+):
+    draft_name, target_name = names
     if not isinstance(verifier, Verifier):
         raise TypeError(
             f"{entry_point}: `verifier` must be an eqx_specdec.Verifier (its ratio test "
@@ -30,7 +34,7 @@ def _check_arguments(entry_point, verifier, draft_probs, target_probs, draft_tok
     require(verifier.prefix_counter, "reach_probabilities", feature)
     if target_probs.ndim != 3:
         raise ValueError(
-            f"{entry_point}: `target_probs` must have shape (B, G+1, V); got "
+            f"{entry_point}: `{target_name}` must have shape (B, G+1, V); got "
             f"{tuple(target_probs.shape)}."
         )
     batch, rows, vocab = target_probs.shape
@@ -38,17 +42,17 @@ def _check_arguments(entry_point, verifier, draft_probs, target_probs, draft_tok
     if draft_probs is None:
         if draft_tokens is None:
             raise ValueError(
-                f"{entry_point}: one-hot drafts (`draft_probs=None`) need "
+                f"{entry_point}: one-hot drafts (`{draft_name}=None`) need "
                 "`draft_tokens`: without the distributions q there is nothing to average "
                 "the draft tokens over."
             )
     elif tuple(draft_probs.shape) != expected:
         raise ValueError(
-            f"{entry_point}: `draft_probs` must have shape (B, G, V) = {expected}, one "
-            f"row fewer than `target_probs` {tuple(target_probs.shape)}; got "
+            f"{entry_point}: `{draft_name}` must have shape (B, G, V) = {expected}, one "
+            f"row fewer than `{target_name}` {tuple(target_probs.shape)}; got "
             f"{tuple(draft_probs.shape)}."
         )
-    for name, array in (("draft_probs", draft_probs), ("target_probs", target_probs)):
+    for name, array in ((draft_name, draft_probs), (target_name, target_probs)):
         if array is not None and not jnp.issubdtype(array.dtype, jnp.floating):
             raise TypeError(
                 f"{entry_point}: `{name}` must be floating; got {array.dtype}."
@@ -89,7 +93,6 @@ def acceptance_by_position(
     *,
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
-    logits: bool = False,
 ) -> Float[Array, "batch gamma"]:
     """The probability that at least $k$ draft tokens are accepted, $P(n \\ge k)$ for
     $k = 1, \\dots, G$, as a differentiable function of the distributions.
@@ -111,23 +114,22 @@ def acceptance_by_position(
     gradient at fixed tokens; for the gradient in $q$ of the expectation over the drafts,
     add the score term, `jax.lax.stop_gradient(objective) * log q(x)`.
 
-    Gradients flow into `draft_probs`, `target_probs` (or the logits) and the array
-    fields of the verifier's stages (a lenience, say). The verification step itself
+    Gradients flow into `draft_probs`, `target_probs` and the array fields of the
+    verifier's stages (a lenience, say). For logits, use
+    [`eqx_specdec.acceptance_by_position_logits`][]. The verification step itself
     ([`eqx_specdec.speculative_accept`][]) has no useful gradient: its outputs are
     integers, piecewise constant in every input.
 
     **Arguments:**
 
-    - `draft_probs`: float of shape `(B, G, V)`, the draft distributions $q_i$ (logits
-        with `logits=True`); `None` for one-hot drafts (with `draft_tokens`).
+    - `draft_probs`: float of shape `(B, G, V)`, the draft distributions $q_i$; `None`
+        for one-hot drafts (with `draft_tokens`).
     - `target_probs`: float of shape `(B, G + 1, V)`, the target distributions $p_i$, as
         for `speculative_accept` (the last row is not read).
     - `verifier`: the [`eqx_specdec.Verifier`][] whose ratio test and prefix counter
         define the rule. Default: the standard rule.
     - `draft_tokens`: integer of shape `(B, G)`, or `None` (the default: average over
         the draft tokens).
-    - `logits`: if `True`, `draft_probs` and `target_probs` are logits (softmaxed over
-        the vocabulary here, differentiably).
 
     **Returns:**
 
@@ -141,40 +143,113 @@ def acceptance_by_position(
     - [`eqx_specdec.MissingCapabilityError`][]: a stage lacks the capability the
         objective needs.
     """
-    return _reached_checked(
+    check_distributions(
         "acceptance_by_position",
-        draft_probs,
-        target_probs,
-        verifier,
-        draft_tokens,
-        logits,
+        other_fix=", or pass logits to acceptance_by_position_logits",
+        draft_probs=draft_probs,
+        target_probs=target_probs,
+    )
+    return _reached(
+        "acceptance_by_position", draft_probs, target_probs, verifier, draft_tokens
     )
 
 
-def _reached_checked(name, draft_probs, target_probs, verifier, draft_tokens, logits):
-    if not logits:
-        check_distributions(
-            name,
-            other_fix=", or pass `logits=True`",
-            draft_probs=draft_probs,
-            target_probs=target_probs,
-        )
-    return _reached(name, draft_probs, target_probs, verifier, draft_tokens, logits)
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def acceptance_by_position_logits(
+    draft_logits: Float[Array, "batch gamma vocab"] | None,
+    target_logits: Float[Array, "batch gamma+1 vocab"],
+    *,
+    target_warp: Warp = Warp(),
+    draft_warp: Warp = Warp(),
+    verifier: Verifier = Verifier(),
+    draft_tokens: DraftTokens | None = None,
+) -> Float[Array, "batch gamma"]:
+    """[`eqx_specdec.acceptance_by_position`][] of logits, warped as
+    [`eqx_specdec.speculative_accept_logits`][] warps them: $\tilde p$ =
+    softmax(`target_warp`(target logits)) and $\tilde q$ = softmax(`draft_warp`(draft
+    logits)), differentiably (a temperature's gradient included; top-k, top-p and
+    min-p masks are piecewise constant).
+
+    **Arguments:**
+
+    - `draft_logits`: float of shape `(B, G, V)`, or `None` for one-hot drafts (with
+        `draft_tokens`).
+    - `target_logits`: float of shape `(B, G + 1, V)`.
+    - `target_warp`, `draft_warp`: the [`eqx_specdec.Warp`][]s of the distribution to
+        sample from and of the draft's sampling. Default: none (temperature 1).
+    - `verifier`, `draft_tokens`: as for [`eqx_specdec.acceptance_by_position`][]. The
+        verifier's stages receive probabilities: pass an
+        [`eqx_specdec.Verifier`][] of probability stages (the default), not the log
+        space verifier of `speculative_accept_logits`.
+
+    **Returns:**
+
+    Float of shape `(B, G)`.
+    """
+    return _reached_from_logits(
+        "acceptance_by_position_logits",
+        draft_logits,
+        target_logits,
+        target_warp,
+        draft_warp,
+        verifier,
+        draft_tokens,
+    )
+
+
+def _reached_from_logits(
+    name, draft_logits, target_logits, target_warp, draft_warp, verifier, draft_tokens
+):
+    for warp_name, warp in (("target_warp", target_warp), ("draft_warp", draft_warp)):
+        if not isinstance(warp, Warp):
+            raise TypeError(
+                f"{name}: `{warp_name}` must be an eqx_specdec.Warp; got "
+                f"{type(warp).__name__}."
+            )
+    for arg, array in (
+        ("draft_logits", draft_logits),
+        ("target_logits", target_logits),
+    ):
+        if array is not None and jnp.ndim(array) != 3:
+            raise ValueError(
+                f"{name}: `{arg}` must have shape (B, rows, V); got {jnp.shape(array)}."
+            )
+    return _warped_reached(
+        name,
+        draft_logits,
+        target_logits,
+        target_warp,
+        draft_warp,
+        verifier,
+        draft_tokens,
+    )
 
 
 @eqx.filter_jit
-def _reached(name, draft_probs, target_probs, verifier, draft_tokens, logits):
-    _check_arguments(name, verifier, draft_probs, target_probs, draft_tokens)
+def _warped_reached(
+    name, draft_logits, target_logits, target_warp, draft_warp, verifier, draft_tokens
+):
+    def probs(warp, logits):
+        return None if logits is None else jnp.exp(warp(jnp.asarray(logits)))
+
+    q, p = probs(draft_warp, draft_logits), probs(target_warp, target_logits)
+    return _reached(name, q, p, verifier, draft_tokens, _LOGITS)
+
+
+_PROBS = ("draft_probs", "target_probs")
+_LOGITS = ("draft_logits", "target_logits")
+
+
+@eqx.filter_jit
+def _reached(name, draft_probs, target_probs, verifier, draft_tokens, names=_PROBS):
+    _check_arguments(name, verifier, draft_probs, target_probs, draft_tokens, names)
     arrays = [a for a in (draft_probs, target_probs) if a is not None]
     dtype = compute_dtype(*(a.dtype for a in arrays))
 
-    def as_probs(x):
-        if x is None:
-            return None
-        x = x.astype(dtype)
-        return jax.nn.softmax(x, axis=-1) if logits else x
+    def as_dtype(x):
+        return None if x is None else x.astype(dtype)
 
-    q, p = as_probs(draft_probs), as_probs(target_probs)
+    q, p = as_dtype(draft_probs), as_dtype(target_probs)
     ratio_test, counter = verifier.ratio_test, verifier.prefix_counter
 
     # Each row's test holds that row's per-row field values (a mask per row, say).
@@ -196,7 +271,6 @@ def expected_accepted_length(
     *,
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
-    logits: bool = False,
 ) -> Float[Array, " batch"]:
     """The expected number of accepted draft tokens, $E[n] = \\sum_{k=1}^{G} P(n \\ge k)$,
     as a differentiable function of the distributions: the sum over positions of
@@ -204,6 +278,7 @@ def expected_accepted_length(
 
     For the standard rule, $E[n] = \\sum_{k=1}^{G} \\prod_{i < k} \\beta_i$ with
     $\\beta_i = \\sum_v \\min(p_i(v), q_i(v))$. The tokens per target call are $1 + E[n]$.
+    For logits, use [`eqx_specdec.expected_accepted_length_logits`][].
 
     **Arguments:**
 
@@ -213,12 +288,47 @@ def expected_accepted_length(
 
     Float of shape `(B,)`.
     """
-    reached = _reached_checked(
+    check_distributions(
         "expected_accepted_length",
-        draft_probs,
-        target_probs,
+        other_fix=", or pass logits to expected_accepted_length_logits",
+        draft_probs=draft_probs,
+        target_probs=target_probs,
+    )
+    reached = _reached(
+        "expected_accepted_length", draft_probs, target_probs, verifier, draft_tokens
+    )
+    return jnp.sum(reached, axis=-1)
+
+
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def expected_accepted_length_logits(
+    draft_logits: Float[Array, "batch gamma vocab"] | None,
+    target_logits: Float[Array, "batch gamma+1 vocab"],
+    *,
+    target_warp: Warp = Warp(),
+    draft_warp: Warp = Warp(),
+    verifier: Verifier = Verifier(),
+    draft_tokens: DraftTokens | None = None,
+) -> Float[Array, " batch"]:
+    """[`eqx_specdec.expected_accepted_length`][] of logits, warped as
+    [`eqx_specdec.speculative_accept_logits`][] warps them (see
+    [`eqx_specdec.acceptance_by_position_logits`][]).
+
+    **Arguments:**
+
+    As for [`eqx_specdec.acceptance_by_position_logits`][].
+
+    **Returns:**
+
+    Float of shape `(B,)`.
+    """
+    reached = _reached_from_logits(
+        "expected_accepted_length_logits",
+        draft_logits,
+        target_logits,
+        target_warp,
+        draft_warp,
         verifier,
         draft_tokens,
-        logits,
     )
     return jnp.sum(reached, axis=-1)

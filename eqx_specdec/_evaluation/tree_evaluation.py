@@ -8,10 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._capabilities import require
-from .._decoding.drafting import tree_depths
 from .._errors import MissingCapabilityError
-from .._tree.abstract_tree_verifier import AbstractTreeVerifier, check_static_depth
-from .._tree.top_down import check_tree_shape
+from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_depths
 from .._verify.dispatch import FilterJit
 from .emission import cells, EmissionEstimate, padded_size
 from .validation import check_distributions
@@ -21,9 +19,8 @@ from .validation import check_distributions
 _MAX_QUADRATURE_ROWS = 4_000_000
 
 
-def _check(verifier, tree, draft_probs, target_probs, *, exact: bool):
-    tree = check_tree_shape(tree)
-    check_static_depth(verifier, tree)
+def _check(verifier, draft_probs, target_probs, *, exact: bool):
+    tree = verifier.tree_shape("the tree evaluation tools")
     rule = verifier.drafting_rule()
     require(rule, "candidate_law", "drafting a tree in the evaluation tools")
     if exact:
@@ -110,14 +107,13 @@ def quadrature_cells(thresholds, cdfs, probability):
 
 def tree_emission_by_quadrature(
     verifier: AbstractTreeVerifier,
-    tree,
     draft_probs,
     target_probs,
     *,
     chunk_size=1 << 16,
 ) -> EmissionEstimate:
     """Exact emission of a tree verifier (see `emission_by_quadrature`)."""
-    tree, q, p = _check(verifier, tree, draft_probs, target_probs, exact=True)
+    tree, q, p = _check(verifier, draft_probs, target_probs, exact=True)
     rule, nodes, vocab = verifier.drafting_rule(), len(tree), p.shape[-1]
     assignments = np.array(
         list(itertools.product(range(vocab), repeat=nodes)), np.int32
@@ -166,7 +162,6 @@ def tree_emission_by_quadrature(
 
 def tree_emission_by_monte_carlo(
     verifier: AbstractTreeVerifier,
-    tree,
     draft_probs,
     target_probs,
     key,
@@ -174,7 +169,7 @@ def tree_emission_by_monte_carlo(
     chunk_size,
 ) -> EmissionEstimate:
     """Monte Carlo emission of a tree verifier (see `emission_by_monte_carlo`)."""
-    tree, q, p = _check(verifier, tree, draft_probs, target_probs, exact=False)
+    tree, q, p = _check(verifier, draft_probs, target_probs, exact=False)
     nodes, vocab = len(tree), p.shape[-1]
     estimate = (
         np.zeros((nodes + 1, vocab)),
@@ -191,7 +186,7 @@ def tree_emission_by_monte_carlo(
     return EmissionEstimate(emitted, reached, num_draws, accepted)
 
 
-def tree_quadrature_problem(verifier, tree, vocab: int):
+def tree_quadrature_problem(verifier, vocab: int):
     """Why exact quadrature does not apply to this tree (the error to raise), or None."""
     try:
         for stage, name in (
@@ -203,8 +198,8 @@ def tree_quadrature_problem(verifier, tree, vocab: int):
             )
     except MissingCapabilityError as error:
         return error
-    nodes = len(tuple(tree)) if tree is not None else 0
-    if nodes and vocab**nodes * 2**nodes > _MAX_QUADRATURE_ROWS:
+    nodes = len(verifier.tree_shape("exact evaluation of trees"))
+    if vocab**nodes * 2**nodes > _MAX_QUADRATURE_ROWS:
         return ValueError(
             f'`method="quadrature"` does not apply here: V^N * 2^N = {vocab}^{nodes} '
             f"* 2^{nodes} walks are too many to enumerate."

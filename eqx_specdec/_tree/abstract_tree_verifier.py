@@ -35,7 +35,11 @@ class AbstractTreeVerifier(eqx.Module):
     the one after node `i`; `draft_probs` likewise (the law the node's children were drawn
     from; `None` where the drafting rule reads no draft).
 
-    **Declared by every subclass:** `row` and `drafting_rule`.
+    **Declared by every subclass:** `row`, `drafting_rule`, and the field `tree`: the
+    shape of the trees it verifies in [`eqx_specdec.speculative_decode`][] and the
+    evaluation tools, the parent of each node in depth-first order as a tuple of Python
+    ints (validated by [`eqx_specdec.AbstractTreeVerifier.tree_shape`][]), or `None`
+    when the shape comes with each call ([`eqx_specdec.tree_accept`][]'s `parents`).
 
     **Capabilities** (default raises [`eqx_specdec.MissingCapabilityError`][]):
     `forced_walk` (exact evaluation of trees). A verifier that delegates a capability
@@ -43,7 +47,34 @@ class AbstractTreeVerifier(eqx.Module):
     `pass_threshold`) declares it in the class attribute `capabilities_from`.
     """
 
+    tree: eqx.AbstractVar[tuple[int, ...] | None]
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
+
+    def __check_init__(self):
+        if self.tree is not None:
+            check_static_depth(self, self.tree)
+
+    def tree_shape(self, feature: str) -> tuple[int, ...]:
+        """The verifier's `tree`, or a `ValueError` saying that `feature` needs it and
+        how to give it.
+
+        **Arguments:**
+
+        - `feature`: what needs the shape, for the error message.
+
+        **Returns:**
+
+        The parent of each node in depth-first order, a tuple of Python ints.
+        """
+        if self.tree is None:
+            name = type(self).__name__
+            raise ValueError(
+                f"{feature} needs the tree's shape, and this {name} has none: build it "
+                f"with `tree=`, the parent of each node in depth-first order, e.g. "
+                f"`{name}(..., tree=(-1, -1, 0))` for two candidates at the root, the "
+                "first with one child."
+            )
+        return self.tree
 
     @abc.abstractmethod
     def row(
@@ -126,13 +157,41 @@ class AbstractTreeVerifier(eqx.Module):
         return jax.vmap(self.row)(*inputs)
 
 
+def tree_field(**kwargs):
+    """The `tree` field of a tree verifier: static, validated by `check_tree_shape`."""
+    return eqx.field(static=True, converter=check_tree_shape, **kwargs)
+
+
+def check_tree_shape(tree) -> tuple[int, ...] | None:
+    """A tree's shape as a tuple of Python ints, the parent of each node in depth-first
+    order (or `None`), else a `ValueError` saying what is wrong."""
+    if tree is None:
+        return None
+    tree = tuple(tree)
+    if not tree or not all(
+        isinstance(p, int) and not isinstance(p, bool) and -1 <= p < i
+        for i, p in enumerate(tree)
+    ):
+        raise ValueError(
+            "`tree` must be a non-empty tuple of Python ints, the parent of each node in "
+            "depth-first order: -1 for a child of the root, else an earlier node's "
+            f"index; got {tree!r}."
+        )
+    return tree
+
+
+def tree_depths(tree: tuple[int, ...]) -> list[int]:
+    """The depth of each node of a tree shape (1 for the root's children)."""
+    depths: list[int] = []
+    for parent in tree:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
 def check_static_depth(verifier: AbstractTreeVerifier, tree: tuple[int, ...]):
     """Trace-time check that a tree of known shape is within the verifier's depth
     limit: a `ValueError` naming the verifier and the fix otherwise."""
-    depth = {-1: 0}
-    for i, parent in enumerate(tree):
-        depth[i] = depth[parent] + 1
-    deepest, limit = max(depth.values()), verifier.depth_limit(len(tree))
+    deepest, limit = max(tree_depths(tree)), verifier.depth_limit(len(tree))
     if deepest > limit:
         raise ValueError(
             f"`tree` has depth {deepest}, deeper than {type(verifier).__name__} walks "

@@ -29,7 +29,7 @@ from .._verify.checks import (
     uniform_problems,
 )
 from .._verify.dispatch import entry_point
-from .abstract_tree_verifier import AbstractTreeVerifier, tree_navigation
+from .abstract_tree_verifier import AbstractTreeVerifier, tree_field, tree_navigation
 from .node_rules import AbstractNodeRule, IIDCandidates
 
 
@@ -47,9 +47,15 @@ class TreeVerifier(AbstractTreeVerifier):
 
     - `node_rule`: an [`eqx_specdec.AbstractNodeRule`][]. Default
         [`eqx_specdec.IIDCandidates`][].
+    - `tree`: the shape of the trees it verifies in
+        [`eqx_specdec.speculative_decode`][] and the evaluation tools: the parent of
+        each node in depth-first order, -1 for a child of the root (`(-1, -1, 0)`: two
+        candidates at the root, the first with one child). `None` (the default) when
+        each call gives it ([`eqx_specdec.tree_accept`][]'s `parents`).
     """
 
     node_rule: AbstractNodeRule = IIDCandidates()
+    tree: tuple[int, ...] | None = tree_field(default=None)
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
         "forced_walk": (("node_rule", "pass_threshold"),)
     }
@@ -213,32 +219,11 @@ def _tree_problems(verifier, parents):
     return problems
 
 
-def check_tree_shape(tree, owner: str = "TreeVerifier") -> tuple[int, ...]:
-    """A tree's shape as a tuple of Python ints, the parent of each node in depth-first
-    order, or a `TypeError` / `ValueError` saying what is wrong (trace time)."""
-    if tree is None:
-        raise TypeError(
-            f"A {owner} needs the tree's shape: pass `tree=` the parent of each node "
-            "in depth-first order, e.g. `tree=(-1, 0, -1, 2)` for two candidates at the "
-            "root with one child each."
-        )
-    tree = tuple(tree)
-    if not tree or not all(
-        isinstance(p, int) and -1 <= p < i for i, p in enumerate(tree)
-    ):
-        raise ValueError(
-            "`tree` must be a non-empty tuple of Python ints, the parent of each node in "
-            "depth-first order: -1 for a child of the root, else an earlier node's "
-            f"index; got {tree!r}."
-        )
-    return tree
-
-
 @entry_point
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def tree_accept(
     node_tokens: Integer[Array, "batch nodes"],
-    parents: Integer[Array, "batch nodes"],
+    parents: Integer[Array, "batch nodes"] | None,
     draft_probs: Float[Array, "batch nodes+1 vocab"] | None,
     target_probs: Float[Array, "batch nodes+1 vocab"],
     accept_uniforms: Float[Array, "batch nodes"],
@@ -253,7 +238,8 @@ def tree_accept(
     **Arguments:**
 
     - `node_tokens`: integer `(B, N)`, the token at each node.
-    - `parents`: integer `(B, N)`, each node's parent (-1: the root; below -1: padding).
+    - `parents`: integer `(B, N)`, each node's parent (-1: the root; below -1: padding),
+        or `None` for the verifier's `tree` in every row.
     - `draft_probs`: float `(B, N + 1, V)`, or `None` for deterministic children.
     - `target_probs`: float `(B, N + 1, V)`.
     - `accept_uniforms`: float `(B, N)`, one uniform per node.
@@ -271,9 +257,23 @@ def tree_accept(
     `"path"` int32 `(B, N)`: the accepted nodes' indices, for keeping their KV-cache
     entries.
     """
-    node_tokens, parents, target_probs, accept_uniforms, sample_uniforms = (
+    if not isinstance(verifier, AbstractTreeVerifier):
+        raise TypeError(
+            "`verifier` must be an eqx_specdec.AbstractTreeVerifier (TreeVerifier or "
+            f"TraversalVerifier); got {type(verifier).__name__}."
+        )
+    node_tokens = jnp.asarray(node_tokens)
+    if parents is None:
+        tree = verifier.tree_shape("tree_accept with `parents=None`")
+        if node_tokens.ndim != 2 or node_tokens.shape[1] != len(tree):
+            raise ValueError(
+                f"`node_tokens` must have shape (B, N) with N = {len(tree)}, the nodes "
+                f"of the verifier's `tree`; got {tuple(node_tokens.shape)}."
+            )
+        parents = jnp.broadcast_to(jnp.asarray(tree, jnp.int32), node_tokens.shape)
+    parents, target_probs, accept_uniforms, sample_uniforms = (
         jnp.asarray(a)
-        for a in (node_tokens, parents, target_probs, accept_uniforms, sample_uniforms)
+        for a in (parents, target_probs, accept_uniforms, sample_uniforms)
     )
     if draft_probs is not None:
         draft_probs = jnp.asarray(draft_probs)
@@ -292,11 +292,6 @@ def tree_accept(
                 f"`{name}` must have shape {shape} for `node_tokens` of shape "
                 f"{(batch, nodes)} and vocabulary {vocab}; got {tuple(array.shape)}."
             )
-    if not isinstance(verifier, AbstractTreeVerifier):
-        raise TypeError(
-            "`verifier` must be an eqx_specdec.AbstractTreeVerifier (TreeVerifier or "
-            f"TraversalVerifier); got {type(verifier).__name__}."
-        )
     rule = verifier.drafting_rule()
     if draft_probs is None and rule.uses_draft_probs:
         raise TypeError(

@@ -19,7 +19,7 @@ from .._custom_types import (
 )
 from .._misc import compute_dtype
 from .._search import has_mass, inverse_cdf
-from .abstract_tree_verifier import AbstractTreeVerifier, tree_navigation
+from .abstract_tree_verifier import AbstractTreeVerifier, tree_field, tree_navigation
 from .node_rules import AbstractNodeRule, WithoutReplacementCandidates
 
 
@@ -69,9 +69,13 @@ class TraversalVerifier(AbstractTreeVerifier):
         keeps the residuals of the current path, `2 (max_depth + 1)` rows of the
         vocabulary per tree: set it for wide trees of many nodes. A deeper tree is an
         error of [`eqx_specdec.tree_accept`][]'s checks.
+    - `tree`: the shape of the trees it verifies in
+        [`eqx_specdec.speculative_decode`][] and the evaluation tools, as for
+        [`eqx_specdec.TreeVerifier`][]; `None` (the default) when each call gives it.
     """
 
     max_depth: int | None = eqx.field(default=None, static=True)
+    tree: tuple[int, ...] | None = tree_field(default=None)
 
     def __check_init__(self):
         if self.max_depth is not None and (

@@ -1,0 +1,147 @@
+"""What the draft proposes at each step of the decoding loop: the base of the chain and
+the tree, and what one step hands back to the loop."""
+
+import abc
+from collections.abc import Callable
+from typing import Literal, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, Key
+
+
+ModelOutputs = Literal["probs", "logits"]
+Theory = Literal["exact", "lower bound", "none"]
+
+
+class Models(NamedTuple):
+    """The two models of the decoding loop, and what they return."""
+
+    draft: Callable
+    target: Callable
+    outputs: ModelOutputs
+
+
+class StepOutcome(NamedTuple):
+    """What one step of a proposal hands back to the loop, one entry per row:
+    `num_accepted` (B,), `tokens` (B, slots) (the accepted draft tokens, the correction,
+    then -1), `reached` (B, depth + 1) (the theory's $P(n \\ge k)$, NaN without
+    theory) and `drafted` (B,) (the draft tokens drafted)."""
+
+    num_accepted: Int[Array, " batch"]
+    tokens: Int[Array, "batch slots"]
+    reached: Float[Array, "batch depth_plus_1"]
+    drafted: Int[Array, " batch"]
+
+
+class AbstractProposal(eqx.Module):
+    """What the draft proposes at each step of [`eqx_specdec.speculative_decode`][]:
+    a [`eqx_specdec.Chain`][] of draft tokens (verified by an
+    [`eqx_specdec.Verifier`][]) or a [`eqx_specdec.Tree`][] of them (verified by a
+    tree verifier). The loop is the same for both; everything that depends on the
+    proposal's shape (the buffer slots a step writes, how it is drafted, scored and
+    verified, and its theory) is a method here, read before tracing or traced once.
+    """
+
+    @abc.abstractmethod
+    def slots(self) -> int:
+        """The buffer slots one step may write: the deepest accepted path and the
+        correction.
+
+        **Returns:**
+
+        A Python int.
+        """
+
+    @abc.abstractmethod
+    def depth(self) -> int:
+        """The most draft tokens one step can accept ($G$ for a chain, the deepest path
+        of a tree): the loop's histograms have `depth() + 1` entries.
+
+        **Returns:**
+
+        A Python int.
+        """
+
+    @abc.abstractmethod
+    def check(self, verifier) -> None:
+        """Raises a `TypeError` or `ValueError` (naming the argument and the fix) unless
+        `verifier` can verify this proposal in the decoding loop. Called before tracing.
+
+        **Arguments:**
+
+        - `verifier`: the loop's verifier.
+        """
+
+    @abc.abstractmethod
+    def theory(self, verifier) -> Theory:
+        """What the loop's theoretical acceptance is for this proposal and verifier, from
+        static declarations only (read before tracing): `"exact"`, `"lower bound"` or
+        `"none"` (see [`eqx_specdec.DecodeResult`][]).
+
+        **Arguments:**
+
+        - `verifier`: the loop's verifier.
+        """
+
+    @abc.abstractmethod
+    def step(
+        self,
+        models: Models,
+        verifier,
+        buffer: Int[Array, "batch width"],
+        lengths: Int[Array, " batch"],
+        keys: Key[Array, "batch 4"],
+        generated: Int[Array, " batch"],
+    ) -> StepOutcome:
+        """Drafts, scores and verifies one step for every row. Traced.
+
+        **Arguments:**
+
+        - `models`: the draft and target models, and what they return.
+        - `verifier`: the loop's verifier (checked by `check`).
+        - `buffer`: int32 `(B, W)`, each row's tokens; row `b`'s context is its first
+            `lengths[b]` tokens, the slots after it scratch.
+        - `lengths`: int32 `(B,)`.
+        - `keys`: `(B, 4)` keys per row: `[:, 0]` for drafting, `[:, 1]` for the
+            accept uniforms, `[:, 2]` for the correction's randomness, `[:, 3]` spare.
+        - `generated`: int32 `(B,)`, the tokens each row has generated so far.
+
+        **Returns:**
+
+        A `StepOutcome`.
+        """
+
+
+def as_probs(x, outputs: ModelOutputs):
+    """A model's output row(s) as probabilities."""
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return jax.nn.softmax(x, axis=-1) if outputs == "logits" else x
+
+
+def checked_output(name: str, value, shape: tuple[int, ...]):
+    """A model's output, or a `ValueError` / `TypeError` (trace time) saying that a
+    model returns one distribution per position asked."""
+    if not hasattr(value, "shape") or tuple(value.shape) != shape:
+        got = getattr(value, "shape", type(value).__name__)
+        raise ValueError(
+            f"`{name}` must return one distribution per position asked, shape "
+            f"(positions, vocab) = {shape}; got {got}. A model is called as "
+            "`model(tokens: int[T], positions: int[K]) -> float[K, V]`."
+        )
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+        raise TypeError(f"`{name}` must return floating values, got {value.dtype}.")
+    return value
+
+
+def uniforms(keys, count: int, key_sampler: bool):
+    """Each row's `count` accept uniforms, and its sampler's randomness: a uniform, or
+    the key itself for a key-driven sampler."""
+    accept = jax.vmap(lambda k: jax.random.uniform(k, (count,), jnp.float32))(
+        keys[:, 1]
+    )
+    if key_sampler:
+        return accept, keys[:, 2]
+    sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys[:, 2])
+    return accept, sample
