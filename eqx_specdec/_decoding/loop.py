@@ -18,7 +18,7 @@ from .._proposal.abstract_proposal import (
 )
 from .._proposal.chain import Chain
 from .._proposal.tree import Tree
-from .._tree.abstract_tree_verifier import AbstractTreeVerifier
+from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
 from .._verify.abstract_verifier import AbstractVerifier
 from .._verify.dispatch import FilterJit
 from .._verify.verifier import Verifier
@@ -49,7 +49,7 @@ def resolve_proposal(proposal, verifier) -> AbstractProposal:
         )
     if proposal is None:
         if isinstance(verifier, AbstractTreeVerifier):
-            proposal = Tree(verifier.tree_shape("speculative_decode"))
+            proposal = Tree(tree_of(verifier, "speculative_decode"))
         else:
             proposal = Chain()
     if not isinstance(proposal, AbstractProposal):

@@ -13,7 +13,7 @@ import numpy as np
 from .._capabilities import has_capability
 from .._errors import MissingCapabilityError
 from .._misc import numpy_softmax
-from .._tree.abstract_tree_verifier import AbstractTreeVerifier
+from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
 from .._verify.verifier import Verifier
 from .lossless import (
     emission_by_monte_carlo,
@@ -323,7 +323,7 @@ def evaluate_verifier(
     q = None if draft_probs is None else np.asarray(draft_probs, np.float64)
     vocab = p.shape[1]
     if isinstance(verifier, AbstractTreeVerifier):
-        verifier.tree_shape("evaluate_verifier")  # a clear error before any work
+        tree_of(verifier, "evaluate_verifier")  # a clear error before any work
     problem = _quadrature_problem(verifier, q, p)
     if method == "quadrature" and problem is not None:
         raise problem

@@ -9,7 +9,7 @@ import numpy as np
 
 from .._capabilities import require
 from .._errors import MissingCapabilityError
-from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_depths
+from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_depths, tree_of
 from .._verify.dispatch import FilterJit
 from .emission import cells, EmissionEstimate, padded_size
 from .validation import check_distributions
@@ -20,7 +20,7 @@ _MAX_QUADRATURE_ROWS = 4_000_000
 
 
 def _check(verifier, draft_probs, target_probs, *, exact: bool):
-    tree = verifier.tree_shape("the tree evaluation tools")
+    tree = tree_of(verifier, "the tree evaluation tools")
     rule = verifier.drafting_rule()
     require(rule, "candidate_law", "drafting a tree in the evaluation tools")
     if exact:
@@ -198,7 +198,7 @@ def tree_quadrature_problem(verifier, vocab: int):
             )
     except MissingCapabilityError as error:
         return error
-    nodes = len(verifier.tree_shape("exact evaluation of trees"))
+    nodes = len(tree_of(verifier, "exact evaluation of trees"))
     if vocab**nodes * 2**nodes > _MAX_QUADRATURE_ROWS:
         return ValueError(
             f'`method="quadrature"` does not apply here: V^N * 2^N = {vocab}^{nodes} '

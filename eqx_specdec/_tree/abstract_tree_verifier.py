@@ -38,7 +38,7 @@ class AbstractTreeVerifier(eqx.Module):
     **Declared by every subclass:** `row`, `drafting_rule`, and the field `tree`: the
     shape of the trees it verifies in [`eqx_specdec.speculative_decode`][] and the
     evaluation tools, the parent of each node in depth-first order as a tuple of Python
-    ints (validated by [`eqx_specdec.AbstractTreeVerifier.tree_shape`][]), or `None`
+    ints (validated when the verifier is built), or `None`
     when the shape comes with each call ([`eqx_specdec.tree_accept`][]'s `parents`).
 
     **Capabilities** (default raises [`eqx_specdec.MissingCapabilityError`][]):
@@ -53,28 +53,6 @@ class AbstractTreeVerifier(eqx.Module):
     def __check_init__(self):
         if self.tree is not None:
             check_static_depth(self, self.tree)
-
-    def tree_shape(self, feature: str) -> tuple[int, ...]:
-        """The verifier's `tree`, or a `ValueError` saying that `feature` needs it and
-        how to give it.
-
-        **Arguments:**
-
-        - `feature`: what needs the shape, for the error message.
-
-        **Returns:**
-
-        The parent of each node in depth-first order, a tuple of Python ints.
-        """
-        if self.tree is None:
-            name = type(self).__name__
-            raise ValueError(
-                f"{feature} needs the tree's shape, and this {name} has none: build it "
-                f"with `tree=`, the parent of each node in depth-first order, e.g. "
-                f"`{name}(..., tree=(-1, -1, 0))` for two candidates at the root, the "
-                "first with one child."
-            )
-        return self.tree
 
     @abc.abstractmethod
     def row(
@@ -155,6 +133,20 @@ class AbstractTreeVerifier(eqx.Module):
     def __call__(self, *inputs) -> dict[str, Int[Array, "..."]]:
         """Verifies a batch of trees: `row` vmapped."""
         return jax.vmap(self.row)(*inputs)
+
+
+def tree_of(verifier: AbstractTreeVerifier, feature: str) -> tuple[int, ...]:
+    """The verifier's `tree`, or a `ValueError` saying that `feature` needs it and how
+    to give it."""
+    if verifier.tree is None:
+        name = type(verifier).__name__
+        raise ValueError(
+            f"{feature} needs the tree's shape, and this {name} has none: build it "
+            f"with `tree=`, the parent of each node in depth-first order, e.g. "
+            f"`{name}(..., tree=(-1, -1, 0))` for two candidates at the root, the "
+            "first with one child."
+        )
+    return verifier.tree
 
 
 def tree_field(**kwargs):

@@ -29,7 +29,12 @@ from .._verify.checks import (
     uniform_problems,
 )
 from .._verify.dispatch import entry_point
-from .abstract_tree_verifier import AbstractTreeVerifier, tree_field, tree_navigation
+from .abstract_tree_verifier import (
+    AbstractTreeVerifier,
+    tree_field,
+    tree_navigation,
+    tree_of,
+)
 from .node_rules import AbstractNodeRule, IIDCandidates
 
 
@@ -264,7 +269,7 @@ def tree_accept(
         )
     node_tokens = jnp.asarray(node_tokens)
     if parents is None:
-        tree = verifier.tree_shape("tree_accept with `parents=None`")
+        tree = tree_of(verifier, "tree_accept with `parents=None`")
         if node_tokens.ndim != 2 or node_tokens.shape[1] != len(tree):
             raise ValueError(
                 f"`node_tokens` must have shape (B, N) with N = {len(tree)}, the nodes "
