@@ -8,6 +8,7 @@ import inspect
 import pathlib
 import re
 import sys
+import warnings
 
 import equinox as eqx
 import pytest
@@ -159,6 +160,15 @@ def test_the_package_imports_have_no_cycle_and_no_function_level_imports():
     for module in graph:
         if module not in state:
             visit(module, [module])
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_every_module_compiles_without_warnings(path):
+    """No invalid escape sequence (a docstring's `\\s` meant as LaTeX) or other
+    compile-time warning: Python will make them errors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile(path.read_text(), str(path), "exec")
 
 
 def test_no_module_level_mutable_state():

@@ -141,6 +141,11 @@ def test_exact_evaluation_and_monte_carlo_tools():
         verifier, q, p, method="monte-carlo", num_draws=50_000
     )
     assert abs(sampled.tokens_per_step - exact.tokens_per_step) < 0.02
+    # The Monte Carlo estimate carries its standard error, and is within 5 of them.
+    assert 0 < sampled.tokens_per_step_error < 0.01
+    error = abs(sampled.tokens_per_step - exact.tokens_per_step)
+    assert error < 5 * sampled.tokens_per_step_error
+    assert exact.tokens_per_step_error is None
     assert sampled.chi_square.passed
 
 

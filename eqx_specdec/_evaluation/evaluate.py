@@ -180,6 +180,9 @@ class Evaluation(eqx.Module):
         `None` where never reached.
     - `acceptance_rate`: accepted draft tokens over drafted, $E[n] / G$.
     - `tokens_per_step`: $1 + E[n]$.
+    - `tokens_per_step_error`: with Monte Carlo, the standard error of
+        `tokens_per_step`, $\\sqrt{\\mathrm{Var}(n) / \\text{draws}}$; `None` for
+        quadrature (exact).
     - `reached`: $P(n \\ge k)$ for $k = 0, \\dots, G$.
     - `root_acceptance`: for a tree, the probability that some child of the root is
         accepted; `None` for a chain.
@@ -205,6 +208,7 @@ class Evaluation(eqx.Module):
     acceptance_rate: float
     tokens_per_step: float
     reached: tuple[float, ...]
+    tokens_per_step_error: float | None = None
     root_acceptance: float | None = None
     optimal_acceptance: float | None = None
     distance_noise_per_position: tuple[float | None, ...] | None = None
@@ -265,7 +269,9 @@ class Evaluation(eqx.Module):
         if self.optimal_acceptance is not None:
             lines.append(f"optimal root acceptance: {self.optimal_acceptance:.4f}")
         lines.append(f"acceptance rate: {self.acceptance_rate:.4f}")
-        lines.append(f"expected tokens per step: {self.tokens_per_step:.4f}")
+        error = self.tokens_per_step_error
+        spread = "" if error is None else f" +/- {error:.4f} (standard error)"
+        lines.append(f"expected tokens per step: {self.tokens_per_step:.4f}{spread}")
         return "\n".join(lines)
 
 
@@ -358,7 +364,10 @@ def evaluate_verifier(
         ]
         measured = [d for d, u in zip(distances, under) if d is not None and not u]
         measured = measured or [d for d in distances if d is not None]
+        counts = np.arange(len(accepted_law))
+        variance = accepted_law @ counts**2 - (accepted_law @ counts) ** 2
         extra = dict(
+            tokens_per_step_error=float(np.sqrt(max(variance, 0.0) / num_draws)),
             distance_noise_per_position=_floats(estimate.distance_noise(target)),
             under_sampled=tuple(under),
         )
