@@ -104,14 +104,12 @@ from ._verify.keys import (
     speculative_accept_from_key as speculative_accept_from_key,
     uniforms_from_key as uniforms_from_key,
 )
-from ._verify.logits import (
-    speculative_accept_logits as speculative_accept_logits,
-    Warp as Warp,
-)
+from ._verify.logits import speculative_accept_logits as speculative_accept_logits
 from ._verify.verifier import (
     speculative_accept as speculative_accept,
     Verifier as Verifier,
 )
+from ._verify.warp import Warp as Warp
 
 
 __version__ = importlib.metadata.version("eqx_specdec")

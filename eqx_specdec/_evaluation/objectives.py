@@ -13,8 +13,8 @@ from .._capabilities import require
 from .._custom_types import DraftProbs, DraftTokens, TargetProbs
 from .._misc import compute_dtype
 from .._stages.row_fields import per_row_values, with_row_values
-from .._verify.logits import Warp
 from .._verify.verifier import Verifier
+from .._verify.warp import Warp
 from .validation import check_distributions
 
 

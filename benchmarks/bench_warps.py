@@ -1,0 +1,201 @@
+"""Benchmark of verification from logits with the warps serving stacks sample with:
+`python benchmarks/bench_warps.py`.
+
+For each shape (B, G, V), one interleaved run (medians, after compilation, every call
+unchecked, `check_inputs="off"`) of:
+
+- `speculative_accept` on probabilities (it reads two of the 2G + 1 rows in full);
+- `speculative_accept_logits` with the same warp on both sides: temperature 0.7 alone,
+  then with top-k 50, top-p 0.9 and min-p 0.05;
+- with `--torch` (needs the `bench` extra), PyTorch warps of the same rows, written as
+  vLLM's and Hugging Face's samplers write them on the CPU: temperature softmax, top-k by
+  `torch.topk`, top-p by a sort and a cumulative sum. They warp only, without verifying,
+  so a ratio above 1 means the library verifies faster than PyTorch merely warps.
+
+It prints milliseconds per call and the ratios the performance goals are stated in.
+"""
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqx_specdec import speculative_accept, speculative_accept_logits, Warp
+
+
+SHAPES = [(16, 5, 32_000), (64, 5, 128_256), (256, 8, 32_000)]
+WARPS = {
+    "temperature 0.7": Warp(0.7),
+    "top-k 50": Warp(0.7, top_k=50),
+    "top-p 0.9": Warp(0.7, top_p=0.9),
+    "min-p 0.05": Warp(0.7, min_p=0.05),
+}
+
+
+def _inputs(seed, batch, gamma, vocab):
+    rng = np.random.default_rng(seed)
+    target = rng.standard_normal((batch, gamma + 1, vocab), dtype=np.float32) * 3
+    draft = target[:, :gamma] + rng.standard_normal((batch, gamma, vocab), np.float32)
+    tokens = rng.integers(0, vocab, (batch, gamma)).astype(np.int32)
+    accept = rng.random((batch, gamma), dtype=np.float32)
+    sample = rng.random(batch, dtype=np.float32)
+    return tokens, draft, target, accept, sample
+
+
+def _as_probs(logits):
+    return np.asarray(jax.nn.softmax(jnp.asarray(logits), axis=-1))
+
+
+def _torch_warps():
+    import torch
+
+    def temperature(draft, target):
+        return [torch.softmax(x / 0.7, dim=-1) for x in (draft, target)]
+
+    def top_k(draft, target):
+        out = []
+        for x in (draft, target):
+            x = x / 0.7
+            kth = torch.topk(x, 50, dim=-1).values[..., -1:]
+            out.append(torch.softmax(x.masked_fill(x < kth, -float("inf")), dim=-1))
+        return out
+
+    def top_p(draft, target):
+        out = []
+        for x in (draft, target):
+            x = x / 0.7
+            values, order = torch.sort(x, dim=-1, descending=True)
+            probs = torch.softmax(values, dim=-1)
+            before = torch.cumsum(probs, dim=-1) - probs
+            values = values.masked_fill(before >= 0.9, -float("inf"))
+            x = torch.empty_like(x).scatter_(-1, order, values)
+            out.append(torch.softmax(x, dim=-1))
+        return out
+
+    return {
+        "PyTorch temperature": torch.no_grad()(temperature),
+        "PyTorch top-k 50": torch.no_grad()(top_k),
+        "PyTorch top-p 0.9": torch.no_grad()(top_p),
+    }
+
+
+def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
+    impls = {
+        "probabilities": lambda x, q, p, u, s, *_: speculative_accept(
+            x, q, p, u, s, check_inputs="off"
+        )
+    }
+    for name, warp in WARPS.items():
+        impls[name] = lambda x, q, p, u, s, dl, tl, w=warp: speculative_accept_logits(
+            x, dl, tl, u, s, target_warp=w, draft_warp=w, check_inputs="off"
+        )
+    if with_torch:
+        for name, fn in _torch_warps().items():
+            impls[name] = lambda *args, fn=fn: fn(*args[-2:])
+    rows = []
+    for batch, gamma, vocab in shapes:
+        copies = 2
+        device, host_torch = [], []
+        for seed in range(copies):
+            x, dl, tl, u, s = _inputs(seed, batch, gamma, vocab)
+            q, p = _as_probs(dl), _as_probs(tl)
+            device.append(tuple(jnp.asarray(a) for a in (x, q, p, u, s, dl, tl)))
+            if with_torch:
+                import torch
+
+                host_torch.append((torch.from_numpy(dl), torch.from_numpy(tl)))
+
+        def call(name, r):
+            torch_call = name.startswith("PyTorch")
+            out = impls[name](*(host_torch if torch_call else device)[r % copies])
+            if not torch_call:
+                jax.block_until_ready(out)
+
+        times = {name: [] for name in impls}
+        for name in impls:  # compile, and warm PyTorch up
+            call(name, 0)
+        names = list(impls)
+        for r in range(repeats):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                start = time.perf_counter()
+                call(name, r)
+                times[name].append(time.perf_counter() - start)
+        rows.append(
+            {
+                "shape": (batch, gamma, vocab),
+                **{k: statistics.median(v) for k, v in times.items()},
+            }
+        )
+    return rows
+
+
+def print_table(rows, with_torch: bool):
+    print(
+        "Milliseconds per call (medians), and ratios. Every call unchecked; the same "
+        "warp on both sides.\n"
+    )
+    head = ["B, G, V", "probabilities"] + list(WARPS)
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in rows:
+        cells = [", ".join(map(str, row["shape"]))]
+        cells += [f"{row[name] * 1e3:.1f}" for name in ["probabilities"] + list(WARPS)]
+        print("| " + " | ".join(cells) + " |")
+    print()
+    head = ["B, G, V", "temperature / probabilities"]
+    head += [f"{name} / temperature" for name in list(WARPS)[1:]]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in rows:
+        t = row["temperature 0.7"]
+        cells = [", ".join(map(str, row["shape"])), f"{t / row['probabilities']:.1f}x"]
+        cells += [f"{row[name] / t:.2f}x" for name in list(WARPS)[1:]]
+        print("| " + " | ".join(cells) + " |")
+    if not with_torch:
+        return
+    print()
+    print(
+        "PyTorch warping the same rows (without verifying) / ours warping and verifying:"
+    )
+    print()
+    pairs = [
+        ("PyTorch temperature", "temperature 0.7"),
+        ("PyTorch top-k 50", "top-k 50"),
+        ("PyTorch top-p 0.9", "top-p 0.9"),
+    ]
+    head = ["B, G, V"] + [f"{theirs} (ms) / ours" for theirs, _ in pairs]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in rows:
+        cells = [", ".join(map(str, row["shape"]))]
+        cells += [
+            f"{row[theirs] * 1e3:.0f} / {row[theirs] / row[ours]:.1f}x"
+            for theirs, ours in pairs
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls per impl")
+    parser.add_argument(
+        "--shapes", default=None, help="'B,G,V;B,G,V;...' (default: serving shapes)"
+    )
+    parser.add_argument("--torch", action="store_true", help="time PyTorch's warps too")
+    args = parser.parse_args(argv)
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
+    print(f"JAX {jax.__version__} on {jax.default_backend()}")
+    print_table(benchmark(shapes, args.repeats, args.torch), args.torch)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""The sampling transform of a model's logits (logit bias, temperature, top-k, top-p,
+min-p), with the top-k and top-p cut-offs found by an exact search over the row's values
+instead of a sort."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from .._misc import check_hyperparameter, compute_dtype
+
+
+def _per_row(value, logits):
+    """A scalar or per-row `(B,)` parameter, shaped to broadcast against `(B, R, V)`."""
+    value = jnp.asarray(value)
+    return value.reshape(value.shape + (1,) * (logits.ndim - value.ndim))
+
+
+_LANES = 16
+
+
+def _row_reduce(arrays, inits, combine):
+    """A variadic reduction over the last axis of arrays of one shape, in one pass,
+    keeping the axis: as `(V / 16, 16)` blocks reduced over the blocks first, so that
+    XLA CPU keeps 16 accumulators in a vector register (a reduction over the minor axis
+    runs one scalar chain)."""
+    vocab = arrays[0].shape[-1]
+    inits = tuple(jnp.asarray(i, a.dtype) for i, a in zip(inits, arrays))
+    if vocab % _LANES == 0:
+        shape = arrays[0].shape[:-1] + (vocab // _LANES, _LANES)
+        arrays = tuple(a.reshape(shape) for a in arrays)
+        arrays = jax.lax.reduce(arrays, inits, combine, (len(shape) - 2,))
+    out = jax.lax.reduce(arrays, inits, combine, (arrays[0].ndim - 1,))
+    return tuple(o[..., None] for o in out)
+
+
+def _min_max(x, y):
+    return jnp.minimum(x[0], y[0]), jnp.maximum(x[1], y[1])
+
+
+def order_keys(x: Float[Array, "*rows vocab"]) -> Array:
+    """Unsigned integer keys in the order of the floats `x` (the sign bit flipped for
+    positive values, every bit for negative ones): searching over keys bit by bit finds
+    a value of `x` exactly."""
+    bits = np.dtype(x.dtype).itemsize * 8
+    unsigned = jnp.uint32 if bits == 32 else jnp.uint64
+    raw = jax.lax.bitcast_convert_type(x, unsigned)
+    top = jnp.asarray(1 << (bits - 1), unsigned)
+    return jnp.where(raw >= top, ~raw, raw | top)
+
+
+def key_values(keys: Array, dtype) -> Array:
+    """The floats of `order_keys`' keys."""
+    bits = np.dtype(dtype).itemsize * 8
+    top = jnp.asarray(1 << (bits - 1), keys.dtype)
+    raw = jnp.where(keys >= top, keys ^ top, ~keys)
+    return jax.lax.bitcast_convert_type(raw, dtype)
+
+
+def largest_reaching(keys, weights, goal):
+    """Per row, the largest key $t$ of the row such that the total weight of the keys
+    $\\ge t$ reaches `goal` (the count of keys, for `weights=None`).
+
+    A bisection over the integer range `[start, end)` that holds the answer, both ends
+    snapped to the row's own keys after every pass: one pass over the row finds the
+    weight at or above the midpoint, the smallest key at or above it and the largest
+    key below it (one fused reduction). The range closes on the answer in at most as
+    many passes as the keys have bits, and in about $\\log_2$ of the number of distinct
+    keys when they are spread; equal keys (ties) cost nothing more. Exact: the keys
+    are integers.
+
+    **Arguments:**
+
+    - `keys`: unsigned integers `(*rows, V)`, from `order_keys`.
+    - `weights`: float `(*rows, V)` (non-negative), or `None` to count keys.
+    - `goal`: `(*rows, 1)`, the weight (or count) to reach.
+
+    **Returns:**
+
+    `(*rows, 1)` keys of the rows. A row whose total weight does not reach `goal`
+    returns its smallest key (every key is kept).
+    """
+    lowest = jnp.zeros((), keys.dtype)
+    highest = jnp.asarray(np.iinfo(keys.dtype).max, keys.dtype)
+
+    def combine(x, y):
+        return x[0] + y[0], jnp.minimum(x[1], y[1]), jnp.maximum(x[2], y[2])
+
+    def reductions(middle):
+        above = keys >= middle
+        if weights is None:
+            weight = above.astype(jnp.int32)
+        else:
+            weight = jnp.where(above, weights, 0)
+        return _row_reduce(
+            (weight, jnp.where(above, keys, highest), jnp.where(above, lowest, keys)),
+            (0, highest, lowest),
+            combine,
+        )
+
+    def unfinished(state):
+        start, end = state
+        return jnp.any(end - start > 1)
+
+    def step(state):
+        start, end = state
+        live = end - start > 1
+        middle = start + (end - start) // 2
+        total, first_above, last_below = reductions(middle)
+        reached = total >= goal
+        # The answer is a key: at or above `middle` if reached, below it otherwise.
+        start = jnp.where(live & reached, first_above, start)
+        end = jnp.where(live & ~reached, last_below + 1, end)
+        return start, end
+
+    start, end = _row_reduce((keys, keys), (highest, lowest), _min_max)
+    end = end + 1
+    return jax.lax.while_loop(unfinished, step, (start, end))[0]
+
+
+class Warp(eqx.Module):
+    """The sampling transform a model's logits go through, as serving stacks apply it:
+    a logit bias, then temperature, top-k, top-p (nucleus) and min-p. Returns
+    log-probabilities.
+
+    Each parameter is a scalar or a per-row array of shape `(B,)` (the logit bias: `(V,)`
+    or per row `(B, V)`), so one batch can mix rows of different settings. A row with
+    temperature 0 is greedy: its distribution is one-hot at the most likely token (ties:
+    the lowest id), and speculative sampling with it reduces exactly to greedy
+    verification.
+
+    The top-k and top-p cut-offs are found without sorting: an exact bisection over the
+    row's values, each step one pass over the row (about $\\log_2$ of the number of
+    distinct values), with the row in cache on the CPU. The result is the sort's, ties
+    included.
+
+    For speculative sampling to be lossless, the target's warp must be the distribution
+    the user wants to sample from, and the draft's warp must be exactly the law the draft
+    tokens were sampled from (a draft sampled at temperature 0.7 with top-p 0.9 needs
+    `Warp(0.7, top_p=0.9)`). Using raw draft probabilities while the draft sampled from a
+    warped distribution is a known bug class.
+
+    **Arguments:**
+
+    - `temperature`: $T \\ge 0$; logits are divided by $T$. Default 1.
+    - `top_k`: keep the $k$ largest logits of each distribution ($k \\ge 1$; 0 keeps
+        all); ties with the $k$-th largest are kept. `None` (the default) skips it.
+    - `top_p`: keep the smallest set of most likely tokens whose probability reaches
+        $p \\in (0, 1]$ (at least one token); ties with the last kept value are kept.
+        `None` (the default) skips it.
+    - `min_p`: keep the tokens whose probability is at least `min_p` times the most
+        likely token's, after the warps before it ($\\in [0, 1]$; 0 keeps all).
+        `None` (the default) skips it.
+    - `logit_bias`: added to the logits before anything else (OpenAI's `logit_bias`):
+        float of shape `(V,)` or `(B, V)`, in target vocabulary ids; $-\\infty$ bans a
+        token. `None` (the default) adds nothing.
+    """
+
+    temperature: Float[Array, "*batch"] | float = 1.0
+    top_k: Int[Array, "*batch"] | int | None = None
+    top_p: Float[Array, "*batch"] | float | None = None
+    min_p: Float[Array, "*batch"] | float | None = None
+    logit_bias: Float[Array, "*batch vocab"] | None = None
+
+    def __check_init__(self):
+        check_hyperparameter(
+            "temperature", self.temperature, 0.0, float("inf"), low_open=False
+        )
+        if self.top_p is not None:
+            check_hyperparameter("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        if self.top_k is not None:
+            check_hyperparameter("top_k", self.top_k, 0.0, float("inf"), low_open=False)
+        if self.min_p is not None:
+            check_hyperparameter("min_p", self.min_p, 0.0, 1.0, low_open=False)
+        if self.logit_bias is not None and jnp.ndim(self.logit_bias) not in (1, 2):
+            raise ValueError(
+                "`logit_bias` must have shape (V,) or (B, V); got shape "
+                f"{jnp.shape(self.logit_bias)}."
+            )
+
+    def __call__(
+        self, logits: Float[Array, "batch rows vocab"]
+    ) -> Float[Array, "batch rows vocab"]:
+        """Warps a batch of logits.
+
+        **Arguments:**
+
+        - `logits`: float of shape `(B, R, V)`; `-inf` masks a token.
+
+        **Returns:**
+
+        The warped log-probabilities, float32 (float64 for float64 logits), of shape
+        `(B, R, V)`; `-inf` for tokens the warp removes.
+        """
+        x = logits.astype(compute_dtype(logits.dtype))
+        if self.logit_bias is not None:
+            x = x + self._bias(x)
+        params = {
+            name: _per_row(getattr(self, name), x)
+            for name in ("temperature", "top_k", "top_p", "min_p")
+            if getattr(self, name) is not None
+        }
+        # A temperature given as a Python number is static: when positive, no row is
+        # greedy, and the argmax of the greedy rows is never computed.
+        greedy_rows = not (
+            isinstance(self.temperature, int | float) and self.temperature > 0
+        )
+        return _warp_rows(x, params, greedy_rows)
+
+    def _bias(self, x):
+        """The logit bias, shaped to broadcast against `(B, R, V)`."""
+        bias = jnp.asarray(self.logit_bias).astype(x.dtype)
+        batch, _, vocab = x.shape
+        if bias.shape[-1] != vocab or (bias.ndim == 2 and bias.shape[0] != batch):
+            raise ValueError(
+                f"`logit_bias` must have shape (V,) = ({vocab},) or (B, V) = ({batch}, "
+                f"{vocab}), in the target's vocabulary; got {tuple(bias.shape)}."
+            )
+        return bias[None, None] if bias.ndim == 1 else bias[:, None]
+
+
+def _row_max(x):
+    return _row_reduce((x,), (-jnp.inf,), lambda a, b: (jnp.maximum(a[0], b[0]),))[0]
+
+
+def _row_sum(x):
+    return _row_reduce((x,), (0,), lambda a, b: (a[0] + b[0],))[0]
+
+
+def _log_softmax(x, highest):
+    """`jax.nn.log_softmax` over the last axis, given the rows' maxima (found in vector
+    registers; the sum of exponentials is XLA's own, which fuses it with them)."""
+    highest = jnp.where(jnp.isfinite(highest), highest, 0)
+    shifted = x - highest
+    return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+
+
+def _warp_rows(x, params, greedy_rows: bool):
+    """Temperature, top-k, top-p and min-p on rows `(..., V)` of biased logits, with the
+    parameters shaped `(..., 1)` (see `Warp`). Without `greedy_rows` (a temperature
+    known to be positive), no row is greedy and no argmax is taken."""
+    temperature = params["temperature"].astype(x.dtype)
+    greedy = temperature == 0
+    x_scaled = x / jnp.where(greedy, 1, temperature)
+    vocab = x.shape[-1]
+    highest = _row_max(x_scaled)  # every warp keeps the most likely token
+    if "top_k" in params:
+        k = jnp.clip(params["top_k"].astype(jnp.int32), 0, vocab)
+        kth = key_values(largest_reaching(order_keys(x_scaled), None, k), x.dtype)
+        x_scaled = jnp.where((k > 0) & (x_scaled < kth), -jnp.inf, x_scaled)
+    if "top_p" in params:
+        top_p = params["top_p"].astype(x.dtype)
+        log_probs = _log_softmax(x_scaled, highest)
+        keys = order_keys(log_probs)
+        cutoff = key_values(largest_reaching(keys, jnp.exp(log_probs), top_p), x.dtype)
+        # top_p = 1 keeps every token, whatever the rounding of the row's total mass.
+        x_scaled = jnp.where((top_p < 1) & (log_probs < cutoff), -jnp.inf, x_scaled)
+    if "min_p" in params:
+        min_p = params["min_p"].astype(x.dtype)
+        # p(v) < min_p max p  <=>  x(v) < log(min_p) + max x: no normalisation needed.
+        x_scaled = jnp.where(x_scaled < jnp.log(min_p) + highest, -jnp.inf, x_scaled)
+    log_probs = _log_softmax(x_scaled, highest)
+    if not greedy_rows:
+        return log_probs
+    # A greedy row is one-hot at its first most likely token.
+    ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    first = jnp.where(x_scaled == highest, ids, vocab)
+    best = _row_reduce((first,), (vocab,), lambda a, b: (jnp.minimum(a[0], b[0]),))[0]
+    one_hot = jnp.where(ids == best, 0.0, -jnp.inf).astype(x.dtype)
+    return jnp.where(greedy, one_hot, log_probs)

@@ -1,0 +1,113 @@
+"""The warps' sort-free cut-offs: the bisection over order keys finds exactly what a sort
+finds, ties, masked tokens and both float widths included."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_specdec
+from eqx_specdec._verify.warp import (
+    key_values,
+    largest_reaching,
+    order_keys,
+)
+
+
+FLOATS = [np.float32] + ([np.float64] if jax.config.jax_enable_x64 else [])
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+def test_order_keys_follow_the_float_order_and_invert(dtype):
+    values = np.array(
+        [-np.inf, -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, 7e20, np.inf], dtype
+    )
+    keys = np.asarray(order_keys(jnp.asarray(values)))
+    assert np.all(keys[1:] > keys[:-1])  # strictly increasing
+    back = np.asarray(key_values(jnp.asarray(keys), values.dtype))
+    np.testing.assert_array_equal(back.view(np.uint8), values.view(np.uint8))
+
+
+def _brute_force(keys, weights, goal):
+    """The largest key of the row whose keys at or above it weigh at least `goal`."""
+    best = 0
+    for key in np.unique(keys):
+        mask = keys >= key
+        total = mask.sum() if weights is None else weights[mask].sum(dtype=np.float64)
+        if total >= goal:
+            best = max(best, int(key))
+    return best
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["count", "weight"])
+def test_the_search_finds_the_sorted_answer(weighted):
+    """Rows with ties (values on a coarse grid), masked entries and goals at and past
+    the edges: the key found separates the same set as the brute-force answer (equal to
+    it, or a key below it with no row key in between)."""
+    rng = np.random.default_rng(0)
+    rows, vocab = 64, 48
+    values = np.round(rng.normal(size=(rows, vocab)) * 2) / 2  # many ties
+    values[rng.random((rows, vocab)) < 0.2] = -np.inf
+    values = values.astype(np.float32)
+    keys = order_keys(jnp.asarray(values))
+    if weighted:
+        weights = np.exp(values - values.max(-1, keepdims=True))
+        weights = (weights / weights.sum(-1, keepdims=True)).astype(np.float32)
+        # Goals away from the total: where the cumulative mass meets the goal within
+        # rounding, float32 and float64 sums may disagree (`Warp` keeps every token at
+        # top_p = 1 outright).
+        goal = rng.choice([0.05, 0.5, 0.9, 0.99], size=(rows, 1)).astype(np.float32)
+    else:
+        weights = None
+        goal = rng.integers(1, vocab + 1, size=(rows, 1)).astype(np.int32)
+    found = np.asarray(
+        jax.jit(largest_reaching)(
+            keys, None if weights is None else jnp.asarray(weights), jnp.asarray(goal)
+        )
+    )[:, 0]
+    keys = np.asarray(keys)
+    for row in range(rows):
+        w = None if weights is None else weights[row]
+        expected = _brute_force(keys[row], w, goal[row, 0])
+        kept = keys[row] >= found[row]
+        np.testing.assert_array_equal(kept, keys[row] >= expected, err_msg=str(row))
+
+
+def _sorted_warp(logits, temperature, top_k, top_p):
+    """The sort-based warp the library used before (and NumPy's sort semantics)."""
+    z = logits / temperature
+    out = np.empty_like(z)
+    for row in range(z.shape[0]):
+        r = z[row].astype(np.float64)
+        if top_k[row] > 0:
+            kth = np.sort(r)[::-1][min(top_k[row], r.size) - 1]
+            r = np.where(r < kth, -np.inf, r)
+        probs = np.exp(r - r.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs, kind="stable")
+        before = np.cumsum(probs[order]) - probs[order]
+        keep = max(int(np.sum(before < top_p[row])), 1)
+        r = np.where(probs < probs[order][keep - 1], -np.inf, r)
+        out[row] = r
+    return np.isfinite(out)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("static", [True, False], ids=["static T", "traced T"])
+def test_top_k_and_top_p_keep_what_a_sort_keeps(static, dtype):
+    """Per-row k (0, beyond V) and p (1 included), logits on a coarse grid (ties): the
+    kept set equals the sort's, with a static temperature (no greedy rows, no argmax)
+    and a traced one (greedy rows possible)."""
+    rng = np.random.default_rng(1)
+    batch, vocab = 40, 96
+    logits = rng.normal(size=(batch, 1, vocab)) * 3
+    logits[: batch // 2] = np.round(logits[: batch // 2] * 4) / 4  # ties
+    logits = logits.astype(dtype)
+    top_k = rng.choice([0, 1, 5, 17, vocab, vocab + 9], size=batch).astype(np.int32)
+    top_p = rng.choice([0.3, 0.8, 0.95, 1.0], size=batch).astype(np.float32)
+    temperature = 0.7 if static else jnp.full((batch,), 0.7, dtype)
+    warp = eqx_specdec.Warp(temperature, jnp.asarray(top_k), jnp.asarray(top_p))
+    got = jax.jit(lambda x: warp(x))(jnp.asarray(logits))
+    kept = np.isfinite(np.asarray(got))[:, 0]
+    expected = _sorted_warp(logits[:, 0], dtype(0.7), top_k, top_p)
+    np.testing.assert_array_equal(kept, expected)
