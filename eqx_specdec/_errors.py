@@ -33,11 +33,12 @@ class InvalidInputError(jax.errors.JaxRuntimeError):
     returned a value outside its contract.
 
     Its message starts with the argument (or the stage's class), the problem, the first
-    offending row and the fix. Every call of an entry point from Python raises it at the
-    call, whether or not valid calls came before, for inputs of any size: the entry
-    point waits for its program's check before returning. Inside your own `jax.jit` (or
-    `eqx.filter_jit`, `jax.vmap`...), JAX reports any error from inside a compiled
-    program as its own `jax.errors.JaxRuntimeError`, raised when an output is read; its
-    message ends with the same text. This class subclasses `JaxRuntimeError`, so
+    offending row and the fix. On the CPU, every call of an entry point from Python
+    raises it at the call, whether or not valid calls came before, for inputs of any
+    size: the entry point waits for its program's check before returning. On
+    accelerators, and inside your own `jax.jit` (or `eqx.filter_jit`, `jax.vmap`...),
+    the check stays in the program (nothing reaches the host on a valid call) and JAX
+    reports the error as its own `jax.errors.JaxRuntimeError`, raised when an output is
+    read; its message ends with the same text. This class subclasses `JaxRuntimeError`, so
     `except jax.errors.JaxRuntimeError` catches the error on every path.
     """

@@ -323,9 +323,48 @@ def test_checks_off_adds_no_operation():
         return [str(eqn.primitive) for eqn in jaxpr.eqns]
 
     assert ops(unchecked) == ops(bare)
-    # Checked: the entry point's program, then the callback that raises its status
-    # (the caller's trace is outside the entry point's own jit).
-    assert [str(e.primitive) for e in checked.jaxpr.eqns][-1] == "debug_callback"
+    # Checked: the entry point's program, then the branch on its status whose problem
+    # side holds the callback that raises it (the caller's trace is outside the entry
+    # point's own jit): a valid call sends nothing to the host.
+    last = checked.jaxpr.eqns[-1]
+    assert str(last.primitive) == "cond"
+    branches = [
+        [str(e.primitive) for e in b.jaxpr.eqns] for b in last.params["branches"]
+    ]
+    assert sorted(branches) == [[], ["debug_callback"]]
+
+
+def test_accelerator_calls_send_nothing_to_the_host(monkeypatch):
+    """Where direct calls carry their check in the program (accelerators; forced here
+    on the CPU, where the transfer guard cannot see a read of host memory), a valid call
+    reads no status on the host, and an invalid one raises the same message when its
+    outputs are read. The CPU's own behaviour reads the status at every call."""
+    reads = []
+    raise_first = eqx_specdec._verify.checks._raise_first
+
+    def counted(messages, status):
+        reads.append(1)
+        return raise_first(messages, status)
+
+    monkeypatch.setattr(eqx_specdec._verify.checks, "_raise_first", counted)
+    x, q, p, u, s = (jnp.asarray(a) for a in random_case(7, 11, G, V))  # new shapes
+    parents = jnp.tile(jnp.arange(-1, G - 1, dtype=jnp.int32), (11, 1))
+    tree = (x, parents, jnp.concatenate([q, q[:, :1]], 1), p, u, s)
+    jax.block_until_ready(eqx_specdec.speculative_accept(x, q, p, u, s))
+    assert len(reads) == 1  # the CPU: the status read at the call
+    monkeypatch.setattr(eqx_specdec._verify.checks, "raise_at_call", lambda: False)
+    with jax.transfer_guard_device_to_host("disallow"):
+        out = eqx_specdec.speculative_accept(x[:9], q[:9], p[:9], u[:9], s[:9])
+        jax.block_until_ready(out)
+        jax.block_until_ready(eqx_specdec.tree_accept(*(a[:9] for a in tree)))
+    assert len(reads) == 1  # nothing read on the host
+    bad = p[:9].at[3, 0].set(p[3, 0] * 3)
+    message = "`target_probs` has a distribution whose sum is not within"
+    with pytest.raises(jax.errors.JaxRuntimeError, match=re.escape(message)):
+        out = eqx_specdec.speculative_accept(
+            x[:9], q[:9], bad, u[:9], s[:9], check_inputs="all"
+        )
+        jax.block_until_ready(out)
 
 
 def test_check_inputs_must_be_static():

@@ -180,13 +180,22 @@ class Checked(eqx.Module):
     def resolve(self) -> dict:
         """The outputs, or [`eqx_specdec.InvalidInputError`][] for the first problem.
 
-        Outside any trace, waits for the status (so that the error is raised at the
-        call, never later, never lost). Inside a trace of the caller's (`jax.jit`,
-        `jax.vmap`), the check becomes a callback of the caller's program: JAX raises it
-        when the program's outputs are read."""
+        Outside any trace (on the CPU), waits for the status, so that the error is
+        raised at the call, never later, never lost. Inside a trace (a caller's
+        `jax.jit` or `jax.vmap`, or the entry point's own program on an accelerator),
+        the check becomes a callback in the branch the program takes on a problem:
+        nothing reaches the host on a valid call, and JAX raises the error when the
+        program's outputs are read."""
         if isinstance(self.status, jax.core.Tracer):
-            jax.debug.callback(
-                functools.partial(_raise_first, self.messages), self.status
+            # The callback only in the branch taken on a problem: a valid call costs
+            # one scalar comparison, and no transfer to the host.
+            jax.lax.cond(
+                self.status[0] >= 0,
+                lambda status: jax.debug.callback(
+                    functools.partial(_raise_first, self.messages), status
+                ),
+                lambda status: None,
+                self.status,
             )
             return self.outputs
         _raise_first(self.messages, self.status)
@@ -200,9 +209,19 @@ def _raise_first(messages, status):
             raise InvalidInputError(messages[int(problem)].format(row=int(row)))
 
 
-def checked(outputs, problems) -> Checked:
+def raise_at_call() -> bool:
+    """Whether a direct call of an entry point raises at the call, waiting for its
+    check's status on the host (the CPU, where that costs no transfer), or carries the
+    check in its program (accelerators: no transfer to the host per call, the error
+    raised when the outputs are read). Read when a program is traced."""
+    return jax.default_backend() == "cpu"
+
+
+def checked(outputs, problems) -> Checked | dict:
     """`outputs` with the status of `problems` (a list of `(flags (B,), message)`): the
-    first problem in the list that occurs, and its first offending row.
+    first problem in the list that occurs, and its first offending row. Where the error
+    is raised when the outputs are read (see `raise_at_call`), the outputs alone, the
+    check's callback in the program.
 
     Computed as each row's first problem (one elementwise pass, which XLA fuses), then
     the least of them and the first row holding it: a few kernels whatever the number of
@@ -214,4 +233,5 @@ def checked(outputs, problems) -> Checked:
     first = jnp.min(code)
     row = jnp.argmax(code == first).astype(jnp.int32)
     status = jnp.where(first < count, jnp.stack([first, row]), -1)
-    return Checked(outputs, status.astype(jnp.int32), tuple(m for _, m in problems))
+    result = Checked(outputs, status.astype(jnp.int32), tuple(m for _, m in problems))
+    return result if raise_at_call() else result.resolve()

@@ -251,9 +251,11 @@ def speculative_accept(
         uniform array is not floating, or `verifier` is not a `Verifier`.
     - [`eqx_specdec.InvalidInputError`][]: when a checked value is invalid or a stage
         returned a value outside its contract; the message names the argument (or the
-        stage's class), the problem, the first offending row and the fix. Raised at the
-        call (the call waits for the check). Inside a `jax.jit` of yours, JAX raises it
-        as its `JaxRuntimeError` (the base class) when an output is read.
+        stage's class), the problem, the first offending row and the fix. On the CPU,
+        raised at the call (the call waits for the check). On accelerators, and inside
+        a `jax.jit` of yours, the check is a branch of the program that reaches the host
+        only on a problem, and JAX raises it as its `JaxRuntimeError` (the base class)
+        when an output is read.
     """
     level = check_level(check_inputs)
     inputs = prepare_inputs(
