@@ -13,7 +13,8 @@ vLLM and Hugging Face (needs the `bench` extra), a hand-written `jax.jit` of the
 verifier (what the entry point's filter-semantics dispatch costs on top), and a minimal
 `jax.jit` function (the dispatch floor). The ratios to the hand-written `jax.jit` come from a
 second interleaved pass over the JAX implementations alone. Last, the compile time of the
-default (checked) program at B = 1,000 and 200,000.
+default (checked) program at B = 1,000 and 200,000, and of each entry point at each check
+level.
 """
 
 import argparse
@@ -326,6 +327,61 @@ def compile_seconds(batches=(1_000, 200_000), gamma=4, vocab=1_000) -> dict:
     return times
 
 
+def _shapes_of(batch, gamma, vocab, tree: bool):
+    """Abstract arguments of an entry point (nothing allocated)."""
+    f32, i32 = jnp.float32, jnp.int32
+    rows = gamma + 1
+    shapes = [
+        ((batch, gamma), i32),
+        ((batch, rows if tree else gamma, vocab), f32),
+        ((batch, rows, vocab), f32),
+        ((batch, gamma), f32),
+        ((batch,), f32),
+    ]
+    if tree:  # node tokens, parents, then the rest
+        shapes.insert(1, ((batch, gamma), i32))
+    return [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+
+
+def compile_table(shapes=((4, 4, 6), (64, 5, 128_256))) -> list[tuple]:
+    """Seconds to lower and compile each entry point's program at each check level,
+    with XLA's defaults and no persistent cache: `(entry point, shape, {level: s})`."""
+    from eqx_specdec import speculative_accept_logits, tree_accept
+
+    entries = [
+        ("speculative_accept", speculative_accept, False),
+        ("speculative_accept_logits", speculative_accept_logits, False),
+        ("tree_accept", tree_accept, True),
+    ]
+    # The first compile of a process pays for XLA's own start-up: pay it here.
+    jax.jit(lambda a: a + 1).lower(jnp.zeros(3)).compile()
+    rows = []
+    for name, entry, tree in entries:
+        for shape in shapes:
+            args = _shapes_of(*shape, tree)
+            times = {}
+            for level in ("off", "read", "all"):
+                program = jax.jit(
+                    functools.partial(entry.__wrapped__, check_inputs=level)
+                )
+                start = time.perf_counter()
+                program.lower(*args).compile()
+                times[level] = time.perf_counter() - start
+            rows.append((name, shape, times))
+    return rows
+
+
+def print_compile_table(rows):
+    print("\nCompile time (seconds, lower and compile, XLA's defaults):\n")
+    print("| entry point | B, G, V | off | read (default) | all | read / off |")
+    print("|---|---|---|---|---|---|")
+    for name, shape, t in rows:
+        print(
+            f"| {name} | {', '.join(map(str, shape))} | {t['off']:.2f} | "
+            f"{t['read']:.2f} | {t['all']:.2f} | {t['read'] / t['off']:.1f}x |"
+        )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python benchmarks/bench.py", description=__doc__.split("\n\n")[0]
@@ -352,6 +408,7 @@ def main(argv=None):
         "\nCompile time of the default entry point (G = 4, V = 1000): "
         + ", ".join(f"B = {b:,}: {t:.2f} s" for b, t in times.items())
     )
+    print_compile_table(compile_table())
 
 
 if __name__ == "__main__":
