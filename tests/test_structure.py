@@ -169,6 +169,14 @@ def test_every_module_compiles_without_warnings(path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         compile(path.read_text(), str(path), "exec")
+    # Nor an escape that is valid Python but not the LaTeX meant (`\\tilde` written
+    # `\tilde` is a tab, `\\beta` written `\beta` a backspace): no control character in
+    # any docstring.
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in ast.walk(ast.parse(path.read_text())):
+        doc = ast.get_docstring(node, clean=False) if isinstance(node, kinds) else None
+        bad = set(doc or "") & set("\t\a\b\f\v\r")
+        assert not bad, (path.name, getattr(node, "name", "module"), bad)
 
 
 def test_no_module_level_mutable_state():

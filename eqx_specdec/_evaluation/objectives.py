@@ -165,8 +165,8 @@ def acceptance_by_position_logits(
     draft_tokens: DraftTokens | None = None,
 ) -> Float[Array, "batch gamma"]:
     """[`eqx_specdec.acceptance_by_position`][] of logits, warped as
-    [`eqx_specdec.speculative_accept_logits`][] warps them: $\tilde p$ =
-    softmax(`target_warp`(target logits)) and $\tilde q$ = softmax(`draft_warp`(draft
+    [`eqx_specdec.speculative_accept_logits`][] warps them: $\\tilde p$ =
+    softmax(`target_warp`(target logits)) and $\\tilde q$ = softmax(`draft_warp`(draft
     logits)), differentiably (a temperature's gradient included; top-k, top-p and
     min-p masks are piecewise constant).
 
