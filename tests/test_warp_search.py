@@ -9,6 +9,7 @@ import pytest
 import eqx_specdec
 from eqx_specdec._verify.warp import (
     key_values,
+    kth_largest,
     largest_reaching,
     order_keys,
 )
@@ -111,3 +112,24 @@ def test_top_k_and_top_p_keep_what_a_sort_keeps(static, dtype):
     kept = np.isfinite(np.asarray(got))[:, 0]
     expected = _sorted_warp(logits[:, 0], dtype(0.7), top_k, top_p)
     np.testing.assert_array_equal(kept, expected)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+def test_a_static_top_k_takes_the_k_largest_blocks(dtype):
+    """A Python-int top-k searches only the blocks of 16 holding the largest entries:
+    the k-th largest equals a sort's on rows with heavy ties and masked entries, and the
+    warp keeps what the search over whole rows keeps."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(6, 2, 1024))
+    x[:3] = np.round(x[:3] * 2) / 2  # heavy ties, across blocks
+    x[rng.random(x.shape) < 0.3] = -np.inf
+    x = x.astype(dtype)
+    for k in (1, 7, 16):
+        got = np.asarray(jax.jit(kth_largest, static_argnums=1)(jnp.asarray(x), k))
+        np.testing.assert_array_equal(got[..., 0], -np.sort(-x, axis=-1)[..., k - 1])
+    static = eqx_specdec.Warp(0.7, top_k=7)
+    traced = eqx_specdec.Warp(0.7, top_k=jnp.full((6,), 7, jnp.int32))
+    np.testing.assert_array_equal(
+        np.isfinite(np.asarray(static(jnp.asarray(x)))),
+        np.isfinite(np.asarray(traced(jnp.asarray(x)))),
+    )

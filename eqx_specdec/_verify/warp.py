@@ -206,7 +206,10 @@ class Warp(eqx.Module):
         greedy_rows = not (
             isinstance(self.temperature, int | float) and self.temperature > 0
         )
-        return _warp_rows(x, params, greedy_rows)
+        # A top-k given as a Python int is static: the k-th largest is found among the
+        # k blocks of 16 holding the largest entries, not by passes over whole rows.
+        static_k = self.top_k if isinstance(self.top_k, int) else None
+        return _warp_rows(x, params, greedy_rows, static_k)
 
     def _bias(self, x):
         """The logit bias, shaped to broadcast against `(B, R, V)`."""
@@ -236,7 +239,46 @@ def _log_softmax(x, highest):
     return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
 
 
-def _warp_rows(x, params, greedy_rows: bool):
+def kth_largest(x, k: int):
+    """The `k`-th largest value of each row of `x` `(..., V)`, for a Python int `k`, with
+    one pass over the rows and searches over small arrays only.
+
+    Split each row into blocks of 16 entries. The `k`-th largest block maximum $m$
+    (found by `largest_reaching` over the block maxima) is at most the row's `k`-th
+    largest value, and every entry above $m$ lies in one of the fewer than `k` blocks
+    whose maximum exceeds $m$. Those blocks, topped up with blocks whose maximum equals
+    $m$ to `k` blocks, hold the row's `k` largest values (ties included): the answer is
+    the `k`-th largest of their `16 k` entries. Exact.
+
+    **Returns:**
+
+    `(..., 1)`, or `None` when the rows are too short for blocks to help (use the
+    search over whole rows).
+    """
+    vocab = x.shape[-1]
+    if vocab % _LANES or k < 1 or k * _LANES * 4 > vocab:
+        return None
+    lead = x.shape[:-1]
+    blocks = x.reshape((-1, vocab // _LANES, _LANES))
+    block_max = jnp.max(blocks, axis=-1)
+    m = key_values(largest_reaching(order_keys(block_max), None, k), x.dtype)
+    index = jnp.arange(k, dtype=jnp.int32)
+
+    def chosen(row_max, row_m):
+        above = row_max > row_m
+        count = jnp.sum(above, dtype=jnp.int32)
+        first = jnp.nonzero(above, size=k, fill_value=0)[0]
+        tied = jnp.nonzero(row_max == row_m, size=k, fill_value=0)[0]
+        return jnp.where(index < count, first, tied[jnp.maximum(index - count, 0)])
+
+    picks = jax.vmap(chosen)(block_max, m[:, 0])
+    candidates = jnp.take_along_axis(blocks, picks[..., None], axis=1)
+    candidates = candidates.reshape(candidates.shape[0], k * _LANES)
+    kth = largest_reaching(order_keys(candidates), None, jnp.int32(k))
+    return key_values(kth, x.dtype).reshape(lead + (1,))
+
+
+def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
     """Temperature, top-k, top-p and min-p on rows `(..., V)` of biased logits, with the
     parameters shaped `(..., 1)` (see `Warp`). Without `greedy_rows` (a temperature
     known to be positive), no row is greedy and no argmax is taken."""
@@ -247,7 +289,9 @@ def _warp_rows(x, params, greedy_rows: bool):
     highest = _row_max(x_scaled)  # every warp keeps the most likely token
     if "top_k" in params:
         k = jnp.clip(params["top_k"].astype(jnp.int32), 0, vocab)
-        kth = key_values(largest_reaching(order_keys(x_scaled), None, k), x.dtype)
+        kth = None if static_k is None else kth_largest(x_scaled, static_k)
+        if kth is None:
+            kth = key_values(largest_reaching(order_keys(x_scaled), None, k), x.dtype)
         x_scaled = jnp.where((k > 0) & (x_scaled < kth), -jnp.inf, x_scaled)
     if "top_p" in params:
         top_p = params["top_p"].astype(x.dtype)
