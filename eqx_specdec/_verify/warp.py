@@ -239,26 +239,21 @@ def _log_softmax(x, highest):
     return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
 
 
-def kth_largest(x, k: int):
-    """The `k`-th largest value of each row of `x` `(..., V)`, for a Python int `k`, with
-    one pass over the rows and searches over small arrays only.
+def _top_blocks(x, k: int):
+    """The blocks of 16 entries of each row of `x` `(..., V)` that hold its `k` largest
+    values, for a Python int `k`: `(rows, 16 k)` entries, or `None` when the rows are
+    too short for blocks to help.
 
-    Split each row into blocks of 16 entries. The `k`-th largest block maximum $m$
-    (found by `largest_reaching` over the block maxima) is at most the row's `k`-th
-    largest value, and every entry above $m$ lies in one of the fewer than `k` blocks
-    whose maximum exceeds $m$. Those blocks, topped up with blocks whose maximum equals
-    $m$ to `k` blocks, hold the row's `k` largest values (ties included): the answer is
-    the `k`-th largest of their `16 k` entries. Exact.
-
-    **Returns:**
-
-    `(..., 1)`, or `None` when the rows are too short for blocks to help (use the
-    search over whole rows).
+    The `k`-th largest block maximum $m$ (found by `largest_reaching` over the block
+    maxima) is at most the row's `k`-th largest value, and every entry above $m$ lies in
+    one of the fewer than `k` blocks whose maximum exceeds $m$. Those blocks, topped up
+    with blocks whose maximum equals $m$ to `k` blocks, hold the row's `k` largest
+    values, ties included, and every entry of the row at or above the `k`-th largest.
+    One pass over the rows; the searches run over the block maxima.
     """
     vocab = x.shape[-1]
     if vocab % _LANES or k < 1 or k * _LANES * 4 > vocab:
         return None
-    lead = x.shape[:-1]
     blocks = x.reshape((-1, vocab // _LANES, _LANES))
     block_max = jnp.max(blocks, axis=-1)
     m = key_values(largest_reaching(order_keys(block_max), None, k), x.dtype)
@@ -273,9 +268,64 @@ def kth_largest(x, k: int):
 
     picks = jax.vmap(chosen)(block_max, m[:, 0])
     candidates = jnp.take_along_axis(blocks, picks[..., None], axis=1)
-    candidates = candidates.reshape(candidates.shape[0], k * _LANES)
+    return candidates.reshape(candidates.shape[0], k * _LANES)
+
+
+def kth_largest(x, k: int):
+    """The `k`-th largest value of each row of `x` `(..., V)`, for a Python int `k`:
+    exact, from the blocks holding the `k` largest values (`_top_blocks`).
+
+    **Returns:**
+
+    `(..., 1)`, or `None` when the rows are too short for blocks to help (use the
+    search over whole rows).
+    """
+    candidates = _top_blocks(x, k)
+    if candidates is None:
+        return None
     kth = largest_reaching(order_keys(candidates), None, jnp.int32(k))
-    return key_values(kth, x.dtype).reshape(lead + (1,))
+    return key_values(kth, x.dtype).reshape(x.shape[:-1] + (1,))
+
+
+# Top-p first looks among the blocks holding the largest entries of each row: up to
+# 1,024 of them, a 64th of the row.
+_TOP_P_CANDIDATES = 1024
+
+
+def top_p_cutoff(log_probs, top_p):
+    """The smallest log-probability top-p keeps in each row (`(..., 1)`; exact, ties
+    included): the largest value whose mass at or above it reaches `top_p`.
+
+    When the `C` largest entries of every row reach `top_p` (`C` = min(1024, V / 64);
+    the common case: serving distributions keep tens to hundreds of tokens), the search
+    runs over the blocks holding them, where the mass at or above any value that high is
+    the row's own; otherwise over whole rows."""
+
+    def whole_rows():
+        keys = order_keys(log_probs)
+        return largest_reaching(keys, jnp.exp(log_probs), top_p)
+
+    count = min(_TOP_P_CANDIDATES, log_probs.shape[-1] // (4 * _LANES))
+    candidates = _top_blocks(log_probs, count)
+    if candidates is None:
+        return key_values(whole_rows(), log_probs.dtype)
+    shape = log_probs.shape[:-1] + (1,)
+    goal = jnp.broadcast_to(top_p, shape).reshape(-1, 1)
+    keys = order_keys(candidates)
+    weights = jnp.exp(candidates)
+    floor = largest_reaching(keys, None, jnp.int32(count))
+    (mass,) = _row_reduce((jnp.where(keys >= floor, weights, 0),), (0,), _add)
+    found = largest_reaching(keys, weights, goal)
+    cutoff = jax.lax.cond(
+        jnp.all(mass >= goal),
+        lambda: found.reshape(shape),
+        whole_rows,
+    )
+    return key_values(cutoff, log_probs.dtype)
+
+
+def _add(x, y):
+    return (x[0] + y[0],)
 
 
 def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
@@ -296,8 +346,7 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
     if "top_p" in params:
         top_p = params["top_p"].astype(x.dtype)
         log_probs = _log_softmax(x_scaled, highest)
-        keys = order_keys(log_probs)
-        cutoff = key_values(largest_reaching(keys, jnp.exp(log_probs), top_p), x.dtype)
+        cutoff = top_p_cutoff(log_probs, top_p)
         # top_p = 1 keeps every token, whatever the rounding of the row's total mass.
         x_scaled = jnp.where((top_p < 1) & (log_probs < cutoff), -jnp.inf, x_scaled)
     if "min_p" in params:
