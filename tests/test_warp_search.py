@@ -136,19 +136,28 @@ def test_a_static_top_k_takes_the_k_largest_blocks(dtype):
 
 
 @pytest.mark.parametrize("flat_rows", [False, True], ids=["peaked", "some flat"])
-def test_top_p_among_the_largest_blocks_and_its_fallback(flat_rows):
+def test_top_p_among_the_largest_blocks_and_its_fallback(flat_rows, monkeypatch):
     """Top-p searches the blocks holding each row's largest entries when those reach
     top_p in every row (peaked rows), and whole rows otherwise (a flat row in the
-    batch): the kept set equals a sort's either way."""
+    batch): the kept set equals a sort's either way, and each case takes its path."""
+    taken = []
+    cond = jax.lax.cond
+
+    def spy(pred, *branches_and_operands):
+        taken.append(pred)
+        return cond(pred, *branches_and_operands)
+
+    monkeypatch.setattr(eqx_specdec._verify.warp.jax.lax, "cond", spy)
     rng = np.random.default_rng(3)
     batch, vocab = 12, 2048
-    logits = rng.normal(size=(batch, 1, vocab)) * 4
+    logits = rng.normal(size=(batch, 1, vocab)) * 8
     logits[:4] = np.round(logits[:4] * 2) / 2  # ties
     if flat_rows:
         logits[5] = rng.normal(size=(1, vocab)) * 0.01  # top-p 0.9 keeps ~1,800 tokens
     logits = logits.astype(np.float32)
-    top_p = rng.choice([0.5, 0.9, 0.99], size=batch).astype(np.float32)
+    top_p = rng.choice([0.5, 0.9, 0.95], size=batch).astype(np.float32)
     warp = eqx_specdec.Warp(1.0, top_p=jnp.asarray(top_p))
-    kept = np.isfinite(np.asarray(jax.jit(lambda x: warp(x))(jnp.asarray(logits))))
+    kept = np.isfinite(np.asarray(warp(jnp.asarray(logits))))
     expected = _sorted_warp(logits[:, 0], 1.0, np.zeros(batch, np.int32), top_p)
     np.testing.assert_array_equal(kept[:, 0], expected)
+    assert [bool(t) for t in taken] == [not flat_rows]  # the candidates' path or not

@@ -243,7 +243,8 @@ def _log_softmax(x, highest):
 
 def _top_blocks(x, k: int):
     """The blocks of 16 entries of each row of `x` `(..., V)` that hold its `k` largest
-    values, for a Python int `k`: `(rows, 16 k)` entries, or `None` when the rows are
+    values, for a Python int `k`: `(candidates (rows, 16 k), m (rows, 1))`, with $m$ as
+    below (every entry of the row above $m$ is a candidate), or `None` when the rows are
     too short for blocks to help.
 
     The `k`-th largest block maximum $m$ (found by `largest_reaching` over the block
@@ -270,7 +271,7 @@ def _top_blocks(x, k: int):
 
     picks = jax.vmap(chosen)(block_max, m[:, 0])
     candidates = jnp.take_along_axis(blocks, picks[..., None], axis=1)
-    return candidates.reshape(candidates.shape[0], k * _LANES)
+    return candidates.reshape(candidates.shape[0], k * _LANES), m
 
 
 def kth_largest(x, k: int):
@@ -282,9 +283,10 @@ def kth_largest(x, k: int):
     `(..., 1)`, or `None` when the rows are too short for blocks to help (use the
     search over whole rows).
     """
-    candidates = _top_blocks(x, k)
-    if candidates is None:
+    found = _top_blocks(x, k)
+    if found is None:
         return None
+    candidates, _ = found
     kth = largest_reaching(order_keys(candidates), None, jnp.int32(k))
     return key_values(kth, x.dtype).reshape(x.shape[:-1] + (1,))
 
@@ -298,26 +300,28 @@ def top_p_cutoff(log_probs, top_p):
     """The smallest log-probability top-p keeps in each row (`(..., 1)`; exact, ties
     included): the largest value whose mass at or above it reaches `top_p`.
 
-    When the `C` largest entries of every row reach `top_p` (`C` = min(1024, V / 64);
-    the common case: serving distributions keep tens to hundreds of tokens), the search
-    runs over the blocks holding them, where the mass at or above any value that high is
-    the row's own; otherwise over whole rows."""
+    The blocks holding each row's `C` largest entries (`C` = min(1024, V / 64)) hold
+    every entry above their least block maximum $m$. When those entries reach `top_p` in
+    every row (the common case: serving distributions keep tens to hundreds of tokens),
+    the cut-off is above $m$, where the candidates' masses are the row's, and the search
+    runs over the candidates; otherwise over whole rows."""
 
     def whole_rows():
         keys = order_keys(log_probs)
         return largest_reaching(keys, jnp.exp(log_probs), top_p)
 
     count = min(_TOP_P_CANDIDATES, log_probs.shape[-1] // (4 * _LANES))
-    candidates = _top_blocks(log_probs, count)
-    if candidates is None:
+    found = _top_blocks(log_probs, count)
+    if found is None:
         return key_values(whole_rows(), log_probs.dtype)
+    candidates, m = found
     shape = log_probs.shape[:-1] + (1,)
     goal = jnp.broadcast_to(top_p, shape).reshape(-1, 1)
-    keys = order_keys(candidates)
     weights = jnp.exp(candidates)
-    floor = largest_reaching(keys, None, jnp.int32(count))
-    (mass,) = _row_reduce((jnp.where(keys >= floor, weights, 0),), (0,), _add)
-    found = largest_reaching(keys, weights, goal)
+    # Every entry of the row above m is a candidate: where their mass reaches top_p,
+    # the cut-off is above m, and the candidates' masses there are the row's.
+    (mass,) = _row_reduce((jnp.where(candidates > m, weights, 0),), (0,), _add)
+    found = largest_reaching(order_keys(candidates), weights, goal)
     cutoff = jax.lax.cond(
         jnp.all(mass >= goal),
         lambda: found.reshape(shape),
