@@ -297,37 +297,41 @@ _TOP_P_CANDIDATES = 1024
 
 
 def top_p_cutoff(log_probs, top_p):
-    """The smallest log-probability top-p keeps in each row (`(..., 1)`; exact, ties
-    included): the largest value whose mass at or above it reaches `top_p`.
+    """The smallest log-probability top-p keeps in each row, and the mass it keeps
+    (both `(..., 1)`; exact, ties included): the largest value whose mass at or above it
+    reaches `top_p`.
 
     The blocks holding each row's `C` largest entries (`C` = min(1024, V / 64)) hold
     every entry above their least block maximum $m$. When those entries reach `top_p` in
     every row (the common case: serving distributions keep tens to hundreds of tokens),
     the cut-off is above $m$, where the candidates' masses are the row's, and the search
     runs over the candidates; otherwise over whole rows."""
+    shape = log_probs.shape[:-1] + (1,)
+
+    def kept(keys, weights, cutoff):
+        (mass,) = _row_reduce((jnp.where(keys >= cutoff, weights, 0),), (0,), _add)
+        return mass
 
     def whole_rows():
-        keys = order_keys(log_probs)
-        return largest_reaching(keys, jnp.exp(log_probs), top_p)
+        keys, weights = order_keys(log_probs), jnp.exp(log_probs)
+        cutoff = largest_reaching(keys, weights, top_p)
+        return cutoff, kept(keys, weights, cutoff)
 
     count = min(_TOP_P_CANDIDATES, log_probs.shape[-1] // (4 * _LANES))
     found = _top_blocks(log_probs, count)
     if found is None:
-        return key_values(whole_rows(), log_probs.dtype)
-    candidates, m = found
-    shape = log_probs.shape[:-1] + (1,)
-    goal = jnp.broadcast_to(top_p, shape).reshape(-1, 1)
-    weights = jnp.exp(candidates)
-    # Every entry of the row above m is a candidate: where their mass reaches top_p,
-    # the cut-off is above m, and the candidates' masses there are the row's.
-    (mass,) = _row_reduce((jnp.where(candidates > m, weights, 0),), (0,), _add)
-    found = largest_reaching(order_keys(candidates), weights, goal)
-    cutoff = jax.lax.cond(
-        jnp.all(mass >= goal),
-        lambda: found.reshape(shape),
-        whole_rows,
-    )
-    return key_values(cutoff, log_probs.dtype)
+        cutoff, mass = whole_rows()
+    else:
+        candidates, m = found
+        goal = jnp.broadcast_to(top_p, shape).reshape(-1, 1)
+        keys, weights = order_keys(candidates), jnp.exp(candidates)
+        # Every entry of the row above m is a candidate: where their mass reaches
+        # top_p, the cut-off is above m, and the candidates' masses there are the row's.
+        (above,) = _row_reduce((jnp.where(candidates > m, weights, 0),), (0,), _add)
+        inside = largest_reaching(keys, weights, goal)
+        inside = (inside.reshape(shape), kept(keys, weights, inside).reshape(shape))
+        cutoff, mass = jax.lax.cond(jnp.all(above >= goal), lambda: inside, whole_rows)
+    return key_values(cutoff, log_probs.dtype), mass
 
 
 def _add(x, y):
@@ -349,17 +353,24 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
         if kth is None:
             kth = key_values(largest_reaching(order_keys(x_scaled), None, k), x.dtype)
         x_scaled = jnp.where((k > 0) & (x_scaled < kth), -jnp.inf, x_scaled)
+    log_probs = None
     if "top_p" in params:
         top_p = params["top_p"].astype(x.dtype)
         log_probs = _log_softmax(x_scaled, highest)
-        cutoff = top_p_cutoff(log_probs, top_p)
+        cutoff, mass = top_p_cutoff(log_probs, top_p)
         # top_p = 1 keeps every token, whatever the rounding of the row's total mass.
-        x_scaled = jnp.where((top_p < 1) & (log_probs < cutoff), -jnp.inf, x_scaled)
+        removed = (top_p < 1) & (log_probs < cutoff)
+        x_scaled = jnp.where(removed, -jnp.inf, x_scaled)
+        # Renormalised by the mass kept: no second pass of exponentials.
+        mass = jnp.where(top_p < 1, mass, 1)
+        log_probs = jnp.where(removed, -jnp.inf, log_probs - jnp.log(mass))
     if "min_p" in params:
         min_p = params["min_p"].astype(x.dtype)
         # p(v) < min_p max p  <=>  x(v) < log(min_p) + max x: no normalisation needed.
         x_scaled = jnp.where(x_scaled < jnp.log(min_p) + highest, -jnp.inf, x_scaled)
-    log_probs = _log_softmax(x_scaled, highest)
+        log_probs = None  # min-p removed more: normalise again
+    if log_probs is None:
+        log_probs = _log_softmax(x_scaled, highest)
     if not greedy_rows:
         return log_probs
     # A greedy row is one-hot at its first most likely token.
