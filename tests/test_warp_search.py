@@ -161,3 +161,33 @@ def test_top_p_among_the_largest_blocks_and_its_fallback(flat_rows, monkeypatch)
     expected = _sorted_warp(logits[:, 0], 1.0, np.zeros(batch, np.int32), top_p)
     np.testing.assert_array_equal(kept[:, 0], expected)
     assert [bool(t) for t in taken] == [not flat_rows]  # the candidates' path or not
+
+
+@pytest.mark.parametrize("large_k", [False, True], ids=["small k", "a large k"])
+def test_a_per_row_top_k_among_the_largest_blocks_and_its_fallback(
+    large_k, monkeypatch
+):
+    """Per-row k: among the blocks holding each row's largest entries when every k is
+    small, over whole rows when one is not; a sort's k-th largest either way."""
+    taken = []
+    cond = jax.lax.cond
+
+    def spy(pred, *branches_and_operands):
+        taken.append(pred)
+        return cond(pred, *branches_and_operands)
+
+    monkeypatch.setattr(eqx_specdec._verify.warp.jax.lax, "cond", spy)
+    rng = np.random.default_rng(4)
+    batch, vocab = 10, 2048
+    x = np.round(rng.normal(size=(batch, 1, vocab)) * 3) / 3  # ties
+    x[rng.random(x.shape) < 0.2] = -np.inf
+    x = x.astype(np.float32)
+    k = rng.integers(1, 33, size=batch).astype(np.int32)
+    if large_k:
+        k[3] = 1500
+    got = eqx_specdec._verify.warp.kth_largest_per_row(
+        jnp.asarray(x), jnp.asarray(k)[:, None, None]
+    )
+    expected = -np.sort(-x[:, 0], axis=-1)[np.arange(batch), k - 1]
+    np.testing.assert_array_equal(np.asarray(got)[:, 0, 0], expected)
+    assert [bool(t) for t in taken] == [not large_k]

@@ -291,6 +291,35 @@ def kth_largest(x, k: int):
     return key_values(kth, x.dtype).reshape(x.shape[:-1] + (1,))
 
 
+# A per-row top-k looks among the blocks holding each row's 256 largest entries (at most
+# a 64th of the row) when every row's k is that small.
+_TOP_K_CANDIDATES = 256
+
+
+def kth_largest_per_row(x, k):
+    """The `k`-th largest value of each row of `x` `(..., V)`, for per-row `k` `(..., 1)`
+    in `[1, V]` (`(..., 1)`; exact, ties included): among the blocks holding each row's
+    `C` largest entries (`C` = min(256, V / 64)) when every `k` is at most `C`, else by
+    the search over whole rows."""
+    shape = x.shape[:-1] + (1,)
+
+    def whole_rows():
+        return key_values(largest_reaching(order_keys(x), None, k), x.dtype)
+
+    count = min(_TOP_K_CANDIDATES, x.shape[-1] // (4 * _LANES))
+    found = _top_blocks(x, count)
+    if found is None:
+        return whole_rows()
+    candidates, _ = found
+    goal = jnp.broadcast_to(k, shape).reshape(-1, 1)
+
+    def inside():
+        kth = largest_reaching(order_keys(candidates), None, goal)
+        return key_values(kth, x.dtype).reshape(shape)
+
+    return jax.lax.cond(jnp.all(k <= count), inside, whole_rows)
+
+
 # Top-p first looks among the blocks holding the largest entries of each row: up to
 # 1,024 of them, a 64th of the row.
 _TOP_P_CANDIDATES = 1024
@@ -351,7 +380,7 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
         k = jnp.clip(params["top_k"].astype(jnp.int32), 0, vocab)
         kth = None if static_k is None else kth_largest(x_scaled, static_k)
         if kth is None:
-            kth = key_values(largest_reaching(order_keys(x_scaled), None, k), x.dtype)
+            kth = kth_largest_per_row(x_scaled, jnp.maximum(k, 1))
         x_scaled = jnp.where((k > 0) & (x_scaled < kth), -jnp.inf, x_scaled)
     log_probs = None
     if "top_p" in params:
