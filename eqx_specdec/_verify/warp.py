@@ -131,11 +131,11 @@ class Warp(eqx.Module):
     verification.
 
     The top-k and top-p cut-offs are found without sorting, and are the sort's, ties
-    included: among the blocks of 16 entries holding each row's largest values (for a
-    Python-int `top_k`; for top-p when the row's largest entries, up to 1,024, reach
-    it), otherwise by an exact bisection over the row's values, one pass over the row
-    per step (about $\\log_2$ of the number of distinct values). See the Performance
-    page.
+    included: among the blocks of 16 entries holding each row's largest values (for
+    top-k, when every row's `k` is within the row's 256 largest entries or is a Python
+    int; for top-p, when the row's largest entries, up to 1,024, reach it), otherwise
+    by an exact bisection over the row's values, one pass over the row per step (about
+    $\\log_2$ of the number of distinct values). See the Performance page.
 
     For speculative sampling to be lossless, the target's warp must be the distribution
     the user wants to sample from, and the draft's warp must be exactly the law the draft
