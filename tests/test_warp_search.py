@@ -15,6 +15,21 @@ from eqx_specdec._verify.warp import (
 )
 
 
+@pytest.fixture
+def taken(monkeypatch):
+    """The predicates of the warps' `lax.cond`s (which path each search took), in order
+    (eager calls only)."""
+    predicates = []
+    cond = jax.lax.cond
+
+    def spy(pred, *branches_and_operands):
+        predicates.append(pred)
+        return cond(pred, *branches_and_operands)
+
+    monkeypatch.setattr(eqx_specdec._verify.warp.jax.lax, "cond", spy)
+    return predicates
+
+
 FLOATS = [np.float32] + ([np.float64] if jax.config.jax_enable_x64 else [])
 
 
@@ -136,18 +151,10 @@ def test_a_static_top_k_takes_the_k_largest_blocks(dtype):
 
 
 @pytest.mark.parametrize("flat_rows", [False, True], ids=["peaked", "some flat"])
-def test_top_p_among_the_largest_blocks_and_its_fallback(flat_rows, monkeypatch):
+def test_top_p_among_the_largest_blocks_and_its_fallback(flat_rows, taken):
     """Top-p searches the blocks holding each row's largest entries when those reach
     top_p in every row (peaked rows), and whole rows otherwise (a flat row in the
     batch): the kept set equals a sort's either way, and each case takes its path."""
-    taken = []
-    cond = jax.lax.cond
-
-    def spy(pred, *branches_and_operands):
-        taken.append(pred)
-        return cond(pred, *branches_and_operands)
-
-    monkeypatch.setattr(eqx_specdec._verify.warp.jax.lax, "cond", spy)
     rng = np.random.default_rng(3)
     batch, vocab = 12, 2048
     logits = rng.normal(size=(batch, 1, vocab)) * 8
@@ -164,19 +171,9 @@ def test_top_p_among_the_largest_blocks_and_its_fallback(flat_rows, monkeypatch)
 
 
 @pytest.mark.parametrize("large_k", [False, True], ids=["small k", "a large k"])
-def test_a_per_row_top_k_among_the_largest_blocks_and_its_fallback(
-    large_k, monkeypatch
-):
+def test_a_per_row_top_k_among_the_largest_blocks_and_its_fallback(large_k, taken):
     """Per-row k: among the blocks holding each row's largest entries when every k is
     small, over whole rows when one is not; a sort's k-th largest either way."""
-    taken = []
-    cond = jax.lax.cond
-
-    def spy(pred, *branches_and_operands):
-        taken.append(pred)
-        return cond(pred, *branches_and_operands)
-
-    monkeypatch.setattr(eqx_specdec._verify.warp.jax.lax, "cond", spy)
     rng = np.random.default_rng(4)
     batch, vocab = 10, 2048
     x = np.round(rng.normal(size=(batch, 1, vocab)) * 3) / 3  # ties

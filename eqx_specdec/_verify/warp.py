@@ -229,10 +229,6 @@ def _row_max(x):
     return _row_reduce((x,), (-jnp.inf,), lambda a, b: (jnp.maximum(a[0], b[0]),))[0]
 
 
-def _row_sum(x):
-    return _row_reduce((x,), (0,), lambda a, b: (a[0] + b[0],))[0]
-
-
 def _log_softmax(x, highest):
     """`jax.nn.log_softmax` over the last axis, given the rows' maxima (found in vector
     registers; the sum of exponentials is XLA's own, which fuses it with them)."""
