@@ -143,13 +143,7 @@ def acceptance_by_position(
     - [`eqx_specdec.MissingCapabilityError`][]: a stage lacks the capability the
         objective needs.
     """
-    check_distributions(
-        "acceptance_by_position",
-        other_fix=", or pass logits to acceptance_by_position_logits",
-        draft_probs=draft_probs,
-        target_probs=target_probs,
-    )
-    return _reached(
+    return _reached_from_probs(
         "acceptance_by_position", draft_probs, target_probs, verifier, draft_tokens
     )
 
@@ -195,6 +189,18 @@ def acceptance_by_position_logits(
         verifier,
         draft_tokens,
     )
+
+
+def _reached_from_probs(name, draft_probs, target_probs, verifier, draft_tokens):
+    """The probabilities entry points: the distributions validated eagerly (a fix that
+    names the entry point's logits twin), then `_reached`."""
+    check_distributions(
+        name,
+        other_fix=f", or pass logits to {name}_logits",
+        draft_probs=draft_probs,
+        target_probs=target_probs,
+    )
+    return _reached(name, draft_probs, target_probs, verifier, draft_tokens)
 
 
 def _reached_from_logits(
@@ -288,13 +294,7 @@ def expected_accepted_length(
 
     Float of shape `(B,)`.
     """
-    check_distributions(
-        "expected_accepted_length",
-        other_fix=", or pass logits to expected_accepted_length_logits",
-        draft_probs=draft_probs,
-        target_probs=target_probs,
-    )
-    reached = _reached(
+    reached = _reached_from_probs(
         "expected_accepted_length", draft_probs, target_probs, verifier, draft_tokens
     )
     return jnp.sum(reached, axis=-1)

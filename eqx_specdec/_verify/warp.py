@@ -270,39 +270,26 @@ def _top_blocks(x, k: int):
     return candidates.reshape(candidates.shape[0], k * _LANES), m
 
 
-def kth_largest(x, k: int):
-    """The `k`-th largest value of each row of `x` `(..., V)`, for a Python int `k`:
-    exact, from the blocks holding the `k` largest values (`_top_blocks`).
-
-    **Returns:**
-
-    `(..., 1)`, or `None` when the rows are too short for blocks to help (use the
-    search over whole rows).
-    """
-    found = _top_blocks(x, k)
-    if found is None:
-        return None
-    candidates, _ = found
-    kth = largest_reaching(order_keys(candidates), None, jnp.int32(k))
-    return key_values(kth, x.dtype).reshape(x.shape[:-1] + (1,))
-
-
 # A per-row top-k looks among the blocks holding each row's 256 largest entries (at most
 # a 64th of the row) when every row's k is that small.
 _TOP_K_CANDIDATES = 256
 
 
-def kth_largest_per_row(x, k):
-    """The `k`-th largest value of each row of `x` `(..., V)`, for per-row `k` `(..., 1)`
-    in `[1, V]` (`(..., 1)`; exact, ties included): among the blocks holding each row's
-    `C` largest entries (`C` = min(256, V / 64)) when every `k` is at most `C`, else by
-    the search over whole rows."""
+def kth_largest(x, k, bound: int | None = None):
+    """The `k`-th largest value of each row of `x` `(..., V)` (`(..., 1)`; exact, ties
+    included), for `k` `(..., 1)` in `[1, V]`: among the blocks holding each row's `C`
+    largest entries (`_top_blocks`) when every `k` is at most `C`, else by the search
+    over whole rows.
+
+    `bound`: a Python int known to bound every `k` (a static top-k), used as `C`; by
+    default `C` = min(256, V / 64), and a branch on the `k`s picks the search.
+    """
     shape = x.shape[:-1] + (1,)
 
     def whole_rows():
         return key_values(largest_reaching(order_keys(x), None, k), x.dtype)
 
-    count = min(_TOP_K_CANDIDATES, x.shape[-1] // (4 * _LANES))
+    count = bound or min(_TOP_K_CANDIDATES, x.shape[-1] // (4 * _LANES))
     found = _top_blocks(x, count)
     if found is None:
         return whole_rows()
@@ -313,6 +300,8 @@ def kth_largest_per_row(x, k):
         kth = largest_reaching(order_keys(candidates), None, goal)
         return key_values(kth, x.dtype).reshape(shape)
 
+    if bound is not None:
+        return inside()
     return jax.lax.cond(jnp.all(k <= count), inside, whole_rows)
 
 
@@ -374,9 +363,7 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
     highest = _row_max(x_scaled)  # every warp keeps the most likely token
     if "top_k" in params:
         k = jnp.clip(params["top_k"].astype(jnp.int32), 0, vocab)
-        kth = None if static_k is None else kth_largest(x_scaled, static_k)
-        if kth is None:
-            kth = kth_largest_per_row(x_scaled, jnp.maximum(k, 1))
+        kth = kth_largest(x_scaled, jnp.maximum(k, 1), static_k or None)
         x_scaled = jnp.where((k > 0) & (x_scaled < kth), -jnp.inf, x_scaled)
     log_probs = None
     if "top_p" in params:
