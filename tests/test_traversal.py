@@ -87,7 +87,9 @@ def _batch_of_trees(batch=16, vocab=7):
 
 
 def test_through_tree_accept_jit_and_vmap():
-    inputs = _batch_of_trees()
+    # More trees than the walk advances per step, so that the compacted batch walk is
+    # checked against the per-tree one (`row`, vmapped).
+    inputs = _batch_of_trees(batch=40)
     verifier = es.TraversalVerifier()
     out = es.tree_accept(*inputs, verifier=verifier)
     jitted = jax.jit(lambda *a: es.tree_accept(*a, verifier=verifier))(*inputs)
