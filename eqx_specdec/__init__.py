@@ -4,16 +4,6 @@ import importlib.metadata
 
 from ._decoding.autoregressive import autoregressive_decode as autoregressive_decode
 from ._decoding.loop import speculative_decode as speculative_decode
-from ._decoding.models import (
-    builtin_corpus as builtin_corpus,
-    builtin_models as builtin_models,
-    BUILTIN_PROMPTS as BUILTIN_PROMPTS,
-    decode as decode,
-    encode as encode,
-    fit_ngram as fit_ngram,
-    NGramModel as NGramModel,
-    VOCABULARY as VOCABULARY,
-)
 from ._decoding.result import DecodeResult as DecodeResult
 from ._errors import (
     InvalidInputError as InvalidInputError,
@@ -36,6 +26,25 @@ from ._evaluation.objectives import (
     expected_accepted_length as expected_accepted_length,
     expected_accepted_length_logits as expected_accepted_length_logits,
 )
+from ._models.cached import AbstractCachedModel as AbstractCachedModel
+from ._models.corpus import (
+    builtin_corpus as builtin_corpus,
+    BUILTIN_PROMPTS as BUILTIN_PROMPTS,
+    decode as decode,
+    encode as encode,
+    VOCABULARY as VOCABULARY,
+)
+from ._models.ngram import (
+    builtin_models as builtin_models,
+    fit_ngram as fit_ngram,
+    NGramModel as NGramModel,
+)
+from ._models.training import (
+    builtin_transformers as builtin_transformers,
+    train_transformer as train_transformer,
+    write_builtin_transformers as write_builtin_transformers,
+)
+from ._models.transformer import Transformer as Transformer
 from ._proposal.abstract_proposal import AbstractProposal as AbstractProposal
 from ._proposal.chain import Chain as Chain
 from ._proposal.draft_length import (

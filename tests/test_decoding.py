@@ -43,7 +43,11 @@ def _sequence_probabilities(target, prompt_token, length):
 
 class FirstTokenLength(es.AbstractDraftLength):
     """A user's policy: draft one token after an even first draft token, two after an
-    odd one (a stopping time: the decision reads only the tokens before the next)."""
+    odd one (a stopping time: the decision reads only the tokens before the next), so
+    the loop stops calling the draft for a row once it is reached."""
+
+    def needs_target(self):
+        return False
 
     def __call__(self, draft_tokens, draft_probs, target_probs):
         return (1 + draft_tokens[0] % 2).astype(jnp.int32)

@@ -10,7 +10,8 @@ import numpy as np
 
 from .._decoding.autoregressive import autoregressive_decode
 from .._decoding.loop import speculative_decode
-from .._decoding.models import builtin_models, BUILTIN_PROMPTS, decode, encode
+from .._models.corpus import BUILTIN_PROMPTS, decode, encode
+from .._models.ngram import builtin_models
 from .._proposal.chain import Chain
 from .choices import draft_length, verifiers
 

@@ -12,13 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._decoding.models import builtin_models, encode
 from .._errors import MissingCapabilityError
 from .._evaluation.evaluate import (
     evaluate_verifier,
     synthetic_distributions,
     SYNTHETIC_KINDS,
 )
+from .._models.corpus import encode
+from .._models.ngram import builtin_models
 from .choices import (
     CHAIN_NAMES,
     DEMO_DEFAULT,

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, Key
 
+from .._models.cached import call_rows, initial_states, prefill
 from .._proposal.abstract_proposal import as_probs, ModelOutputs
 from .._verify.dispatch import FilterJit
 from .loop import check_decode_arguments, token_buffer
@@ -17,24 +18,31 @@ from .loop import check_decode_arguments, token_buffer
 def _autoregressive(
     model, prompt_tokens, prompt_lengths, key, num_tokens, greedy, outputs
 ):
-    batch = prompt_tokens.shape[0]
+    batch, width = prompt_tokens.shape
     buffer = token_buffer(prompt_tokens, num_tokens)
+    state = prefill(model, buffer, width, initial_states(model, batch, buffer.shape[1]))
+    rows = jnp.arange(batch)
 
-    def step(buffer, t):
-        def row(tokens, length, b):
-            position = length - 1 + t
-            p = as_probs(model(tokens, position[None])[0], outputs)
-            if greedy:
-                x = jnp.argmax(p)
-            else:
+    def step(carry, t):
+        buffer, state = carry
+        position = prompt_lengths - 1 + t
+        p, state = call_rows(model, buffer, position, 1, state)
+        p = as_probs(p[:, 0], outputs)
+        if greedy:
+            x = jnp.argmax(p, axis=-1)
+        else:
+
+            def draw(b, p):
                 row_key = jax.random.fold_in(jax.random.fold_in(key, b), t)
-                x = jax.random.categorical(row_key, jnp.log(p))
-            return tokens.at[position + 1].set(x.astype(jnp.int32))
+                return jax.random.categorical(row_key, jnp.log(p))
 
-        rows = jnp.arange(batch, dtype=jnp.uint32)
-        return jax.vmap(row)(buffer, prompt_lengths, rows), None
+            x = jax.vmap(draw)(rows.astype(jnp.uint32), p)
+        buffer = buffer.at[rows, position + 1].set(x.astype(jnp.int32))
+        return (buffer, state), None
 
-    buffer, _ = jax.lax.scan(step, buffer, jnp.arange(num_tokens, dtype=jnp.int32))
+    (buffer, _), _ = jax.lax.scan(
+        step, (buffer, state), jnp.arange(num_tokens, dtype=jnp.int32)
+    )
     take = prompt_lengths[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None]
     return jnp.take_along_axis(buffer, take, axis=1)
 
@@ -50,7 +58,9 @@ def autoregressive_decode(
     outputs: ModelOutputs = "probs",
 ) -> Int[Array, "batch num_tokens"]:
     """Plain autoregressive decoding with one model: the baseline that speculative
-    decoding must reproduce in distribution, one model call per token.
+    decoding must reproduce in distribution, one model call per token (a stateless
+    model, or an [`eqx_specdec.AbstractCachedModel`][] called on one new token at a
+    time after a prefill of the prompt).
 
     **Arguments:**
 
@@ -63,6 +73,11 @@ def autoregressive_decode(
 
     int32 of shape `(B, L)`, the generated tokens.
     """
+    if isinstance(outputs, tuple):
+        raise ValueError(
+            '`outputs` must be "probs" or "logits" (what the one model returns), got '
+            f"{outputs!r}."
+        )
     prompt_lengths = check_decode_arguments(
         prompt_tokens, prompt_lengths, num_tokens, outputs
     )

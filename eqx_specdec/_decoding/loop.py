@@ -10,12 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, Key
 
-from .._proposal.abstract_proposal import (
-    AbstractProposal,
-    checked_output,
-    ModelOutputs,
-    Models,
-)
+from .._models.cached import check_model, initial_states, is_cached, prefill
+from .._proposal.abstract_proposal import AbstractProposal, ModelOutputs, Models
 from .._proposal.chain import Chain
 from .._proposal.tree import Tree
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
@@ -68,8 +64,13 @@ def check_decode_arguments(prompt_tokens, prompt_lengths, num_tokens, outputs):
         or num_tokens < 1
     ):
         raise ValueError(f"`num_tokens` must be a Python int >= 1, got {num_tokens!r}.")
-    if outputs not in ("probs", "logits"):
-        raise ValueError(f'`outputs` must be "probs" or "logits", got {outputs!r}.')
+    pair = outputs if isinstance(outputs, tuple) else (outputs, outputs)
+    if len(pair) != 2 or any(o not in ("probs", "logits") for o in pair):
+        raise ValueError(
+            '`outputs` must be "probs" or "logits" (what both models return), or a '
+            '(draft, target) pair of them such as ("probs", "logits"); got '
+            f"{outputs!r}."
+        )
     if jnp.ndim(prompt_tokens) != 2:
         raise ValueError(
             "`prompt_tokens` must have shape (B, P): one row per sequence, padded to "
@@ -109,34 +110,42 @@ class _DecodeLoop(eqx.Module):
     verifier: AbstractVerifier | AbstractTreeVerifier
     proposal: AbstractProposal
     num_tokens: int = eqx.field(static=True)
-    outputs: ModelOutputs = eqx.field(static=True)
+    outputs: ModelOutputs | tuple[ModelOutputs, ModelOutputs] = eqx.field(static=True)
     progress: Callable | None = eqx.field(static=True)
 
-    def check_models(self, buffer) -> None:
-        """Traces each model once, at one position, to check what it returns."""
-        one = jnp.zeros((1,), jnp.int32)
-        probe = jax.eval_shape(self.target_model, buffer[0], one)
-        vocab = probe.shape[-1] if hasattr(probe, "shape") and probe.ndim == 2 else -1
-        checked_output("target_model", probe, (1, vocab))
-        draft = jax.eval_shape(self.draft_model, buffer[0], one)
-        checked_output("draft_model", draft, (1, vocab))
+    def check_models(self, buffer, width: int) -> None:
+        """Traces each model once on one row to check what it returns (and, for a
+        cached model, the state it returns)."""
+        vocab = check_model("target_model", self.target_model, buffer[0], 1, None)
+        check_model("draft_model", self.draft_model, buffer[0], 1, vocab)
+        if is_cached(self.target_model) or is_cached(self.draft_model):
+            for name in ("target_model", "draft_model"):
+                check_model(name, getattr(self, name), buffer[0], width, vocab)
 
     def __call__(self, prompt_tokens, prompt_lengths, key) -> DecodeResult:
-        batch, slots = prompt_tokens.shape[0], self.proposal.slots()
+        batch, width = prompt_tokens.shape
+        slots = self.proposal.slots()
         hist_size = self.proposal.depth() + 1
         theory = self.proposal.theory(self.verifier)
-        models = Models(self.draft_model, self.target_model, self.outputs)
+        outputs = self.outputs
+        outputs = outputs if isinstance(outputs, tuple) else (outputs, outputs)
+        models = Models(self.draft_model, self.target_model, outputs)
         buffer = token_buffer(prompt_tokens, self.num_tokens + slots)
         lengths = prompt_lengths.astype(jnp.int32)
-        self.check_models(buffer)
+        self.check_models(buffer, width)
+        max_length = buffer.shape[1]
+        states = tuple(
+            prefill(m, buffer, width, initial_states(m, batch, max_length))
+            for m in (self.draft_model, self.target_model)
+        )
 
         def step(state):
-            t, buffer, lengths, calls, hist, reached_sum, drafted_sum = state
+            t, buffer, lengths, calls, hist, reached_sum, drafted_sum, states = state
             active = lengths - prompt_lengths < self.num_tokens
             keys = jax.vmap(lambda k: jax.random.split(k, 4))(_row_keys(key, t, batch))
             generated = lengths - prompt_lengths
-            n, new, reached, drafted = self.proposal.step(
-                models, self.verifier, buffer, lengths, keys, generated
+            n, new, reached, drafted, states = self.proposal.step(
+                models, self.verifier, buffer, lengths, keys, generated, states
             )
             # Commit: accepted tokens and the correction; the slots after it are scratch.
             index = lengths[:, None] + jnp.arange(slots, dtype=jnp.int32)[None]
@@ -154,7 +163,16 @@ class _DecodeLoop(eqx.Module):
             if self.progress is not None:
                 done = jnp.minimum(lengths - prompt_lengths, self.num_tokens).sum()
                 jax.debug.callback(self.progress, done, batch * self.num_tokens)
-            return t + 1, buffer, lengths, calls, hist, reached_sum, drafted_sum
+            return (
+                t + 1,
+                buffer,
+                lengths,
+                calls,
+                hist,
+                reached_sum,
+                drafted_sum,
+                states,
+            )
 
         def unfinished(state):
             return jnp.any(state[2] - prompt_lengths < self.num_tokens)
@@ -167,8 +185,9 @@ class _DecodeLoop(eqx.Module):
             jnp.zeros((batch, hist_size), jnp.int32),
             jnp.zeros((batch, hist_size), jnp.float32),
             jnp.zeros((batch,), jnp.int32),
+            states,
         )
-        _, buffer, lengths, calls, hist, reached, drafted = jax.lax.while_loop(
+        _, buffer, lengths, calls, hist, reached, drafted, _ = jax.lax.while_loop(
             unfinished, step, state
         )
         take = (
@@ -194,7 +213,7 @@ def speculative_decode(
     *,
     verifier: AbstractVerifier | AbstractTreeVerifier = Verifier(),
     proposal: AbstractProposal | None = None,
-    outputs: ModelOutputs = "probs",
+    outputs: ModelOutputs | tuple[ModelOutputs, ModelOutputs] = "probs",
     progress: Callable | None = None,
 ) -> DecodeResult:
     """Generates `num_tokens` tokens for each of a batch of prompts by speculative
@@ -246,7 +265,10 @@ def speculative_decode(
         verifier, a [`eqx_specdec.Tree`][] for a tree verifier. `None` (the default):
         the verifier's own, `Chain()` ($G = 4$, sampled) for a chain verifier and
         `Tree(verifier.tree)` for a tree verifier.
-    - `outputs`: `"probs"` (default) or `"logits"`: what the models return.
+    - `outputs`: `"probs"` (default) or `"logits"`: what the models return; or a
+        `(draft, target)` pair of them, for models that differ (an n-gram draft
+        returning probabilities and a [`eqx_specdec.Transformer`][] target returning
+        logits: `("probs", "logits")`).
     - `progress`: `None`, or a function `progress(done, total)` called from the host
         after every step with the number of tokens generated so far over the batch.
 
@@ -255,6 +277,7 @@ def speculative_decode(
     A [`eqx_specdec.DecodeResult`][]: the tokens and the run's statistics.
     """
     proposal = resolve_proposal(proposal, verifier)
+    proposal.check_models(draft_model, target_model)
     prompt_lengths = check_decode_arguments(
         prompt_tokens, prompt_lengths, num_tokens, outputs
     )

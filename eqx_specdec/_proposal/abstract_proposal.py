@@ -10,29 +10,34 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Key
 
+from .._models.cached import checked_output as checked_output, is_cached
+
 
 ModelOutputs = Literal["probs", "logits"]
 Theory = Literal["exact", "lower bound", "none"]
 
 
 class Models(NamedTuple):
-    """The two models of the decoding loop, and what they return."""
+    """The two models of the decoding loop, and what each returns (`(draft, target)`)."""
 
     draft: Callable
     target: Callable
-    outputs: ModelOutputs
+    outputs: tuple[ModelOutputs, ModelOutputs]
 
 
 class StepOutcome(NamedTuple):
     """What one step of a proposal hands back to the loop, one entry per row:
     `num_accepted` (B,), `tokens` (B, slots) (the accepted draft tokens, the correction,
     then -1), `reached` (B, depth + 1) (the theory's $P(n \\ge k)$, NaN without
-    theory) and `drafted` (B,) (the draft tokens drafted)."""
+    theory), `drafted` (B,) (the draft tokens drafted) and `states`, the cached models'
+    states after the step (`(draft_state, target_state)`, `None` for a stateless
+    model)."""
 
     num_accepted: Int[Array, " batch"]
     tokens: Int[Array, "batch slots"]
     reached: Float[Array, "batch depth_plus_1"]
     drafted: Int[Array, " batch"]
+    states: tuple = (None, None)
 
 
 class AbstractProposal(eqx.Module):
@@ -74,6 +79,29 @@ class AbstractProposal(eqx.Module):
         - `verifier`: the loop's verifier.
         """
 
+    def check_models(self, draft_model, target_model) -> None:
+        """Raises a `TypeError` (naming the argument and the fix) unless this proposal
+        can run these models. By default: stateless models only (the interface
+        `model(tokens: int[T], positions: int[K]) -> float[K, V]`); a proposal that
+        runs [`eqx_specdec.AbstractCachedModel`][]s ([`eqx_specdec.Chain`][])
+        overrides it. Called before tracing.
+
+        **Arguments:**
+
+        - `draft_model`, `target_model`: the loop's models.
+        """
+        for name, model in (
+            ("draft_model", draft_model),
+            ("target_model", target_model),
+        ):
+            if is_cached(model):
+                raise TypeError(
+                    f"`{name}` is a cached model ({type(model).__name__}), which "
+                    f"{type(self).__name__} proposals cannot run: they need the "
+                    "stateless interface `model(tokens: int[T], positions: int[K]) -> "
+                    "float[K, V]`. Use a Chain proposal, or a stateless model."
+                )
+
     @abc.abstractmethod
     def theory(self, verifier) -> Theory:
         """What the loop's theoretical acceptance is for this proposal and verifier, from
@@ -94,6 +122,7 @@ class AbstractProposal(eqx.Module):
         lengths: Int[Array, " batch"],
         keys: Key[Array, "batch 4"],
         generated: Int[Array, " batch"],
+        states: tuple = (None, None),
     ) -> StepOutcome:
         """Drafts, scores and verifies one step for every row. Traced.
 
@@ -107,6 +136,8 @@ class AbstractProposal(eqx.Module):
         - `keys`: `(B, 4)` keys per row: `[:, 0]` for drafting, `[:, 1]` for the
             accept uniforms, `[:, 2]` for the correction's randomness, `[:, 3]` spare.
         - `generated`: int32 `(B,)`, the tokens each row has generated so far.
+        - `states`: `(draft_state, target_state)`, the cached models' states (each
+            `None` for a stateless model; see [`eqx_specdec.AbstractCachedModel`][]).
 
         **Returns:**
 
@@ -118,21 +149,6 @@ def as_probs(x, outputs: ModelOutputs):
     """A model's output row(s) as probabilities."""
     x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     return jax.nn.softmax(x, axis=-1) if outputs == "logits" else x
-
-
-def checked_output(name: str, value, shape: tuple[int, ...]):
-    """A model's output, or a `ValueError` / `TypeError` (trace time) saying that a
-    model returns one distribution per position asked."""
-    if not hasattr(value, "shape") or tuple(value.shape) != shape:
-        got = getattr(value, "shape", type(value).__name__)
-        raise ValueError(
-            f"`{name}` must return one distribution per position asked, shape "
-            f"(positions, vocab) = {shape}; got {got}. A model is called as "
-            "`model(tokens: int[T], positions: int[K]) -> float[K, V]`."
-        )
-    if not jnp.issubdtype(value.dtype, jnp.floating):
-        raise TypeError(f"`{name}` must return floating values, got {value.dtype}.")
-    return value
 
 
 def uniforms(keys, count: int, key_sampler: bool):

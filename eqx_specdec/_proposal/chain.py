@@ -10,13 +10,13 @@ from jaxtyping import Array, Int, Key
 
 from .._capabilities import has_capability
 from .._misc import no_type_check
+from .._models.cached import call_rows, is_cached
 from .._stages.row_fields import per_row_values, with_row_values
 from .._verify.abstract_verifier import AbstractVerifier
 from .abstract_proposal import (
     AbstractProposal,
     as_probs,
     checked_output,
-    ModelOutputs,
     Models,
     StepOutcome,
     Theory,
@@ -97,36 +97,50 @@ class Chain(AbstractProposal):
             return "none"
         return test.theory
 
-    def step(self, models, verifier, buffer, lengths, keys, generated) -> StepOutcome:
-        xs, qs, p = jax.vmap(
-            lambda t, n, k: draft_chain(models, t, n, k, self.length, self.drafting)
-        )(buffer, lengths, keys[:, 0])
+    def check_models(self, draft_model, target_model) -> None:
+        """A chain runs stateless and cached models alike (either or both)."""
+
+    def step(
+        self, models, verifier, buffer, lengths, keys, generated, states=(None, None)
+    ) -> StepOutcome:
+        policy = self.draft_length
+        stops_early = not policy.always_full and not policy.needs_target()
+        xs, qs, p, drafted, states = draft_chain(
+            models,
+            buffer,
+            lengths,
+            keys[:, 0],
+            self.length,
+            self.drafting,
+            policy if stops_early else None,
+            states,
+        )
         theory = self.theory(verifier)  # the declared test's, before it is swapped
         test = verifier.ratio_test.in_decoding_loop(generated)
         if test is not verifier.ratio_test:
             verifier = _with_ratio_test(verifier, test)
         key_sampler = verifier.residual_sampler.randomness == "key"
         accept, sample = uniforms(keys, self.length, key_sampler)
-        if self.drafting == "argmax":
-            law, given = jax.nn.one_hot(xs, qs.shape[-1], dtype=qs.dtype), None
-        else:
-            law = given = qs
+        law = draft_law(xs, qs, self.drafting)
+        given = None if self.drafting == "argmax" else qs
         log_space = verifier.ratio_test.log_space is True
 
         def space(a):
             return jnp.log(a) if log_space else a
 
         arrays = (xs, None if given is None else space(given), space(p), accept, sample)
-        if self.draft_length.always_full:
-            drafted = jnp.full((xs.shape[0],), self.length, jnp.int32)
+        if policy.always_full:
             out = verifier(*arrays)
         else:
-            drafted = jax.vmap(self.draft_length)(xs, law, p).astype(jnp.int32)
+            if not stops_early:
+                drafted = jax.vmap(policy)(xs, law, p).astype(jnp.int32)
             drafted = jnp.clip(drafted, 1, self.length)
             out = verify_at_lengths(verifier, drafted, *arrays)
         if theory == "none":
             reached = jnp.full((xs.shape[0], self.length + 1), jnp.nan, jnp.float32)
-            return StepOutcome(out["num_accepted"], out["tokens"], reached, drafted)
+            return StepOutcome(
+                out["num_accepted"], out["tokens"], reached, drafted, states
+            )
 
         def passes_of(values, law, p):
             return with_row_values(test, values).pass_probabilities(law, p)
@@ -137,7 +151,11 @@ class Chain(AbstractProposal):
         passes = jnp.where(used[..., None], passes, 0)
         reached = jax.vmap(reached_probabilities)(passes, law, xs)
         return StepOutcome(
-            out["num_accepted"], out["tokens"], reached.astype(jnp.float32), drafted
+            out["num_accepted"],
+            out["tokens"],
+            reached.astype(jnp.float32),
+            drafted,
+            states,
         )
 
 
@@ -153,41 +171,106 @@ def _with_ratio_test(verifier, test):
         ) from error
 
 
+def draft_law(xs, qs, drafting: ChainDrafting):
+    """The law the draft tokens were drawn from: `qs`, or one-hot rows for argmax
+    drafting."""
+    if drafting == "argmax":
+        return jax.nn.one_hot(xs, qs.shape[-1], dtype=qs.dtype)
+    return qs
+
+
+#: The committed positions the draft's first call of a step writes when the draft is a
+#: cached model: the last two, so that a draft token accepted last step (never fed to
+#: the draft, which stopped after drafting it) is written before anything reads it.
+CATCH_UP = 2
+
+
 def draft_chain(
     models: Models,
-    tokens: Int[Array, " width"],
-    length: Int[Array, ""],
-    key: Key[Array, ""],
+    buffer: Int[Array, "batch width"],
+    lengths: Int[Array, " batch"],
+    keys: Key[Array, " batch"],
     gamma: int,
     drafting: ChainDrafting,
+    policy: AbstractDraftLength | None,
+    states: tuple,
 ):
-    """Drafts `gamma` tokens after `tokens[:length]`, one draft call each (sampled from
-    $q_i$, or its argmax), then scores the chain with one target call.
+    """Drafts up to `gamma` tokens after each row's `buffer[b, : lengths[b]]`, one draft
+    call per token (sampled from $q_i$, or its argmax), then scores every row's chain
+    with one target call. With a `policy` (a draft-length rule that does not read the
+    target), a row stops drafting once the rule's length is reached, and the loop over
+    draft calls ends when every row has stopped: the draft calls are the ones the rows
+    need. Cached models are called on the new tokens only (see
+    [`eqx_specdec.AbstractCachedModel`][]).
 
     **Returns:**
 
-    `(x, q, p)`: int32 `(gamma,)`, the draft's distributions `(gamma, V)` and the
-    target's `(gamma + 1, V)`.
+    `(x, q, p, drafted, states)`: int32 `(B, gamma)`, the draft's distributions
+    `(B, gamma, V)` (rows past a row's draft length are zero or scratch), the target's
+    `(B, gamma + 1, V)`, int32 `(B,)` the tokens each row drafted, and the models'
+    states.
     """
-    outputs: ModelOutputs = models.outputs
+    draft_outputs, target_outputs = models.outputs
+    batch = buffer.shape[0]
+    rows = jnp.arange(batch)
+    draft_state, target_state = states
+    token_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(keys)
 
-    def one(tokens, i_key):
-        i, k = i_key
-        q = as_probs(models.draft(tokens, (length - 1 + i)[None])[0], outputs)
+    def draw(q, i):
         if drafting == "argmax":
-            x = jnp.argmax(q).astype(jnp.int32)
-        else:
-            x = jax.random.categorical(k, jnp.log(q)).astype(jnp.int32)
-        return tokens.at[length + i].set(x), (x, q)
+            return jnp.argmax(q, axis=-1).astype(jnp.int32)
+        return jax.vmap(lambda k, q: jax.random.categorical(k, jnp.log(q)))(
+            token_keys[:, i], q
+        ).astype(jnp.int32)
 
-    keys = jax.random.split(key, gamma)
-    tokens, (xs, qs) = jax.lax.scan(
-        one, tokens, (jnp.arange(gamma, dtype=jnp.int32), keys)
+    def stopped_after(xs, qs, count):
+        """Rows whose draft length is at most `count`: by the rule's stopping-time
+        property, decided by the first `count` tokens and rows alone."""
+        if policy is None:
+            return jnp.zeros((batch,), bool)
+        dummy_target = jnp.zeros((batch, gamma + 1, qs.shape[-1]), qs.dtype)
+        length = jax.vmap(policy)(xs, draft_law(xs, qs, drafting), dummy_target)
+        return length <= count
+
+    # The first draft call: the last committed positions (two for a cached draft).
+    width = CATCH_UP if is_cached(models.draft) else 1
+    starts = jnp.maximum(lengths - width, 0)
+    q, draft_state = call_rows(models.draft, buffer, starts, width, draft_state)
+    q = as_probs(q[rows, lengths - 1 - starts], draft_outputs)
+    x = draw(q, 0)
+    xs = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x)
+    qs = jnp.zeros((batch, gamma, q.shape[-1]), q.dtype).at[:, 0].set(q)
+    buffer = buffer.at[rows, lengths].set(x)
+    drafted = jnp.ones((batch,), jnp.int32)
+    stopped = stopped_after(xs, qs, 1)
+
+    def more(carry):
+        i, *_, stopped = carry
+        return (i < gamma) & ~jnp.all(stopped)
+
+    def next_token(carry):
+        i, buffer, xs, qs, drafted, draft_state, stopped = carry
+        q, draft_state = call_rows(
+            models.draft, buffer, lengths - 1 + i, 1, draft_state
+        )
+        q = as_probs(q[:, 0], draft_outputs)
+        x = draw(q, i)
+        xs, qs = xs.at[:, i].set(x), qs.at[:, i].set(q)
+        # Rows that stopped keep drafting scratch past their length (never verified).
+        buffer = buffer.at[rows, lengths + i].set(x)
+        drafted = drafted + (~stopped).astype(jnp.int32)
+        stopped = stopped | stopped_after(xs, qs, i + 1)
+        return i + 1, buffer, xs, qs, drafted, draft_state, stopped
+
+    carry = (jnp.ones((), jnp.int32), buffer, xs, qs, drafted, draft_state, stopped)
+    _, buffer, xs, qs, drafted, draft_state, _ = jax.lax.while_loop(
+        more, next_token, carry
     )
-    positions = length - 1 + jnp.arange(gamma + 1, dtype=jnp.int32)
-    p = models.target(tokens, positions)
-    p = checked_output("target_model", p, (gamma + 1, qs.shape[-1]))
-    return xs, qs, as_probs(p, outputs)
+    p, target_state = call_rows(
+        models.target, buffer, lengths - 1, gamma + 1, target_state
+    )
+    checked_output("target_model", p[0], (gamma + 1, qs.shape[-1]))
+    return xs, qs, as_probs(p, target_outputs), drafted, (draft_state, target_state)
 
 
 def reached_probabilities(passes, draft_law, draft_tokens):

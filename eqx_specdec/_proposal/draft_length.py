@@ -33,6 +33,20 @@ class AbstractDraftLength(eqx.Module):
 
     always_full: ClassVar[bool] = False
 
+    def needs_target(self) -> bool:
+        """Whether the rule reads `target_probs`. If not (return `False`), the decoding
+        loop evaluates it after each draft call, on the tokens and rows drafted so far
+        (the later ones zero), and stops calling the draft for a row once the length it
+        returns is reached: its stopping-time property makes that the length it would
+        return on the whole chain. If it does (the default, the safe answer), every row
+        drafts $G$ tokens and the rule runs after the target call.
+
+        **Returns:**
+
+        A Python bool.
+        """
+        return True
+
     @abc.abstractmethod
     def __call__(
         self,
@@ -109,6 +123,10 @@ class StopWhenUnlikely(AbstractDraftLength):
                 'StopWhenUnlikely(`predictor`=...) must be "confidence" or "oracle", '
                 f"got {self.predictor!r}."
             )
+
+    def needs_target(self) -> bool:
+        """`True` for the oracle predictor only."""
+        return self.predictor == "oracle"
 
     def predicted_acceptance(
         self, draft_probs: DraftProbsRow, target_probs: TargetProbsRow

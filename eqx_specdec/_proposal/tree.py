@@ -84,7 +84,9 @@ class Tree(AbstractProposal):
     def theory(self, verifier) -> Theory:
         return "none"
 
-    def step(self, models, verifier, buffer, lengths, keys, generated) -> StepOutcome:
+    def step(
+        self, models, verifier, buffer, lengths, keys, generated, states=(None, None)
+    ) -> StepOutcome:
         rule = verifier.drafting_rule()
         nodes, dq, p = jax.vmap(
             lambda t, n, k: draft_tree(models, t, n, k, self.parents, rule)
@@ -141,7 +143,7 @@ def draft_tree(
     for i, parent in enumerate(tree):
         if parent not in laws:
             q = models.draft(context(parent), position(parent)[None])[0]
-            laws[parent] = as_probs(q, models.outputs)
+            laws[parent] = as_probs(q, models.outputs[0])
             drafted[parent] = jnp.zeros(laws[parent].shape, bool)
         law = node_rule.candidate_law(laws[parent], drafted[parent])
         x = jax.random.categorical(keys[i], jnp.log(law)).astype(jnp.int32)
@@ -152,7 +154,7 @@ def draft_tree(
     buffers = jnp.stack([context(c) for c in contexts])
     positions = jnp.stack([position(c) for c in contexts])
     p = jax.vmap(lambda b, pos: models.target(b, pos[None])[0])(buffers, positions)
-    p = as_probs(p, models.outputs)
+    p = as_probs(p, models.outputs[1])
     zeros = jnp.zeros(p.shape[-1:], p.dtype)
     q: Float[Array, "nodes+1 vocab"] = jnp.stack(
         [laws.get(c, zeros).astype(p.dtype) for c in contexts]

@@ -1,9 +1,7 @@
-"""A built-in, offline language-model pair: character-level n-gram models fit on text
-that ships with the package, so that the end-to-end loop runs anywhere with the exact
-target distribution known."""
+"""Character n-gram models, exact and cheap: the built-in draft, and a target whose
+distribution of any continuation is known."""
 
 import functools
-import importlib.resources
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -11,53 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, Int, jaxtyped
 
-
-#: The built-in character vocabulary: token id `i` is `VOCABULARY[i]`. Id 0, the space,
-#: also stands for every position before the start of a sequence.
-VOCABULARY = " abcdefghijklmnopqrstuvwxyz.,;:'-"
-
-#: Prompts the `demo` command starts from.
-BUILTIN_PROMPTS = (
-    "the ",
-    "we hold these ",
-    "and god said, ",
-    "it was the ",
-    "in the beginning ",
-    "with malice toward ",
-    "call me ",
-    "four score and ",
-)
-
-
-def encode(text: str) -> np.ndarray:
-    """Maps text to token ids of the built-in vocabulary: lower case, and every character
-    outside [`eqx_specdec.VOCABULARY`][] (newlines included) becomes a space.
-
-    **Arguments:**
-
-    - `text`: a string.
-
-    **Returns:**
-
-    An int32 NumPy array of shape `(len(text),)`.
-    """
-    index = {c: i for i, c in enumerate(VOCABULARY)}
-    return np.asarray([index.get(c, 0) for c in text.lower()], np.int32)
-
-
-def decode(tokens) -> str:
-    """Maps token ids of the built-in vocabulary back to text; negative ids (padding)
-    are dropped.
-
-    **Arguments:**
-
-    - `tokens`: a sequence of integer ids.
-
-    **Returns:**
-
-    A string.
-    """
-    return "".join(VOCABULARY[int(t)] for t in np.asarray(tokens).ravel() if t >= 0)
+from .corpus import builtin_corpus, VOCABULARY
 
 
 class NGramModel(eqx.Module):
@@ -165,20 +117,6 @@ def fit_ngram(tokens, vocab_size: int, order: int) -> NGramModel:
         probs = weight * estimate + (1 - weight) * lower
     probs = probs / probs.sum(-1, keepdims=True)
     return NGramModel(jnp.asarray(probs, jnp.float32), order)
-
-
-@functools.cache
-def builtin_corpus() -> np.ndarray:
-    """The token ids of the text shipped with the package (about 8,500 characters of
-    public-domain English prose), in the built-in vocabulary.
-
-    **Returns:**
-
-    An int32 NumPy array.
-    """
-    files = importlib.resources.files("eqx_specdec") / "data" / "corpus.txt"
-    text = " ".join(files.read_text(encoding="utf-8").split())
-    return encode(text)
 
 
 @functools.cache

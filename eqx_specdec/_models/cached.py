@@ -1,0 +1,175 @@
+"""The cached-model interface of the decoding loop: a model that owns its state (a
+key-value cache written at absolute positions) and is called on a step's new tokens
+only."""
+
+import abc
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PyTree
+
+
+class AbstractCachedModel(eqx.Module):
+    """A language model with state, for [`eqx_specdec.speculative_decode`][] and
+    [`eqx_specdec.autoregressive_decode`][]: the extension point for models with a
+    key-value cache. [`eqx_specdec.Transformer`][] is one.
+
+    The model is written for **one sequence**; the loops `vmap` it over the batch (each
+    leaf of the state gets a leading batch axis). Its state is a PyTree of arrays holding
+    what the model has computed for the positions written so far (a key-value cache: one
+    entry per absolute position, `max_length` of them).
+
+    **The contract.** The loops call `init_state(max_length)` once per row, then:
+
+    1. **Prefill**: one call on the whole padded prompt row, `positions = 0, ..., P - 1`.
+       Entries past the row's prompt length are padding (token 0), written like any other.
+    2. **Steps**: calls on `K` tokens at consecutive positions
+       `positions = start + [0, ..., K - 1]`, with `0 <= start` and
+       `start + K <= max_length`. Output row `k` is the distribution of the token at
+       `positions[k] + 1` given the tokens at positions `0, ..., positions[k]`: the
+       tokens of this call up to `k`, and before `start` whatever was last written there.
+
+    The loops guarantee that when a call starts at `start`, every position before it
+    was last written with the row's **committed** token there (the prompt, accepted
+    draft tokens, corrections). Positions at or after `start + K` may hold stale entries
+    (rejected draft tokens, padding, scratch written for rows that finished or stopped
+    drafting): the model must never read them, which a causal model attending to
+    positions `<= positions[k]` does not. So a rejected draft token needs no rollback:
+    its entry is overwritten before anything reads that position again. Rows that
+    finished keep being called (their outputs are ignored), always within
+    `max_length`.
+
+    Between steps the draft model is called once with `K = 2` (the last two committed
+    positions, so that a draft token accepted last step but never fed to the draft is
+    written) and then with `K = 1` per draft token; the target with `K = G + 1` (the last
+    committed token and the $G$ draft tokens). Plain decoding calls with `K = 1`.
+
+    Chains only: a tree proposal ([`eqx_specdec.Tree`][]) needs the stateless interface
+    `model(tokens: int[T], positions: int[K]) -> float[K, V]`.
+    """
+
+    @abc.abstractmethod
+    def init_state(self, max_length: int) -> PyTree[Array]:
+        """The state of one sequence before any token is written.
+
+        **Arguments:**
+
+        - `max_length`: the positions the state must hold, a Python int (the prompt
+            width plus the tokens to generate plus one step's slots).
+
+        **Returns:**
+
+        A PyTree of arrays. Raises a `ValueError` naming `max_length` when the model
+        cannot hold that many positions.
+        """
+
+    @abc.abstractmethod
+    def __call__(
+        self,
+        tokens: Int[Array, " k"],
+        positions: Int[Array, " k"],
+        state: PyTree[Array],
+    ) -> tuple[Float[Array, "k vocab"], PyTree[Array]]:
+        """Writes `tokens` at `positions` and returns their next-token distributions.
+
+        **Arguments:**
+
+        - `tokens`: int32 of shape `(K,)`, the tokens at `positions`.
+        - `positions`: int32 of shape `(K,)`, consecutive absolute positions.
+        - `state`: the state returned by the previous call (or `init_state`).
+
+        **Returns:**
+
+        `(outputs, state)`: float of shape `(K, V)` (probabilities, or logits when the
+        loop is called with `outputs="logits"`), and the new state, of the same
+        structure, shapes and dtypes.
+        """
+
+
+def is_cached(model: Any) -> bool:
+    """Whether the loops call `model` through the cached interface."""
+    return isinstance(model, AbstractCachedModel)
+
+
+def initial_states(model, batch: int, max_length: int):
+    """Each row's state before prefill (`None` for a stateless model)."""
+    if not is_cached(model):
+        return None
+    state = model.init_state(max_length)
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (batch, *a.shape)), state)
+
+
+def call_rows(model, buffer, starts, width: int, states):
+    """`model` on each row of `buffer` at positions `starts[b] + [0, width)`: the
+    outputs `(B, width, V)` and the new states. A stateless model reads the whole row;
+    a cached one gets the tokens at those positions and its state."""
+    offsets = jnp.arange(width, dtype=jnp.int32)
+    if not is_cached(model):
+        return jax.vmap(lambda row, s: model(row, s + offsets))(buffer, starts), None
+
+    def one(row, start, state):
+        positions = start + offsets
+        return model(row[positions], positions, state)
+
+    return jax.vmap(one)(buffer, starts, states)
+
+
+def prefill(model, buffer, width: int, states):
+    """A cached model's first call, on each row's `width` prompt slots (padding
+    included); nothing for a stateless model."""
+    if not is_cached(model):
+        return states
+    starts = jnp.zeros((buffer.shape[0],), jnp.int32)
+    return call_rows(model, buffer, starts, width, states)[1]
+
+
+def check_model(name: str, model, row, width: int, vocab: int | None):
+    """Traces `model` once on one row (`width` positions) and checks what it returns:
+    `(width, V)` floating outputs (`V = vocab` when given) and, for a cached model, a
+    state of the structure it was given. Returns `V`."""
+    positions = jnp.zeros((width,), jnp.int32)
+    if is_cached(model):
+        state = model.init_state(row.shape[0])
+        out = jax.eval_shape(model, row[:width], positions, state)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ValueError(
+                f"`{name}` is a cached model, so it must return `(outputs, state)`; "
+                f"got {type(out).__name__}. See eqx_specdec.AbstractCachedModel."
+            )
+        out, new_state = out
+        given = jax.eval_shape(lambda: state)
+        if jax.tree.structure(new_state) != jax.tree.structure(given) or any(
+            (a.shape, a.dtype) != (b.shape, b.dtype)
+            for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(given))
+        ):
+            raise ValueError(
+                f"`{name}` must return a state of the structure, shapes and dtypes of "
+                "the state it was given (its `init_state`); got "
+                f"{jax.tree.map(lambda a: (a.shape, str(a.dtype)), new_state)} for "
+                f"{jax.tree.map(lambda a: (a.shape, str(a.dtype)), given)}."
+            )
+    else:
+        out = jax.eval_shape(model, row, positions)
+    if vocab is None:
+        vocab = out.shape[-1] if hasattr(out, "shape") and out.ndim == 2 else -1
+    checked_output(name, out, (width, vocab))
+    return vocab
+
+
+def checked_output(name: str, value, shape: tuple[int, ...]):
+    """A model's output, or a `ValueError` / `TypeError` (trace time) saying that a
+    model returns one distribution per position asked."""
+    if not hasattr(value, "shape") or tuple(value.shape) != shape:
+        got = getattr(value, "shape", type(value).__name__)
+        raise ValueError(
+            f"`{name}` must return one distribution per position asked, shape "
+            f"(positions, vocab) = {shape}; got {got}. A model is called as "
+            "`model(tokens: int[T], positions: int[K]) -> float[K, V]`, or a cached "
+            "one as `model(tokens: int[K], positions: int[K], state) -> "
+            "(float[K, V], state)`."
+        )
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+        raise TypeError(f"`{name}` must return floating values, got {value.dtype}.")
+    return value

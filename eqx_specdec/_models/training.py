@@ -1,0 +1,180 @@
+"""Training the built-in transformers on the built-in text (Adam, next-token
+cross-entropy), and loading the pair that ships with the package."""
+
+import functools
+import importlib.resources
+import pathlib
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import PRNGKeyArray
+
+from .corpus import builtin_corpus, VOCABULARY
+from .transformer import Transformer
+
+
+#: The shipped pair: (file name, `Transformer.init` settings, training steps).
+BUILTIN_TRANSFORMERS = {
+    "target": ("transformer-target.eqx", dict(dim=128, depth=4, heads=4), 600),
+    "draft": ("transformer-draft.eqx", dict(dim=32, depth=1, heads=2), 300),
+}
+_SEED = {"target": 0, "draft": 1}
+
+
+def train_transformer(
+    tokens,
+    key: PRNGKeyArray,
+    *,
+    vocab_size: int,
+    dim: int = 64,
+    depth: int = 2,
+    heads: int = 4,
+    context: int = 256,
+    steps: int = 300,
+    batch: int = 32,
+    window: int = 128,
+    learning_rate: float = 3e-3,
+) -> tuple[Transformer, np.ndarray]:
+    """Trains a [`eqx_specdec.Transformer`][] on a token sequence: next-token
+    cross-entropy on random windows, Adam with a linear warm-up and cosine decay,
+    gradients clipped to norm 1. Deterministic given `key` (on one backend).
+
+    **Arguments:**
+
+    - `tokens`: a 1-d sequence of integer ids in `[0, vocab_size)`, longer than
+        `window`.
+    - `key`: a `jax.random` key (the initial weights and the windows).
+    - `vocab_size`, `dim`, `depth`, `heads`, `context`: as for `Transformer.init`.
+    - `steps`, `batch`, `window`: the Adam steps, the windows per step and their
+        length.
+    - `learning_rate`: the peak learning rate.
+
+    **Returns:**
+
+    `(model, losses)`: the trained model and the loss (nats per token) at each step.
+    """
+    data = jnp.asarray(np.asarray(tokens, np.int32).ravel())
+    if data.shape[0] <= window:
+        raise ValueError(
+            f"`tokens` must be longer than `window` = {window}; got {data.shape[0]}."
+        )
+    init_key, data_key = jax.random.split(key)
+    model = Transformer.init(
+        init_key,
+        vocab_size=vocab_size,
+        dim=dim,
+        depth=depth,
+        heads=heads,
+        context=context,
+    )
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    moments = jax.tree.map(jnp.zeros_like, (params, params))
+
+    def loss_fn(params, windows):
+        model = eqx.combine(params, static)
+        logits = jax.vmap(model.logits)(windows[:, :-1])
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        picked = jnp.take_along_axis(log_probs, windows[:, 1:, None], axis=-1)
+        return -jnp.mean(picked)
+
+    def rate(step):
+        warm = jnp.minimum(1.0, (step + 1) / 20)
+        return learning_rate * warm * 0.5 * (1 + jnp.cos(jnp.pi * step / steps))
+
+    @jax.jit
+    def update(carry, step):
+        params, (m, v) = carry
+        starts = jax.random.randint(
+            jax.random.fold_in(data_key, step), (batch,), 0, data.shape[0] - window
+        )
+        windows = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(data, s, window + 1))(
+            starts
+        )
+        loss, grads = jax.value_and_grad(loss_fn)(params, windows)
+        norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
+        grads = jax.tree.map(lambda g: g / jnp.maximum(norm, 1.0), grads)
+        m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, grads)
+        v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, v, grads)
+        t = step + 1
+        lr = rate(step)
+
+        def adam(p, m, v):
+            m_hat = m / (1 - 0.9**t)
+            v_hat = v / (1 - 0.999**t)
+            return p - lr * m_hat / (jnp.sqrt(v_hat) + 1e-8)
+
+        params = jax.tree.map(adam, params, m, v)
+        return (params, (m, v)), loss
+
+    (params, _), losses = jax.lax.scan(
+        update, (params, moments), jnp.arange(steps, dtype=jnp.int32)
+    )
+    return eqx.combine(params, static), np.asarray(losses)
+
+
+def _data_dir() -> pathlib.Path:
+    return pathlib.Path(str(importlib.resources.files("eqx_specdec") / "data"))
+
+
+def _train_builtin(name: str) -> Transformer:
+    _, settings, steps = BUILTIN_TRANSFORMERS[name]
+    model, _ = train_transformer(
+        builtin_corpus(),
+        jax.random.key(_SEED[name]),
+        vocab_size=len(VOCABULARY),
+        steps=steps,
+        **settings,
+    )
+    return model
+
+
+def write_builtin_transformers(directory=None) -> list[pathlib.Path]:
+    """Trains the built-in transformer pair on the built-in text and writes their weights
+    (what `python -m eqx_specdec train-transformers` runs; the files shipped with the
+    package were written by it).
+
+    **Arguments:**
+
+    - `directory`: where to write; default the package's data directory.
+
+    **Returns:**
+
+    The paths written.
+    """
+    directory = _data_dir() if directory is None else pathlib.Path(directory)
+    paths = []
+    for name, (filename, _, _) in BUILTIN_TRANSFORMERS.items():
+        path = directory / filename
+        eqx.tree_serialise_leaves(path, _train_builtin(name))
+        paths.append(path)
+    return paths
+
+
+@functools.cache
+def builtin_transformers() -> tuple[Transformer, Transformer]:
+    """The built-in transformer pair, trained on the built-in text
+    ([`eqx_specdec.builtin_corpus`][]) over [`eqx_specdec.VOCABULARY`][]: a draft of
+    one layer of width 32 and a target of four layers of width 128, each holding 256
+    positions. Loaded from the weights shipped with the package (written by
+    `python -m eqx_specdec train-transformers`), or trained on the spot if they are
+    missing.
+
+    **Returns:**
+
+    `(draft_model, target_model)`, two [`eqx_specdec.Transformer`][]s returning
+    logits.
+    """
+    models = []
+    for name in ("draft", "target"):
+        filename, settings, _ = BUILTIN_TRANSFORMERS[name]
+        path = _data_dir() / filename
+        if path.exists():
+            like = Transformer.init(
+                jax.random.key(0), vocab_size=len(VOCABULARY), **settings
+            )
+            models.append(eqx.tree_deserialise_leaves(path, like))
+        else:
+            models.append(_train_builtin(name))
+    return models[0], models[1]
