@@ -16,17 +16,21 @@ from .loop import check_decode_arguments, token_buffer
 
 @FilterJit
 def _autoregressive(
-    model, prompt_tokens, prompt_lengths, key, num_tokens, greedy, outputs
+    model, prompt_tokens, prompt_lengths, key, num_tokens, greedy, outputs, calls=1
 ):
+    """Plain decoding; with `calls = K > 1` each step calls the model on `K` positions
+    from the current one (the first row drawn from, the others scratch): the cost of a
+    `K`-token call measured in plain decoding's own program, for the cost model of
+    `measure_speedup`."""
     batch, width = prompt_tokens.shape
-    buffer = token_buffer(prompt_tokens, num_tokens)
+    buffer = token_buffer(prompt_tokens, num_tokens + calls - 1)
     state = prefill(model, buffer, width, initial_states(model, batch, buffer.shape[1]))
     rows = jnp.arange(batch)
 
     def step(carry, t):
         buffer, state = carry
         position = prompt_lengths - 1 + t
-        p, state = call_rows(model, buffer, position, 1, state)
+        p, state = call_rows(model, buffer, position, calls, state)
         p = as_probs(p[:, 0], outputs)
         if greedy:
             x = jnp.argmax(p, axis=-1)

@@ -12,7 +12,7 @@ from .._misc import no_type_check
 from .cached import AbstractCachedModel
 
 
-KVCache = tuple[tuple[Float[Array, "length heads head_dim"], ...], ...]
+KVCache = tuple[tuple[Float[Array, "heads length head_dim"], ...], ...]
 
 
 class _Layer(eqx.Module):
@@ -27,19 +27,23 @@ class _Layer(eqx.Module):
 
 
 def _rms_norm(x, scale):
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+    """`x` `(K, dim)` normalised by its root mean square, times `scale` `(dim,)`."""
+    return (
+        x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale[None]
+    )
 
 
 def _attend(q, keys, values, query_positions):
-    """Causal attention of `K` queries at `query_positions` over `M` key/value entries
-    at positions `0, ..., M - 1`: query `k` reads the entries at positions up to its
-    own, never after."""
+    """Causal attention of `K` queries `(K, heads, head_dim)` at `query_positions`
+    over `M` key/value entries `(heads, M, head_dim)` at positions `0, ..., M - 1`:
+    query `k` reads the entries at positions up to its own, never after. (The heads
+    lead the cache's layout, as the batched products want it: no copy of the cache.)"""
     head_dim = q.shape[-1]
-    scores = jnp.einsum("khd,mhd->hkm", q, keys) / math.sqrt(head_dim)
-    visible = jnp.arange(keys.shape[0])[None, :] <= query_positions[:, None]
+    scores = jnp.einsum("khd,hmd->hkm", q, keys) / math.sqrt(head_dim)
+    visible = jnp.arange(keys.shape[1])[None, :] <= query_positions[:, None]
     scores = jnp.where(visible[None], scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1)
-    return jnp.einsum("hkm,mhd->khd", weights, values)
+    return jnp.einsum("hkm,hmd->khd", weights, values)
 
 
 @no_type_check  # its fields are checked by `__check_init__`
@@ -132,7 +136,7 @@ class Transformer(AbstractCachedModel):
 
     def init_state(self, max_length: int) -> KVCache:
         """An empty key-value cache of `max_length` positions, one `(keys, values)` pair
-        per layer, each of shape `(max_length, heads, dim / heads)`."""
+        per layer, each of shape `(heads, max_length, dim / heads)`."""
         if not isinstance(max_length, int) or not 1 <= max_length <= self.context:
             raise ValueError(
                 f"The Transformer holds {self.context} positions, so `max_length` "
@@ -141,7 +145,7 @@ class Transformer(AbstractCachedModel):
                 "the prompt or `num_tokens`, or use a model with a larger `context`."
             )
         dim = self.embedding.shape[-1]
-        shape = (max_length, self.heads, dim // self.heads)
+        shape = (self.heads, max_length, dim // self.heads)
         zeros = jnp.zeros(shape, self.embedding.dtype)
         return tuple((zeros, zeros) for _ in self.layers)
 
@@ -176,8 +180,10 @@ class Transformer(AbstractCachedModel):
 
         def attend(i, q, k, v):
             keys, values = state[i]
-            keys = keys.at[positions].set(k.astype(keys.dtype))
-            values = values.at[positions].set(v.astype(values.dtype))
+            keys = keys.at[:, positions].set(jnp.swapaxes(k, 0, 1).astype(keys.dtype))
+            values = values.at[:, positions].set(
+                jnp.swapaxes(v, 0, 1).astype(values.dtype)
+            )
             return _attend(q, keys, values, positions), (keys, values)
 
         return self._run(tokens, positions, attend)
@@ -188,6 +194,8 @@ class Transformer(AbstractCachedModel):
         positions = jnp.arange(tokens.shape[0])
 
         def attend(i, q, k, v):
-            return _attend(q, k, v, positions), None
+            return _attend(
+                q, jnp.swapaxes(k, 0, 1), jnp.swapaxes(v, 0, 1), positions
+            ), None
 
         return self._run(tokens, positions, attend)[0]

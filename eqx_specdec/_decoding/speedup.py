@@ -1,0 +1,200 @@
+"""Speculative decoding in wall-clock time: its speed-up over plain decoding of the same
+target, and what a cost model predicts from the models' measured per-call times."""
+
+import statistics
+import time
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int, Key
+
+from .._proposal.abstract_proposal import ModelOutputs
+from .._proposal.chain import Chain
+from .._verify.abstract_verifier import AbstractVerifier
+from .._verify.verifier import Verifier
+from .autoregressive import _autoregressive
+from .loop import speculative_decode
+
+
+class Speedup(eqx.Module):
+    """What [`eqx_specdec.measure_speedup`][] measured, in one run (medians of the
+    repeats; times in seconds).
+
+    **Fields:**
+
+    - `speculative_seconds`, `plain_seconds`: one whole decode of the batch, by
+        speculative decoding and by plain decoding of the target (the same cache).
+    - `batch`: the rows decoded together.
+    - `tokens`: the tokens generated (batch times `num_tokens`).
+    - `tokens_per_call`: tokens committed per target call, over the batch.
+    - `steps`: the loop's steps (its target calls; the slowest row's).
+    - `draft_call_seconds`: one draft call on the batch, one new token per row: plain
+        decoding with the draft, its time over `num_tokens`.
+    - `target_call_seconds`: one target call on the batch scoring $G + 1$ tokens per
+        row: plain decoding's program with every call on $G + 1$ tokens, its time over
+        `num_tokens`.
+    - `plain_call_seconds`: one target call on one token per row: `plain_seconds`
+        over `num_tokens`.
+    - `draft_calls_per_step`: the draft calls per step: $G$, or under a stopping
+        draft-length policy the rows' mean drafted length (a lower bound: the batch
+        calls the draft until its last row stops).
+    """
+
+    speculative_seconds: float
+    plain_seconds: float
+    batch: int
+    tokens: int
+    tokens_per_call: float
+    steps: int
+    draft_call_seconds: float
+    target_call_seconds: float
+    plain_call_seconds: float
+    draft_calls_per_step: float
+
+    @property
+    def speedup(self) -> float:
+        """The measured wall-clock speed-up, plain time over speculative time."""
+        return self.plain_seconds / self.speculative_seconds
+
+    @property
+    def predicted_speedup(self) -> float:
+        """What the cost model predicts from the per-call times alone: plain decoding
+        is `num_tokens` plain calls, speculative decoding `steps` steps of
+        `draft_calls_per_step` draft calls and one target call (the verification and
+        the loop's own work count as free)."""
+        plain = (self.tokens / self.batch) * self.plain_call_seconds
+        step = (
+            self.draft_calls_per_step * self.draft_call_seconds
+            + self.target_call_seconds
+        )
+        return plain / (self.steps * step)
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_speedup(
+    draft_model: Callable,
+    target_model: Callable,
+    prompt_tokens: Int[Array, "batch prompt"],
+    prompt_lengths: Int[Array, " batch"] | None,
+    num_tokens: int,
+    key: Key[Array, ""],
+    *,
+    verifier: AbstractVerifier = Verifier(),
+    proposal: Chain = Chain(),
+    outputs: tuple[ModelOutputs, ModelOutputs] = ("probs", "probs"),
+    repeats: int = 5,
+) -> Speedup:
+    """Times speculative decoding against plain autoregressive decoding of the same
+    target (the same batch, prompts, tokens to generate and cache), and the models'
+    calls alone for the cost model (each in plain decoding's own program, see
+    [`eqx_specdec.Speedup`][]): everything compiled first, then `repeats` rounds that
+    time each run once, interleaved.
+
+    **Arguments:**
+
+    - `draft_model`, `target_model`, `prompt_tokens`, `prompt_lengths`, `num_tokens`,
+        `key`, `verifier`, `proposal`: as for [`eqx_specdec.speculative_decode`][]
+        (chains: the cost model counts one draft call per drafted token).
+    - `outputs`: what the `(draft, target)` models return.
+    - `repeats`: timed runs of each (the medians are reported).
+
+    **Returns:**
+
+    An [`eqx_specdec.Speedup`][].
+    """
+    prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+    batch, width = prompt_tokens.shape
+    if prompt_lengths is None:
+        prompt_lengths = jnp.full((batch,), width, jnp.int32)
+    prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+
+    def speculative():
+        return speculative_decode(
+            draft_model,
+            target_model,
+            prompt_tokens,
+            prompt_lengths,
+            num_tokens,
+            key,
+            verifier=verifier,
+            proposal=proposal,
+            outputs=outputs,
+        )
+
+    result = speculative()
+    gamma = proposal.length
+
+    def calls_of(model, width, outputs):
+        """Plain decoding with `model`, every call on `width` tokens."""
+        return lambda: _autoregressive(
+            model,
+            prompt_tokens,
+            prompt_lengths,
+            key,
+            num_tokens,
+            False,
+            outputs,
+            width,
+        )
+
+    runs = {
+        "speculative": speculative,
+        "plain": calls_of(target_model, 1, outputs[1]),
+        "draft call": calls_of(draft_model, 1, outputs[0]),
+        "target call": calls_of(target_model, gamma + 1, outputs[1]),
+    }
+    for run in runs.values():  # compiled before timing
+        jax.block_until_ready(run())
+    times = {name: [] for name in runs}
+    for _ in range(repeats):  # interleaved: each round times every run once
+        for name, run in runs.items():
+            times[name].append(_median_seconds(run, 1))
+    median = {name: statistics.median(t) for name, t in times.items()}
+    steps = int(np.max(np.asarray(result.target_calls)))
+    calls_per_step = float(gamma)
+    if not proposal.draft_length.always_full:
+        calls_per_step = float(
+            np.sum(np.asarray(result.drafted)) / np.sum(np.asarray(result.target_calls))
+        )
+    return Speedup(
+        speculative_seconds=median["speculative"],
+        plain_seconds=median["plain"],
+        batch=batch,
+        tokens=batch * num_tokens,
+        tokens_per_call=result.tokens_per_call(),
+        steps=steps,
+        draft_call_seconds=median["draft call"] / num_tokens,
+        target_call_seconds=median["target call"] / num_tokens,
+        plain_call_seconds=median["plain"] / num_tokens,
+        draft_calls_per_step=calls_per_step,
+    )
+
+
+def speedup_table(measurements: dict[str, Speedup]) -> str:
+    """The measurements as a Markdown table, one row per configuration."""
+    lines = [
+        "| draft | tokens/s, speculative | tokens/s, plain | speed-up | predicted "
+        "(cost model) | measured / predicted | tokens per target call | draft call "
+        "(ms) | target call, G + 1 tokens (ms) | plain call (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in measurements.items():
+        lines.append(
+            f"| {name} | {s.tokens / s.speculative_seconds:.0f} | "
+            f"{s.tokens / s.plain_seconds:.0f} | **{s.speedup:.2f}x** | "
+            f"{s.predicted_speedup:.2f}x | {s.speedup / s.predicted_speedup:.2f} | "
+            f"{s.tokens_per_call:.2f} | {1e3 * s.draft_call_seconds:.3f} | "
+            f"{1e3 * s.target_call_seconds:.3f} | {1e3 * s.plain_call_seconds:.3f} |"
+        )
+    return "\n".join(lines)

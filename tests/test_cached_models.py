@@ -1,0 +1,247 @@
+"""Cached models in the decoding loops: the contract (no stale read, proven by a model
+that would see one, with the control that makes the loop break it), the transformer's
+cache against its uncached forward pass, the whole loop lossless with a cached
+transformer target, and the errors."""
+
+import itertools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_specdec as es
+from eqx_specdec._proposal import chain as chain_module
+
+
+class CachedNGram(es.AbstractCachedModel):
+    """An n-gram model that reads its context from its own state (the token written at
+    each position), not from the loop's buffer: it returns the stateless model's
+    distributions exactly when every position it reads holds the committed token, and
+    other distributions after a stale read."""
+
+    ngram: es.NGramModel
+
+    def init_state(self, max_length):
+        return jnp.full((max_length,), -1, jnp.int32)
+
+    def __call__(self, tokens, positions, state):
+        state = state.at[positions].set(tokens)
+        return self.ngram(jnp.maximum(state, 0), positions), state
+
+
+def _tiny_models(vocab=4, seed=0):
+    """Two trigram models: each reads the two tokens before the position it predicts,
+    so a stale entry at either is seen."""
+    rng = np.random.default_rng(seed)
+    target = np.maximum(rng.dirichlet(np.ones(vocab), (vocab**2,)), 0.05)
+    draft = 0.5 * rng.dirichlet(np.ones(vocab), (vocab**2,)) + 0.5 / vocab
+    return (
+        es.NGramModel(jnp.asarray(draft, jnp.float32), 3),
+        es.NGramModel(jnp.asarray(target / target.sum(-1, keepdims=True)), 3),
+    )
+
+
+def _prompts(batch, vocab, seed=1):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 5, batch).astype(np.int32)  # prompts of 1 token included
+    return rng.integers(0, vocab, (batch, 4)).astype(np.int32), lengths
+
+
+@pytest.mark.parametrize(
+    "proposal",
+    [es.Chain(3), es.Chain(3, draft_length=es.StopWhenUnlikely(0.6))],
+    ids=["G = 3", "drafts that stop"],
+)
+def test_cached_models_never_read_a_stale_entry(proposal):
+    draft, target = _tiny_models()
+    tokens, lengths = _prompts(64, 4)
+    key = jax.random.key(0)
+    stateless = es.speculative_decode(
+        draft, target, tokens, lengths, 24, key, proposal=proposal
+    )
+    cached = es.speculative_decode(
+        CachedNGram(draft),
+        CachedNGram(target),
+        tokens,
+        lengths,
+        24,
+        key,
+        proposal=proposal,
+    )
+    # Rows accepted every token they drafted (the case that needs the draft's
+    # catch-up call): whole chains, or chains cut short by the policy.
+    if proposal.draft_length.always_full:
+        assert np.asarray(stateless.accepted_histogram)[:, -1].sum() > 0
+    else:
+        drafted, steps = np.asarray(stateless.drafted), stateless.target_calls
+        assert drafted.sum() < 3 * np.asarray(steps).sum()
+    np.testing.assert_array_equal(cached.tokens, stateless.tokens)
+    np.testing.assert_array_equal(cached.drafted, stateless.drafted)
+    plain = es.autoregressive_decode(target, tokens, lengths, 24, key)
+    np.testing.assert_array_equal(
+        es.autoregressive_decode(CachedNGram(target), tokens, lengths, 24, key), plain
+    )
+
+
+def test_the_stale_read_control_is_caught(monkeypatch):
+    """Without the draft's catch-up (one committed position written per step instead of
+    two), a draft token accepted at the end of a chain is never written to the draft's
+    cache: the next step reads a stale entry, and the tokens differ."""
+    monkeypatch.setattr(chain_module, "CATCH_UP", 1)
+    draft, target = _tiny_models()
+    tokens, lengths = _prompts(48, 4)  # a batch of its own: a program of its own
+    key = jax.random.key(0)
+    options = dict(proposal=es.Chain(3))
+    stateless = es.speculative_decode(
+        draft, target, tokens, lengths, 24, key, **options
+    )
+    cached = es.speculative_decode(
+        CachedNGram(draft), CachedNGram(target), tokens, lengths, 24, key, **options
+    )
+    assert (np.asarray(cached.tokens) != np.asarray(stateless.tokens)).any()
+
+
+def _small_transformer(vocab, seed=0, sharpness=4.0, context=16):
+    model = es.Transformer.init(
+        jax.random.key(seed),
+        vocab_size=vocab,
+        dim=16,
+        depth=2,
+        heads=2,
+        context=context,
+    )
+    # Sharper logits than at initialisation: distributions far from uniform.
+    return eqx.tree_at(lambda m: m.embedding, model, sharpness * model.embedding)
+
+
+def test_the_transformer_cache_agrees_with_its_uncached_forward_pass():
+    model = _small_transformer(7)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 7, 14), jnp.int32)
+    full = model.logits(tokens)
+    state = model.init_state(16)
+    pieces = []
+    out, state = model(tokens[:5], jnp.arange(5), state)  # a prefill
+    pieces.append(out)
+    # Stale entries past the context, as rejected drafts leave them...
+    _, state = model(jnp.asarray([3, 1, 4]), jnp.arange(5, 8), state)
+    # ...overwritten by the calls that follow, one to three tokens each.
+    for start, stop in [(5, 6), (6, 9), (9, 11), (11, 14)]:
+        out, state = model(tokens[start:stop], jnp.arange(start, stop), state)
+        pieces.append(out)
+    np.testing.assert_allclose(jnp.concatenate(pieces), full, rtol=1e-5, atol=1e-5)
+
+
+def _transformer_sequence_probabilities(model, prompt_token, length, vocab):
+    """The cached transformer's own distribution of `length` tokens after the prompt,
+    by enumeration with its uncached forward pass."""
+    seqs = np.asarray(list(itertools.product(range(vocab), repeat=length)), np.int32)
+    full = np.concatenate([np.full((len(seqs), 1), prompt_token, np.int32), seqs], 1)
+    logits = jax.vmap(model.logits)(jnp.asarray(full[:, :-1]))
+    log_probs = np.asarray(jax.nn.log_softmax(logits, -1), np.float64)
+    picked = np.take_along_axis(log_probs, seqs[..., None], -1)[..., 0]
+    return np.exp(picked.sum(-1))
+
+
+@pytest.mark.parametrize(
+    "verifier, lossless",
+    [
+        (es.Verifier(), True),
+        (es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()), True),
+        (es.Verifier(es.LenientRatioTest(0.3)), False),
+    ],
+    ids=["standard", "block", "lossy control: lenience 0.3"],
+)
+def test_the_whole_loop_is_lossless_with_a_cached_transformer_target(
+    verifier, lossless
+):
+    vocab, length, rows = 3, 3, 24_000
+    draft, _ = _tiny_models(vocab)
+    target = _small_transformer(vocab)
+    prompt = jnp.full((rows, 1), 1, jnp.int32)
+    result = es.speculative_decode(
+        draft,
+        target,
+        prompt,
+        None,
+        length,
+        jax.random.key(0),
+        verifier=verifier,
+        proposal=es.Chain(2),
+        outputs=("probs", "logits"),
+    )
+    tokens = np.asarray(result.tokens)
+    codes = (tokens * vocab ** np.arange(length)[::-1]).sum(-1)
+    counts = np.bincount(codes, minlength=vocab**length).astype(np.float64)
+    expected = _transformer_sequence_probabilities(target, 1, length, vocab)
+    estimate = es.EmissionEstimate(counts[None], np.array([float(rows)]), rows)
+    chi = estimate.chi_square(expected[None])
+    statistic, threshold = float(chi["statistic"][0]), float(chi["threshold"][0])
+    if lossless:
+        assert statistic < threshold
+        assert np.asarray(result.accepted_histogram)[:, 1:].sum() > 0
+    else:
+        assert statistic > 3 * threshold
+
+
+class WrongState(CachedNGram):
+    def __call__(self, tokens, positions, state):
+        out, state = super().__call__(tokens, positions, state)
+        return out, state[:-1]
+
+
+class NoState(CachedNGram):
+    def __call__(self, tokens, positions, state):
+        return super().__call__(tokens, positions, state)[0]
+
+
+def test_bad_cached_models_are_named():
+    draft, target = _tiny_models()
+    tokens, lengths = _prompts(4, 4)
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match="`draft_model` must return a state of the"):
+        es.speculative_decode(WrongState(draft), target, tokens, lengths, 4, key)
+    with pytest.raises(ValueError, match=r"`target_model` is a cached model, so it"):
+        es.speculative_decode(draft, NoState(target), tokens, lengths, 4, key)
+    with pytest.raises(ValueError, match="The Transformer holds 16 positions, so "):
+        es.speculative_decode(
+            draft,
+            _small_transformer(4),
+            tokens,
+            lengths,
+            20,
+            key,
+            outputs=("probs", "logits"),
+        )
+    tree = es.TreeVerifier(es.IIDCandidates(), tree=(-1, 0))
+    with pytest.raises(TypeError, match="`target_model` is a cached model .* Tree"):
+        es.speculative_decode(
+            draft, CachedNGram(target), tokens, lengths, 4, key, verifier=tree
+        )
+    with pytest.raises(ValueError, match="`outputs` must be"):
+        es.speculative_decode(draft, target, tokens, lengths, 4, key, outputs=("x",))
+
+
+def test_a_transformer_trains_on_the_builtin_text():
+    corpus = es.builtin_corpus()
+    model, losses = es.train_transformer(
+        corpus,
+        jax.random.key(0),
+        vocab_size=len(es.VOCABULARY),
+        dim=32,
+        depth=1,
+        heads=2,
+        context=32,
+        steps=100,
+        batch=16,
+        window=32,
+        learning_rate=1e-2,
+    )
+    # Below the entropy of the characters' frequencies: it learnt to read its context.
+    frequencies = np.bincount(corpus) / corpus.size
+    unigram = -np.sum(
+        frequencies[frequencies > 0] * np.log(frequencies[frequencies > 0])
+    )
+    assert losses[-10:].mean() < unigram - 0.3
+    assert isinstance(model, es.Transformer)
