@@ -5,6 +5,7 @@ import importlib.metadata
 from ._decoding.autoregressive import autoregressive_decode as autoregressive_decode
 from ._decoding.loop import speculative_decode as speculative_decode
 from ._decoding.result import DecodeResult as DecodeResult
+from ._decoding.speedup import measure_speedup as measure_speedup, Speedup as Speedup
 from ._errors import (
     InvalidInputError as InvalidInputError,
     MissingCapabilityError as MissingCapabilityError,

@@ -20,6 +20,7 @@ from .._evaluation.evaluate import (
 )
 from .._models.corpus import encode
 from .._models.ngram import builtin_models
+from .._models.training import write_builtin_transformers
 from .choices import (
     CHAIN_NAMES,
     DEMO_DEFAULT,
@@ -203,7 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="version",
         version=f"eqx-specdec {importlib.metadata.version('eqx_specdec')}",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{demo,evaluate}")
+    sub = parser.add_subparsers(
+        dest="command", metavar="{demo,evaluate,train-transformers}"
+    )
     sub.required = True
     demo = sub.add_parser(
         "demo",
@@ -251,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.png",
         type=_plot_path,
         help="write the accepted-length figure (.png, .pdf, .svg...; needs matplotlib)",
+    )
+    demo.add_argument(
+        "--no-timing",
+        dest="timing",
+        action="store_false",
+        help="skip the wall-clock section (the built-in transformer target against "
+        "plain decoding)",
     )
     demo.set_defaults(run=run_demo)
 
@@ -301,7 +311,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--json", action="store_true", help="print JSON")
     evaluate.set_defaults(run=run_evaluate)
+
+    train = sub.add_parser(
+        "train-transformers",
+        help="train the built-in transformer pair and write their weights",
+        description="Trains the built-in draft and target transformers on the built-in "
+        "text (deterministic; about a minute on 2 CPU cores) and writes their weights, "
+        "the files that ship with the package.",
+        formatter_class=_Formatter,
+    )
+    train.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="directory to write to (default: the package's data directory)",
+    )
+    train.set_defaults(run=_run_train)
     return parser
+
+
+def _run_train(args):
+    for path in write_builtin_transformers(args.out):
+        print(f"wrote {path}")
 
 
 def main(argv=None):

@@ -229,13 +229,15 @@ def speculative_decode(
     Equinox's filter semantics (the arrays of the models, the verifier and the proposal
     traced, everything else static), and works inside `jax.jit` too.
 
-    A model is any callable (an Equinox module, or a function) with the signature
-    `model(tokens: int[T], positions: int[K]) -> float[K, V]`, returning for one sequence
-    the next-token distributions after `tokens[: position + 1]` for each position
-    (probabilities, or logits with `outputs="logits"`). [`eqx_specdec.NGramModel`][] is
-    one; a transformer would run on `tokens` and read rows `positions` of its output.
-    Slots of `tokens` after the current position hold scratch values a causal model
-    never reads.
+    A model is either **stateless**, any callable (an Equinox module, or a function)
+    `model(tokens: int[T], positions: int[K]) -> float[K, V]` returning for one
+    sequence the next-token distributions after `tokens[: position + 1]` for each
+    position ([`eqx_specdec.NGramModel`][] is one; slots of `tokens` after the current
+    position hold scratch values a causal model never reads), or **cached**, an
+    [`eqx_specdec.AbstractCachedModel`][] that owns its state (a key-value cache) and is
+    called on each step's new tokens only ([`eqx_specdec.Transformer`][] is one; chains
+    only). Either returns probabilities, or logits with `outputs="logits"`. See
+    [Bring your own model](../your_own_model.md) for the contract.
 
     The verifier is called without the run-time value checks of
     [`eqx_specdec.speculative_accept`][]: the models are trusted to return valid

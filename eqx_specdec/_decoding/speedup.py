@@ -64,7 +64,8 @@ class Speedup(eqx.Module):
         """What the cost model predicts from the per-call times alone: plain decoding
         is `num_tokens` plain calls, speculative decoding `steps` steps of
         `draft_calls_per_step` draft calls and one target call (the verification and
-        the loop's own work count as free)."""
+        the loop's own work count as free, and a cached draft's two-token catch-up
+        call as a one-token call)."""
         plain = (self.tokens / self.batch) * self.plain_call_seconds
         step = (
             self.draft_calls_per_step * self.draft_call_seconds
