@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import eqx_specdec as es
+from eqx_specdec._decoding.speedup import speedup_table
 from eqx_specdec._proposal import chain as chain_module
 
 
@@ -245,3 +246,41 @@ def test_a_transformer_trains_on_the_builtin_text():
     )
     assert losses[-10:].mean() < unigram - 0.3
     assert isinstance(model, es.Transformer)
+
+
+def test_measure_speedup_reports_a_consistent_run():
+    draft, _ = _tiny_models(vocab=4)
+    target = _small_transformer(4, context=32)
+    tokens, lengths = _prompts(2, 4)
+    proposal = es.Chain(3)
+    measured = es.measure_speedup(
+        draft,
+        target,
+        tokens,
+        lengths,
+        12,
+        jax.random.key(0),
+        proposal=proposal,
+        outputs=("probs", "logits"),
+        repeats=1,
+    )
+    result = es.speculative_decode(
+        draft,
+        target,
+        tokens,
+        lengths,
+        12,
+        jax.random.key(0),
+        proposal=proposal,
+        outputs=("probs", "logits"),
+    )
+    assert measured.tokens == 24 and measured.batch == 2
+    assert measured.tokens_per_call == result.tokens_per_call()
+    assert measured.steps == int(np.asarray(result.target_calls).max())
+    assert measured.draft_calls_per_step == 3
+    assert measured.speedup == measured.plain_seconds / measured.speculative_seconds
+    # The cost model from its parts.
+    step = 3 * measured.draft_call_seconds + measured.target_call_seconds
+    expected = 12 * measured.plain_call_seconds / (measured.steps * step)
+    np.testing.assert_allclose(measured.predicted_speedup, expected)
+    assert "| 2-gram |" in speedup_table({"2-gram": measured})

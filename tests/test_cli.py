@@ -32,6 +32,7 @@ def test_demo_prints_the_table_and_writes_the_figure(tmp_path, capsys):
             "fixed-2,confidence-0.5",
             "--plot",
             str(figure),
+            "--no-timing",  # timed in test_cached_models.py, on small models
         ],
         capsys,
     )

@@ -9,7 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, Key
+from jaxtyping import Array, ArrayLike, Int, Key
 
 from .._proposal.abstract_proposal import ModelOutputs
 from .._proposal.chain import Chain
@@ -86,8 +86,8 @@ def _median_seconds(fn, repeats: int) -> float:
 def measure_speedup(
     draft_model: Callable,
     target_model: Callable,
-    prompt_tokens: Int[Array, "batch prompt"],
-    prompt_lengths: Int[Array, " batch"] | None,
+    prompt_tokens: Int[ArrayLike, "batch prompt"],
+    prompt_lengths: Int[ArrayLike, " batch"] | None,
     num_tokens: int,
     key: Key[Array, ""],
     *,
