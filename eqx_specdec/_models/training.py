@@ -4,6 +4,7 @@ cross-entropy), and loading the pair that ships with the package."""
 import functools
 import importlib.resources
 import pathlib
+import typing
 
 import equinox as eqx
 import jax
@@ -15,23 +16,36 @@ from .corpus import builtin_corpus, VOCABULARY
 from .transformer import Transformer
 
 
-#: The shipped pair: (file name, `Transformer.init` settings, training settings). The
-#: target is wide for its depth so that on a CPU its call costs about the same for one
-#: token as for five (reading its weights dominates), as a large model's does on an
-#: accelerator.
-BUILTIN_TRANSFORMERS = {
-    "target": (
-        "transformer-target.eqx",
-        dict(dim=320, depth=3, heads=8),
-        dict(steps=200, batch=16, window=64, learning_rate=2e-3),
-    ),
-    "draft": (
-        "transformer-draft.eqx",
-        dict(dim=64, depth=1, heads=4),
-        dict(steps=300, batch=16, window=64, learning_rate=3e-3),
-    ),
-}
-_SEED = {"target": 0, "draft": 1}
+class _Builtin(typing.NamedTuple):
+    """One shipped transformer: its file, `Transformer.init` settings and training."""
+
+    filename: str
+    dim: int
+    depth: int
+    heads: int
+    steps: int
+    batch: int
+    window: int
+    learning_rate: float
+    seed: int
+
+    def settings(self) -> dict:
+        return dict(dim=self.dim, depth=self.depth, heads=self.heads)
+
+    def training(self) -> dict:
+        return dict(
+            steps=self.steps,
+            batch=self.batch,
+            window=self.window,
+            learning_rate=self.learning_rate,
+        )
+
+
+# The shipped pair. The target is wide for its depth so that on a CPU its call costs
+# about the same for one token as for four (reading its weights dominates), as a large
+# model's does on an accelerator.
+_TARGET = _Builtin("transformer-target.eqx", 320, 3, 8, 200, 16, 64, 2e-3, 0)
+_DRAFT = _Builtin("transformer-draft.eqx", 64, 1, 4, 300, 16, 64, 3e-3, 1)
 # Shipped weights are stored in float16 (half the bytes) and loaded as float32.
 _STORED = jnp.float16
 
@@ -134,14 +148,13 @@ def _data_dir() -> pathlib.Path:
     return pathlib.Path(str(importlib.resources.files("eqx_specdec") / "data"))
 
 
-def _train_builtin(name: str) -> Transformer:
-    _, settings, training = BUILTIN_TRANSFORMERS[name]
+def _train_builtin(spec: _Builtin) -> Transformer:
     model, _ = train_transformer(
         builtin_corpus(),
-        jax.random.key(_SEED[name]),
+        jax.random.key(spec.seed),
         vocab_size=len(VOCABULARY),
-        **settings,
-        **training,
+        **spec.settings(),
+        **spec.training(),
     )
     return _cast(model, _STORED)
 
@@ -166,10 +179,11 @@ def write_builtin_transformers(directory=None) -> list[pathlib.Path]:
     The paths written.
     """
     directory = _data_dir() if directory is None else pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, (filename, _, _) in BUILTIN_TRANSFORMERS.items():
-        path = directory / filename
-        eqx.tree_serialise_leaves(path, _train_builtin(name))
+    for spec in (_DRAFT, _TARGET):
+        path = directory / spec.filename
+        eqx.tree_serialise_leaves(path, _train_builtin(spec))
         paths.append(path)
     return paths
 
@@ -189,15 +203,14 @@ def builtin_transformers() -> tuple[Transformer, Transformer]:
     logits.
     """
     models = []
-    for name in ("draft", "target"):
-        filename, settings, _ = BUILTIN_TRANSFORMERS[name]
-        path = _data_dir() / filename
+    for spec in (_DRAFT, _TARGET):
+        path = _data_dir() / spec.filename
         if path.exists():
             like = Transformer.init(
-                jax.random.key(0), vocab_size=len(VOCABULARY), **settings
+                jax.random.key(0), vocab_size=len(VOCABULARY), **spec.settings()
             )
             model = eqx.tree_deserialise_leaves(path, _cast(like, _STORED))
         else:
-            model = _train_builtin(name)
+            model = _train_builtin(spec)
         models.append(_cast(model, jnp.float32))
     return models[0], models[1]
