@@ -40,7 +40,9 @@ def _tiny_models(vocab=4, seed=0):
     draft = 0.5 * rng.dirichlet(np.ones(vocab), (vocab**2,)) + 0.5 / vocab
     return (
         es.NGramModel(jnp.asarray(draft, jnp.float32), 3),
-        es.NGramModel(jnp.asarray(target / target.sum(-1, keepdims=True)), 3),
+        es.NGramModel(
+            jnp.asarray(target / target.sum(-1, keepdims=True), jnp.float32), 3
+        ),
     )
 
 

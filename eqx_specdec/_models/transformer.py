@@ -40,7 +40,8 @@ def _attend(q, keys, values, query_positions):
     lead the cache's layout, as the batched products want it: no copy of the cache.)"""
     head_dim = q.shape[-1]
     scores = jnp.einsum("khd,hmd->hkm", q, keys) / math.sqrt(head_dim)
-    visible = jnp.arange(keys.shape[1])[None, :] <= query_positions[:, None]
+    entries = jnp.arange(keys.shape[1], dtype=query_positions.dtype)
+    visible = entries[None, :] <= query_positions[:, None]
     scores = jnp.where(visible[None], scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1)
     return jnp.einsum("hkm,hmd->khd", weights, values)
@@ -95,7 +96,7 @@ class Transformer(AbstractCachedModel):
         heads: int = 4,
         context: int = 256,
     ) -> "Transformer":
-        """A freshly initialised transformer (normal weights scaled by
+        """A freshly initialised float32 transformer (normal weights scaled by
         $1/\\sqrt{\\text{fan-in}}$, the residual outputs by $1/\\sqrt{2\\,\\text{depth}}$).
 
         **Arguments:**
@@ -107,15 +108,16 @@ class Transformer(AbstractCachedModel):
         keys = iter(jax.random.split(key, 2 + 4 * depth))
 
         def normal(shape, fan_in, scale=1.0):
-            return scale * jax.random.normal(next(keys), shape) / math.sqrt(fan_in)
+            weights = jax.random.normal(next(keys), shape, jnp.float32)
+            return weights * (scale / math.sqrt(fan_in))
 
         residual = 1 / math.sqrt(2 * depth)
         layers = tuple(
             _Layer(
-                attention_norm=jnp.ones((dim,)),
+                attention_norm=jnp.ones((dim,), jnp.float32),
                 qkv=normal((dim, 3 * dim), dim),
                 out=normal((dim, dim), dim, residual),
-                mlp_norm=jnp.ones((dim,)),
+                mlp_norm=jnp.ones((dim,), jnp.float32),
                 up=normal((dim, 4 * dim), dim),
                 down=normal((4 * dim, dim), 4 * dim, residual),
             )
@@ -125,7 +127,7 @@ class Transformer(AbstractCachedModel):
             embedding=normal((vocab_size, dim), 1, 0.02 * math.sqrt(dim)),
             position_embedding=normal((context, dim), 1, 0.02),
             layers=layers,
-            final_norm=jnp.ones((dim,)),
+            final_norm=jnp.ones((dim,), jnp.float32),
             heads=heads,
         )
 
