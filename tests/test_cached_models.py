@@ -286,3 +286,30 @@ def test_measure_speedup_reports_a_consistent_run():
     expected = 12 * measured.plain_call_seconds / (measured.steps * step)
     np.testing.assert_allclose(measured.predicted_speedup, expected)
     assert "| 2-gram |" in speedup_table({"2-gram": measured})
+
+
+class Unnormalised(CachedNGram):
+    """Returns its distributions times 1.5 from the step at which a row reaches
+    position 6: a bad output only the checked mode sees."""
+
+    def __call__(self, tokens, positions, state):
+        out, state = super().__call__(tokens, positions, state)
+        return jnp.where((positions >= 6)[:, None], 1.5 * out, out), state
+
+
+def test_the_checked_mode_names_a_model_that_returns_non_distributions():
+    draft, target = _tiny_models()
+    tokens, lengths = _prompts(4, 4)
+    key = jax.random.key(0)
+    bad = CachedNGram(draft), Unnormalised(target)
+    unchecked = es.speculative_decode(*bad, tokens, lengths, 8, key)  # trusted
+    assert unchecked.tokens.shape == (4, 8)
+    with pytest.raises(es.InvalidInputError, match="^`target_model` returned a distri"):
+        es.speculative_decode(*bad, tokens, lengths, 8, key, check_models=True)
+    good = es.speculative_decode(
+        draft, target, tokens, lengths, 8, key, check_models=True
+    )
+    np.testing.assert_array_equal(
+        good.tokens,
+        es.speculative_decode(draft, target, tokens, lengths, 8, key).tokens,
+    )

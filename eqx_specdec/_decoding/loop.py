@@ -16,6 +16,13 @@ from .._proposal.chain import Chain
 from .._proposal.tree import Tree
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
 from .._verify.abstract_verifier import AbstractVerifier
+from .._verify.checks import (
+    Checked,
+    checked_with_status,
+    MODEL_MESSAGES,
+    model_problems,
+    problem_status,
+)
 from .._verify.dispatch import FilterJit
 from .._verify.verifier import Verifier
 from .result import DecodeResult
@@ -112,8 +119,9 @@ class _DecodeLoop(eqx.Module):
     num_tokens: int = eqx.field(static=True)
     outputs: ModelOutputs | tuple[ModelOutputs, ModelOutputs] = eqx.field(static=True)
     progress: Callable | None = eqx.field(static=True)
+    check_models: bool = eqx.field(static=True, default=False)
 
-    def check_models(self, buffer, width: int) -> None:
+    def trace_models(self, buffer, width: int) -> None:
         """Traces each model once on one row to check what it returns (and, for a
         cached model, the state it returns)."""
         vocab = check_model("target_model", self.target_model, buffer[0], 1, None)
@@ -122,7 +130,7 @@ class _DecodeLoop(eqx.Module):
             for name in ("target_model", "draft_model"):
                 check_model(name, getattr(self, name), buffer[0], width, vocab)
 
-    def __call__(self, prompt_tokens, prompt_lengths, key) -> DecodeResult:
+    def __call__(self, prompt_tokens, prompt_lengths, key) -> DecodeResult | Checked:
         batch, width = prompt_tokens.shape
         slots = self.proposal.slots()
         hist_size = self.proposal.depth() + 1
@@ -132,7 +140,7 @@ class _DecodeLoop(eqx.Module):
         models = Models(self.draft_model, self.target_model, outputs)
         buffer = token_buffer(prompt_tokens, self.num_tokens + slots)
         lengths = prompt_lengths.astype(jnp.int32)
-        self.check_models(buffer, width)
+        self.trace_models(buffer, width)
         max_length = buffer.shape[1]
         states = tuple(
             prefill(m, buffer, width, initial_states(m, batch, max_length))
@@ -140,13 +148,26 @@ class _DecodeLoop(eqx.Module):
         )
 
         def step(state):
-            t, buffer, lengths, calls, hist, reached_sum, drafted_sum, states = state
+            (
+                t,
+                buffer,
+                lengths,
+                calls,
+                hist,
+                reached_sum,
+                drafted_sum,
+                states,
+                status,
+            ) = state
             active = lengths - prompt_lengths < self.num_tokens
             keys = jax.vmap(lambda k: jax.random.split(k, 4))(_row_keys(key, t, batch))
             generated = lengths - prompt_lengths
-            n, new, reached, drafted, states = self.proposal.step(
+            n, new, reached, drafted, states, distributions = self.proposal.step(
                 models, self.verifier, buffer, lengths, keys, generated, states
             )
+            if self.check_models:
+                found = problem_status(model_problems(distributions, active))
+                status = jnp.where(status[0] >= 0, status, found)
             # Commit: accepted tokens and the correction; the slots after it are scratch.
             index = lengths[:, None] + jnp.arange(slots, dtype=jnp.int32)[None]
             written = jax.vmap(lambda b, i, v: b.at[i].set(v))(
@@ -172,6 +193,7 @@ class _DecodeLoop(eqx.Module):
                 reached_sum,
                 drafted_sum,
                 states,
+                status,
             )
 
         def unfinished(state):
@@ -186,19 +208,25 @@ class _DecodeLoop(eqx.Module):
             jnp.zeros((batch, hist_size), jnp.float32),
             jnp.zeros((batch,), jnp.int32),
             states,
+            jnp.full((2,), -1, jnp.int32),
         )
-        _, buffer, lengths, calls, hist, reached, drafted, _ = jax.lax.while_loop(
-            unfinished, step, state
+        _, buffer, lengths, calls, hist, reached, drafted, _, status = (
+            jax.lax.while_loop(unfinished, step, state)
         )
         take = (
             prompt_lengths[:, None] + jnp.arange(self.num_tokens, dtype=jnp.int32)[None]
         )
         tokens = jnp.take_along_axis(buffer, take, axis=1)
-        return DecodeResult(tokens, calls, hist, reached, theory, drafted=drafted)
+        result = DecodeResult(tokens, calls, hist, reached, theory, drafted=drafted)
+        if not self.check_models:
+            return result
+        return checked_with_status(result, status, MODEL_MESSAGES)
 
 
 @FilterJit
-def _run(loop: _DecodeLoop, prompt_tokens, prompt_lengths, key) -> DecodeResult:
+def _run(
+    loop: _DecodeLoop, prompt_tokens, prompt_lengths, key
+) -> DecodeResult | Checked:
     return loop(prompt_tokens, prompt_lengths, key)
 
 
@@ -215,6 +243,7 @@ def speculative_decode(
     proposal: AbstractProposal | None = None,
     outputs: ModelOutputs | tuple[ModelOutputs, ModelOutputs] = "probs",
     progress: Callable | None = None,
+    check_models: bool = False,
 ) -> DecodeResult:
     """Generates `num_tokens` tokens for each of a batch of prompts by speculative
     decoding, in one compiled `jax.lax.while_loop`.
@@ -241,7 +270,7 @@ def speculative_decode(
 
     The verifier is called without the run-time value checks of
     [`eqx_specdec.speculative_accept`][]: the models are trusted to return valid
-    distributions.
+    distributions, unless `check_models=True`.
 
     Randomness comes from `key` only: row $b$ at step $t$ uses
     `fold_in(fold_in(key, b), t)`, so a row's tokens do not depend on the batch.
@@ -273,6 +302,11 @@ def speculative_decode(
         logits: `("probs", "logits")`).
     - `progress`: `None`, or a function `progress(done, total)` called from the host
         after every step with the number of tokens generated so far over the batch.
+    - `check_models`: `True` to check, at every step of a chain, that the distributions
+        the models return are distributions (finite, non-negative, summing to 1; logits
+        after their softmax): the first bad one raises
+        [`eqx_specdec.InvalidInputError`][] naming the model and the row, as the entry
+        points' checks do. Default `False` (the models are trusted): a debugging mode.
 
     **Returns:**
 
@@ -284,6 +318,13 @@ def speculative_decode(
         prompt_tokens, prompt_lengths, num_tokens, outputs
     )
     loop = _DecodeLoop(
-        draft_model, target_model, verifier, proposal, num_tokens, outputs, progress
+        draft_model,
+        target_model,
+        verifier,
+        proposal,
+        num_tokens,
+        outputs,
+        progress,
+        check_models,
     )
     return _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key)

@@ -29,15 +29,18 @@ class StepOutcome(NamedTuple):
     """What one step of a proposal hands back to the loop, one entry per row:
     `num_accepted` (B,), `tokens` (B, slots) (the accepted draft tokens, the correction,
     then -1), `reached` (B, depth + 1) (the theory's $P(n \\ge k)$, NaN without
-    theory), `drafted` (B,) (the draft tokens drafted) and `states`, the cached models'
+    theory), `drafted` (B,) (the draft tokens drafted), `states`, the cached models'
     states after the step (`(draft_state, target_state)`, `None` for a stateless
-    model)."""
+    model), and `distributions`, what the models returned this step as probabilities,
+    for the loop's `check_models` mode: `(name, probs (B, ..., V), used (B, ...))`
+    triples (`used` marks the rows the step used; empty when the proposal offers none)."""
 
     num_accepted: Int[Array, " batch"]
     tokens: Int[Array, "batch slots"]
     reached: Float[Array, "batch depth_plus_1"]
     drafted: Int[Array, " batch"]
     states: tuple = (None, None)
+    distributions: tuple = ()
 
 
 class AbstractProposal(eqx.Module):

@@ -136,10 +136,12 @@ class Chain(AbstractProposal):
                 drafted = jax.vmap(policy)(xs, law, p).astype(jnp.int32)
             drafted = jnp.clip(drafted, 1, self.length)
             out = verify_at_lengths(verifier, drafted, *arrays)
+        drafted_rows = jnp.arange(self.length, dtype=jnp.int32)[None] < drafted[:, None]
+        checked = (("draft_model", qs, drafted_rows), ("target_model", p, None))
         if theory == "none":
             reached = jnp.full((xs.shape[0], self.length + 1), jnp.nan, jnp.float32)
             return StepOutcome(
-                out["num_accepted"], out["tokens"], reached, drafted, states
+                out["num_accepted"], out["tokens"], reached, drafted, states, checked
             )
 
         def passes_of(values, law, p):
@@ -147,8 +149,7 @@ class Chain(AbstractProposal):
 
         passes = jax.vmap(passes_of)(per_row_values(test), law, p[:, : self.length])
         # Positions past a row's draft length are never drafted: they never pass.
-        used = jnp.arange(self.length, dtype=jnp.int32)[None] < drafted[:, None]
-        passes = jnp.where(used[..., None], passes, 0)
+        passes = jnp.where(drafted_rows[..., None], passes, 0)
         reached = jax.vmap(reached_probabilities)(passes, law, xs)
         return StepOutcome(
             out["num_accepted"],
@@ -156,6 +157,7 @@ class Chain(AbstractProposal):
             reached.astype(jnp.float32),
             drafted,
             states,
+            checked,
         )
 
 

@@ -9,7 +9,7 @@ raises [`eqx_specdec.InvalidInputError`][] from them.
 """
 
 import functools
-from typing import Literal
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -173,11 +173,11 @@ class Checked(eqx.Module):
     problem found and its first offending row (`[-1, -1]` when there is none), with the
     problems' messages (static: built once per compiled program)."""
 
-    outputs: dict
+    outputs: Any  # a dict of the entry points' outputs, or a DecodeResult
     status: Int[Array, "2"]
     messages: tuple[str, ...] = eqx.field(static=True)
 
-    def resolve(self) -> dict:
+    def resolve(self) -> Any:
         """The outputs, or [`eqx_specdec.InvalidInputError`][] for the first problem.
 
         Outside any trace (on the CPU), waits for the status, so that the error is
@@ -226,12 +226,55 @@ def checked(outputs, problems) -> Checked | dict:
     Computed as each row's first problem (one elementwise pass, which XLA fuses), then
     the least of them and the first row holding it: a few kernels whatever the number of
     problems, where stacking the flags compiles a kernel per problem."""
+    return checked_with_status(
+        outputs, problem_status(problems), tuple(m for _, m in problems)
+    )
+
+
+def problem_status(problems) -> Int[Array, "2"]:
+    """The status of `problems` (see `checked`): the index of the first problem that
+    occurs and its first offending row, `[-1, -1]` if none."""
     count = len(problems)
     code = jnp.full(problems[0][0].shape, count, jnp.int32)
     for index in reversed(range(count)):
         code = jnp.where(problems[index][0], jnp.int32(index), code)
     first = jnp.min(code)
     row = jnp.argmax(code == first).astype(jnp.int32)
-    status = jnp.where(first < count, jnp.stack([first, row]), -1)
-    result = Checked(outputs, status.astype(jnp.int32), tuple(m for _, m in problems))
+    return jnp.where(first < count, jnp.stack([first, row]), -1).astype(jnp.int32)
+
+
+def checked_with_status(outputs, status, messages) -> Checked | Any:
+    """`outputs` with a computed `status` and its `messages` (see `checked`)."""
+    result = Checked(outputs, status, messages)
     return result if raise_at_call() else result.resolve()
+
+
+_MODEL_OUTPUT = (
+    "`{name}` returned a distribution that is not one (a NaN or infinite value, a "
+    "negative probability, or a sum not within {tol:g} of 1) for row {{row}} (the first "
+    "such row), at some step of the loop. Return probabilities normalised over the "
+    'vocabulary, or finite logits with `outputs="logits"`.'
+)
+
+#: The messages of `model_problems`, in order.
+MODEL_MESSAGES = tuple(
+    _MODEL_OUTPUT.format(name=name, tol=sum_tolerance(jnp.float32))
+    for name in ("draft_model", "target_model")
+)
+
+
+def model_problems(distributions, active):
+    """Per-row flags `(B,)` for what the loop's models returned this step (the
+    `distributions` of a proposal's step: `(name, probs, used)` triples), on the rows
+    still `active`; in the order of `MODEL_MESSAGES`."""
+    flags = {
+        name: jnp.zeros(active.shape, bool) for name in ("draft_model", "target_model")
+    }
+    for name, probs, used in distributions:
+        total = jnp.sum(probs, axis=-1, dtype=jnp.float32)
+        bad = ~jnp.isfinite(total) | (jnp.min(probs, axis=-1) < 0)
+        bad = bad | (jnp.abs(total - 1) > sum_tolerance(jnp.float32))
+        if used is not None:
+            bad = bad & used
+        flags[name] = flags[name] | (_per_row(bad) & active)
+    return [(flags[name], message) for name, message in zip(flags, MODEL_MESSAGES)]
