@@ -254,28 +254,10 @@ def test_measure_speedup_reports_a_consistent_run():
     draft, _ = _tiny_models(vocab=4)
     target = _small_transformer(4, context=32)
     tokens, lengths = _prompts(2, 4)
-    proposal = es.Chain(3)
-    measured = es.measure_speedup(
-        draft,
-        target,
-        tokens,
-        lengths,
-        12,
-        jax.random.key(0),
-        proposal=proposal,
-        outputs=("probs", "logits"),
-        repeats=1,
-    )
-    result = es.speculative_decode(
-        draft,
-        target,
-        tokens,
-        lengths,
-        12,
-        jax.random.key(0),
-        proposal=proposal,
-        outputs=("probs", "logits"),
-    )
+    run = (draft, target, tokens, lengths, 12, jax.random.key(0))
+    options = dict(proposal=es.Chain(3), outputs=("probs", "logits"))
+    measured = es.measure_speedup(*run, repeats=1, **options)
+    result = es.speculative_decode(*run, **options)
     assert measured.tokens == 24 and measured.batch == 2
     assert measured.tokens_per_call == result.tokens_per_call()
     assert measured.steps == int(np.asarray(result.target_calls).max())

@@ -108,6 +108,22 @@ def check_decode_arguments(prompt_tokens, prompt_lengths, num_tokens, outputs):
     return jnp.asarray(prompt_lengths, jnp.int32)
 
 
+class _LoopState(typing.NamedTuple):
+    """The carry of the decoding loop: the step, each row's buffer, length, steps taken,
+    histogram of accepted lengths, theory sums and draft tokens drafted, the cached
+    models' states, and the checked mode's status."""
+
+    t: Int[Array, ""]
+    buffer: Int[Array, "batch width"]
+    lengths: Int[Array, " batch"]
+    calls: Int[Array, " batch"]
+    hist: Int[Array, "batch depth_plus_1"]
+    reached: Array
+    drafted: Int[Array, " batch"]
+    states: tuple
+    status: Int[Array, "2"]
+
+
 class _DecodeLoop(eqx.Module):
     """The decoding loop: the models, the verifier and the proposal (their arrays
     traced), and the static settings of one compiled program."""
@@ -147,80 +163,74 @@ class _DecodeLoop(eqx.Module):
             for m in (self.draft_model, self.target_model)
         )
 
-        def step(state):
-            (
-                t,
-                buffer,
-                lengths,
-                calls,
-                hist,
-                reached_sum,
-                drafted_sum,
-                states,
-                status,
-            ) = state
+        def step(state: _LoopState) -> _LoopState:
+            lengths = state.lengths
             active = lengths - prompt_lengths < self.num_tokens
-            keys = jax.vmap(lambda k: jax.random.split(k, 4))(_row_keys(key, t, batch))
+            keys = jax.vmap(lambda k: jax.random.split(k, 4))(
+                _row_keys(key, state.t, batch)
+            )
             generated = lengths - prompt_lengths
             n, new, reached, drafted, states, distributions = self.proposal.step(
-                models, self.verifier, buffer, lengths, keys, generated, states
+                models,
+                self.verifier,
+                state.buffer,
+                lengths,
+                keys,
+                generated,
+                state.states,
             )
+            status = state.status
             if self.check_models:
                 found = problem_status(model_problems(distributions, active))
                 status = jnp.where(status[0] >= 0, status, found)
             # Commit: accepted tokens and the correction; the slots after it are scratch.
             index = lengths[:, None] + jnp.arange(slots, dtype=jnp.int32)[None]
             written = jax.vmap(lambda b, i, v: b.at[i].set(v))(
-                buffer, index, jnp.maximum(new, 0)
+                state.buffer, index, jnp.maximum(new, 0)
             )
-            buffer = jnp.where(active[:, None], written, buffer)
             lengths = jnp.where(active, lengths + n + 1, lengths)
-            calls = calls + active.astype(jnp.int32)
-            hist = hist + active[:, None].astype(jnp.int32) * jax.nn.one_hot(
-                n, hist_size, dtype=jnp.int32
-            )
-            reached_sum = reached_sum + jnp.where(active[:, None], reached, 0.0)
-            drafted_sum = drafted_sum + jnp.where(active, drafted, 0)
             if self.progress is not None:
                 done = jnp.minimum(lengths - prompt_lengths, self.num_tokens).sum()
                 jax.debug.callback(self.progress, done, batch * self.num_tokens)
-            return (
-                t + 1,
-                buffer,
-                lengths,
-                calls,
-                hist,
-                reached_sum,
-                drafted_sum,
-                states,
-                status,
+            return _LoopState(
+                t=state.t + 1,
+                buffer=jnp.where(active[:, None], written, state.buffer),
+                lengths=lengths,
+                calls=state.calls + active.astype(jnp.int32),
+                hist=state.hist
+                + active[:, None].astype(jnp.int32)
+                * jax.nn.one_hot(n, hist_size, dtype=jnp.int32),
+                reached=state.reached + jnp.where(active[:, None], reached, 0.0),
+                drafted=state.drafted + jnp.where(active, drafted, 0),
+                states=states,
+                status=status,
             )
 
-        def unfinished(state):
-            return jnp.any(state[2] - prompt_lengths < self.num_tokens)
+        def unfinished(state: _LoopState):
+            return jnp.any(state.lengths - prompt_lengths < self.num_tokens)
 
-        state = (
-            jnp.zeros((), jnp.int32),
-            buffer,
-            lengths,
-            jnp.zeros((batch,), jnp.int32),
-            jnp.zeros((batch, hist_size), jnp.int32),
-            jnp.zeros((batch, hist_size), jnp.float32),
-            jnp.zeros((batch,), jnp.int32),
-            states,
-            jnp.full((2,), -1, jnp.int32),
+        state = _LoopState(
+            t=jnp.zeros((), jnp.int32),
+            buffer=buffer,
+            lengths=lengths,
+            calls=jnp.zeros((batch,), jnp.int32),
+            hist=jnp.zeros((batch, hist_size), jnp.int32),
+            reached=jnp.zeros((batch, hist_size), jnp.float32),
+            drafted=jnp.zeros((batch,), jnp.int32),
+            states=states,
+            status=jnp.full((2,), -1, jnp.int32),
         )
-        _, buffer, lengths, calls, hist, reached, drafted, _, status = (
-            jax.lax.while_loop(unfinished, step, state)
-        )
+        end = jax.lax.while_loop(unfinished, step, state)
         take = (
             prompt_lengths[:, None] + jnp.arange(self.num_tokens, dtype=jnp.int32)[None]
         )
-        tokens = jnp.take_along_axis(buffer, take, axis=1)
-        result = DecodeResult(tokens, calls, hist, reached, theory, drafted=drafted)
+        tokens = jnp.take_along_axis(end.buffer, take, axis=1)
+        result = DecodeResult(
+            tokens, end.calls, end.hist, end.reached, theory, drafted=end.drafted
+        )
         if not self.check_models:
             return result
-        return checked_with_status(result, status, MODEL_MESSAGES)
+        return checked_with_status(result, end.status, MODEL_MESSAGES)
 
 
 @FilterJit
