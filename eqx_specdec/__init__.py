@@ -115,6 +115,7 @@ from ._verify.keys import (
     uniforms_from_key as uniforms_from_key,
 )
 from ._verify.logits import speculative_accept_logits as speculative_accept_logits
+from ._verify.logprobs import LogProbs as LogProbs
 from ._verify.verifier import (
     speculative_accept as speculative_accept,
     Verifier as Verifier,

@@ -51,7 +51,7 @@ def test_the_public_api_is_what_the_docs_list():
         "AbstractDraftLength", "FixedDraftLength", "StopWhenUnlikely",
         "TopNRelaxedRatioTest", "FLyRatioTest", "ScheduledRatioTest",
         "AbstractProposal", "Chain", "Tree",
-        "AbstractCachedModel", "Transformer", "Speedup",
+        "AbstractCachedModel", "Transformer", "Speedup", "LogProbs",
     }  # fmt: skip
     assert issubclass(eqx_specdec.MissingCapabilityError, NotImplementedError)
     assert callable(eqx_specdec.speculative_accept)

@@ -122,6 +122,7 @@ class _LoopState(typing.NamedTuple):
     drafted: Int[Array, " batch"]
     states: tuple
     status: Int[Array, "2"]
+    logprobs: Array | None  # (B, W) float32 when asked for, like `buffer`
 
 
 class _DecodeLoop(eqx.Module):
@@ -136,6 +137,7 @@ class _DecodeLoop(eqx.Module):
     outputs: ModelOutputs | tuple[ModelOutputs, ModelOutputs] = eqx.field(static=True)
     progress: Callable | None = eqx.field(static=True)
     check_models: bool = eqx.field(static=True, default=False)
+    logprobs: bool = eqx.field(static=True, default=False)
 
     def trace_models(self, buffer, width: int) -> None:
         """Traces each model once on one row to check what it returns (and, for a
@@ -153,7 +155,7 @@ class _DecodeLoop(eqx.Module):
         theory = self.proposal.theory(self.verifier)
         outputs = self.outputs
         outputs = outputs if isinstance(outputs, tuple) else (outputs, outputs)
-        models = Models(self.draft_model, self.target_model, outputs)
+        models = Models(self.draft_model, self.target_model, outputs, self.logprobs)
         buffer = token_buffer(prompt_tokens, self.num_tokens + slots)
         lengths = prompt_lengths.astype(jnp.int32)
         self.trace_models(buffer, width)
@@ -170,7 +172,7 @@ class _DecodeLoop(eqx.Module):
                 _row_keys(key, state.t, batch)
             )
             generated = lengths - prompt_lengths
-            n, new, reached, drafted, states, distributions = self.proposal.step(
+            outcome = self.proposal.step(
                 models,
                 self.verifier,
                 state.buffer,
@@ -179,15 +181,22 @@ class _DecodeLoop(eqx.Module):
                 generated,
                 state.states,
             )
+            n, new, states = outcome.num_accepted, outcome.tokens, outcome.states
             status = state.status
             if self.check_models:
-                found = problem_status(model_problems(distributions, active))
+                found = problem_status(model_problems(outcome.distributions, active))
                 status = jnp.where(status[0] >= 0, status, found)
             # Commit: accepted tokens and the correction; the slots after it are scratch.
             index = lengths[:, None] + jnp.arange(slots, dtype=jnp.int32)[None]
-            written = jax.vmap(lambda b, i, v: b.at[i].set(v))(
-                state.buffer, index, jnp.maximum(new, 0)
-            )
+            write = jax.vmap(lambda b, i, v: b.at[i].set(v))
+            written = write(state.buffer, index, jnp.maximum(new, 0))
+            logprob_buffer = state.logprobs
+            if logprob_buffer is not None:
+                logprob_buffer = jnp.where(
+                    active[:, None],
+                    write(logprob_buffer, index, outcome.logprobs),
+                    logprob_buffer,
+                )
             lengths = jnp.where(active, lengths + n + 1, lengths)
             if self.progress is not None:
                 done = jnp.minimum(lengths - prompt_lengths, self.num_tokens).sum()
@@ -200,10 +209,12 @@ class _DecodeLoop(eqx.Module):
                 hist=state.hist
                 + active[:, None].astype(jnp.int32)
                 * jax.nn.one_hot(n, hist_size, dtype=jnp.int32),
-                reached=state.reached + jnp.where(active[:, None], reached, 0.0),
-                drafted=state.drafted + jnp.where(active, drafted, 0),
+                reached=state.reached
+                + jnp.where(active[:, None], outcome.reached, 0.0),
+                drafted=state.drafted + jnp.where(active, outcome.drafted, 0),
                 states=states,
                 status=status,
+                logprobs=logprob_buffer,
             )
 
         def unfinished(state: _LoopState):
@@ -219,14 +230,24 @@ class _DecodeLoop(eqx.Module):
             drafted=jnp.zeros((batch,), jnp.int32),
             states=states,
             status=jnp.full((2,), -1, jnp.int32),
+            logprobs=jnp.zeros(buffer.shape, jnp.float32) if self.logprobs else None,
         )
         end = jax.lax.while_loop(unfinished, step, state)
         take = (
             prompt_lengths[:, None] + jnp.arange(self.num_tokens, dtype=jnp.int32)[None]
         )
         tokens = jnp.take_along_axis(end.buffer, take, axis=1)
+        logprobs = None
+        if end.logprobs is not None:
+            logprobs = jnp.take_along_axis(end.logprobs, take, axis=1)
         result = DecodeResult(
-            tokens, end.calls, end.hist, end.reached, theory, drafted=end.drafted
+            tokens,
+            end.calls,
+            end.hist,
+            end.reached,
+            theory,
+            drafted=end.drafted,
+            logprobs=logprobs,
         )
         if not self.check_models:
             return result
@@ -254,6 +275,7 @@ def speculative_decode(
     outputs: ModelOutputs | tuple[ModelOutputs, ModelOutputs] = "probs",
     progress: Callable | None = None,
     check_models: bool = False,
+    logprobs: bool = False,
 ) -> DecodeResult:
     """Generates `num_tokens` tokens for each of a batch of prompts by speculative
     decoding, in one compiled `jax.lax.while_loop`.
@@ -317,11 +339,20 @@ def speculative_decode(
         after their softmax): the first bad one raises
         [`eqx_specdec.InvalidInputError`][] naming the model and the row, as the entry
         points' checks do. Default `False` (the models are trusted): a debugging mode.
+    - `logprobs`: `True` to return, in `DecodeResult.logprobs`, the target's
+        log-probability of every generated token under the distribution it was verified
+        against (the target model's row at that position, logits after their softmax):
+        what a plain decoding of the target would report. Default `False`.
 
     **Returns:**
 
     A [`eqx_specdec.DecodeResult`][]: the tokens and the run's statistics.
     """
+    for name, flag in (("check_models", check_models), ("logprobs", logprobs)):
+        if not isinstance(flag, bool):
+            raise TypeError(
+                f"speculative_decode(`{name}`=...) must be a Python bool, got {flag!r}."
+            )
     proposal = resolve_proposal(proposal, verifier)
     proposal.check_models(draft_model, target_model)
     prompt_lengths = check_decode_arguments(
@@ -336,5 +367,6 @@ def speculative_decode(
         outputs,
         progress,
         check_models,
+        logprobs,
     )
     return _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key)

@@ -32,6 +32,9 @@ class DecodeResult(eqx.Module):
     - `drafted`: int32 of shape `(B,)`, the draft tokens each row drafted (one draft
         call each for a chain: $G$ per step, or the draft-length policy's choice; a
         tree's node count per step).
+    - `logprobs`: float32 of shape `(B, L)`, the target's log-probability of each
+        generated token under the distribution it was verified against, with
+        `speculative_decode(..., logprobs=True)`; `None` otherwise.
     """
 
     tokens: Int[Array, "batch length"]
@@ -40,6 +43,7 @@ class DecodeResult(eqx.Module):
     theory_reached: Float[Array, "batch gamma_plus_1"]
     theory: Literal["exact", "lower bound", "none"] = eqx.field(static=True)
     drafted: Int[Array, " batch"] | None = None
+    logprobs: Float[Array, "batch length"] | None = None
 
     def _theory_reached(self) -> np.ndarray:
         if self.theory == "none":

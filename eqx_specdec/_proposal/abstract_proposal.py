@@ -18,11 +18,13 @@ Theory = Literal["exact", "lower bound", "none"]
 
 
 class Models(NamedTuple):
-    """The two models of the decoding loop, and what each returns (`(draft, target)`)."""
+    """The two models of the decoding loop, what each returns (`(draft, target)`), and
+    whether the loop asks for the emitted tokens' log-probabilities."""
 
     draft: Callable
     target: Callable
     outputs: tuple[ModelOutputs, ModelOutputs]
+    logprobs: bool = False
 
 
 class StepOutcome(NamedTuple):
@@ -33,7 +35,9 @@ class StepOutcome(NamedTuple):
     states after the step (`(draft_state, target_state)`, `None` for a stateless
     model), and `distributions`, what the models returned this step as probabilities,
     for the loop's `check_models` mode: `(name, probs (B, ..., V), used (B, ...))`
-    triples (`used` marks the rows the step used; empty when the proposal offers none)."""
+    triples (`used` marks the rows the step used; empty when the proposal offers none),
+    and `logprobs` (B, slots), the target's log-probability of each token the step
+    emits (-inf after them), when the loop asks for them (`Models.logprobs`)."""
 
     num_accepted: Int[Array, " batch"]
     tokens: Int[Array, "batch slots"]
@@ -41,6 +45,7 @@ class StepOutcome(NamedTuple):
     drafted: Int[Array, " batch"]
     states: tuple = (None, None)
     distributions: tuple = ()
+    logprobs: Float[Array, "batch slots"] | None = None
 
 
 class AbstractProposal(eqx.Module):

@@ -13,6 +13,7 @@ from .._misc import no_type_check
 from .._models.cached import call_rows, is_cached
 from .._stages.row_fields import per_row_values, with_row_values
 from .._verify.abstract_verifier import AbstractVerifier
+from .._verify.logprobs import emitted_logprobs
 from .abstract_proposal import (
     AbstractProposal,
     as_probs,
@@ -138,10 +139,17 @@ class Chain(AbstractProposal):
             out = verify_at_lengths(verifier, drafted, *arrays)
         drafted_rows = jnp.arange(self.length, dtype=jnp.int32)[None] < drafted[:, None]
         checked = (("draft_model", qs, drafted_rows), ("target_model", p, None))
+        logprobs = emitted_logprobs(out["tokens"], p) if models.logprobs else None
         if theory == "none":
             reached = jnp.full((xs.shape[0], self.length + 1), jnp.nan, jnp.float32)
             return StepOutcome(
-                out["num_accepted"], out["tokens"], reached, drafted, states, checked
+                out["num_accepted"],
+                out["tokens"],
+                reached,
+                drafted,
+                states,
+                checked,
+                logprobs,
             )
 
         def passes_of(values, law, p):
@@ -158,6 +166,7 @@ class Chain(AbstractProposal):
             drafted,
             states,
             checked,
+            logprobs,
         )
 
 

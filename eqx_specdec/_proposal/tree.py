@@ -15,6 +15,7 @@ from .._tree.abstract_tree_verifier import (
     tree_depths,
 )
 from .._tree.node_rules import AbstractNodeRule
+from .._verify.logprobs import emitted_logprobs, tree_rows
 from .abstract_proposal import (
     AbstractProposal,
     as_probs,
@@ -100,7 +101,14 @@ class Tree(AbstractProposal):
         drafted = jnp.full((batch,), len(self.parents), jnp.int32)
         # The verifier's tokens cover every node; a step writes the path's slots.
         tokens = out["tokens"][:, : self.slots()]
-        return StepOutcome(out["num_accepted"], tokens, reached, drafted)
+        logprobs = None
+        if models.logprobs:
+            rows = tree_rows(out["path"])[:, : self.slots()]
+            emitted_rows = jnp.take_along_axis(p, rows[..., None], axis=1)
+            logprobs = emitted_logprobs(tokens, emitted_rows)
+        return StepOutcome(
+            out["num_accepted"], tokens, reached, drafted, logprobs=logprobs
+        )
 
 
 def draft_tree(

@@ -6,7 +6,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, Float, Int, Integer, jaxtyped
+from jaxtyping import Array, Float, Integer, jaxtyped
 
 from .._custom_types import (
     NodeTokensRow,
@@ -29,6 +29,7 @@ from .._verify.checks import (
     uniform_problems,
 )
 from .._verify.dispatch import entry_point
+from .._verify.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
 from .abstract_tree_verifier import (
     AbstractTreeVerifier,
     tree_field,
@@ -236,7 +237,8 @@ def tree_accept(
     *,
     verifier: AbstractTreeVerifier = TreeVerifier(),
     check_inputs: CheckLevel = "read",
-) -> dict[str, Int[Array, "..."]]:
+    logprobs: LogProbs | None = None,
+) -> dict[str, Array]:
     """Verifies a batch of draft trees (see [`eqx_specdec.AbstractTreeVerifier`][] for
     the layout).
 
@@ -252,6 +254,10 @@ def tree_accept(
     - `verifier`: the tree verifier to run, an [`eqx_specdec.AbstractTreeVerifier`][]:
         [`eqx_specdec.TreeVerifier`][] (default) or
         [`eqx_specdec.TraversalVerifier`][].
+    - `logprobs`: `None`, or an [`eqx_specdec.LogProbs`][]: the log-probabilities of
+        the emitted tokens (the accepted path's, then the correction) under the
+        target's row each was verified against (the root's for the first, then each
+        path node's), as for [`eqx_specdec.speculative_accept`][].
     - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][];
         both `"read"` and `"all"` check every row (the walk reads them all),
         plus the depth-first order of `parents`.
@@ -306,6 +312,7 @@ def tree_accept(
             "`uses_draft_probs = False`, such as DeterministicCandidates, take None)."
         )
     level = check_level(check_inputs)
+    logprobs = check_logprobs(logprobs, "tree_accept", raw_available=False)
     outputs = verifier(
         node_tokens,
         parents,
@@ -314,6 +321,10 @@ def tree_accept(
         accept_uniforms,
         sample_uniforms,
     )
+    if logprobs is not None:
+        rows = tree_rows(outputs["path"])
+        processed = jnp.take_along_axis(target_probs, rows[..., None], axis=1)
+        outputs = with_logprobs(outputs, logprobs, processed, log_space=False)
     if level is None:
         return outputs
     # The top-down walk reads every row (each node's context row is selected under a

@@ -4,12 +4,13 @@ import typing
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Key
+from jaxtyping import Array, Float, Key
 
 from .._custom_types import DraftProbs, DraftTokens, TargetProbs
 from .abstract_verifier import AbstractVerifier
 from .checks import CheckLevel
 from .dispatch import entry_point
+from .logprobs import LogProbs
 from .verifier import speculative_accept, Verifier
 
 
@@ -68,7 +69,8 @@ def speculative_accept_from_key(
     *,
     verifier: AbstractVerifier = Verifier(),
     check_inputs: CheckLevel = "read",
-) -> dict[str, Int[Array, "..."]]:
+    logprobs: LogProbs | None = None,
+) -> dict[str, Array]:
     """[`eqx_specdec.speculative_accept`][] with its randomness drawn from a key, by
     [`eqx_specdec.uniforms_from_key`][]: the same key and inputs always give the same
     tokens, and a row's tokens do not depend on the other rows or the batch size.
@@ -76,8 +78,8 @@ def speculative_accept_from_key(
     **Arguments:**
 
     - `key`: a `jax.random` key.
-    - `draft_tokens`, `draft_probs`, `target_probs`, `verifier`, `check_inputs`: as for
-        [`eqx_specdec.speculative_accept`][].
+    - `draft_tokens`, `draft_probs`, `target_probs`, `verifier`, `check_inputs`,
+        `logprobs`: as for [`eqx_specdec.speculative_accept`][].
 
     **Returns:**
 
@@ -95,4 +97,5 @@ def speculative_accept_from_key(
         sample,
         verifier=verifier,
         check_inputs=check_inputs,
+        logprobs=logprobs,
     )

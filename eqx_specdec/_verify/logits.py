@@ -4,7 +4,7 @@ log space."""
 import typing
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
 from .._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
 from .._misc import compute_dtype
@@ -16,6 +16,7 @@ from .abstract_verifier import AbstractVerifier
 from .checks import check_level, checked, CheckLevel
 from .dispatch import entry_point
 from .inputs import LOGIT_NAMES, prepare_inputs
+from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .verifier import Verifier
 from .warp import Warp
 
@@ -106,7 +107,8 @@ def speculative_accept_logits(
     draft_warp: Warp = Warp(),
     verifier: AbstractVerifier = LOGITS_VERIFIER,
     check_inputs: CheckLevel = "read",
-) -> dict[str, Int[Array, "..."]]:
+    logprobs: LogProbs | None = None,
+) -> dict[str, Array]:
     """Runs one verification step on logits, with a logit bias, temperature, top-k, top-p
     and min-p.
 
@@ -140,12 +142,16 @@ def speculative_accept_logits(
         and uniforms in range, temperatures $\\ge 0$, `top_p` in $(0, 1]$, `top_k`
         $\\ge 0$, `min_p` in $[0, 1]$, no NaN or $+\\infty$ logit bias and none that bans
         every token of a distribution.
+    - `logprobs`: `None` (the default), or an [`eqx_specdec.LogProbs`][]: the
+        log-probabilities of the emitted tokens under the warped target $\\tilde p$
+        (and, with `raw=True`, under `log_softmax(target_logits)`).
 
     **Returns:**
 
     As [`eqx_specdec.speculative_accept`][].
     """
     level = check_level(check_inputs)
+    logprobs = check_logprobs(logprobs, "speculative_accept_logits", raw_available=True)
     inputs = prepare_inputs(
         "speculative_accept_logits",
         verifier,
@@ -157,9 +163,20 @@ def speculative_accept_logits(
     target_log_probs = target_warp(target_logits)
     draft_log_probs = None if draft_logits is None else draft_warp(draft_logits)
     arrays = (draft_tokens, draft_log_probs, target_log_probs, accept, sample)
+
+    def with_requested(outputs):
+        return with_logprobs(
+            outputs,
+            logprobs,
+            target_log_probs,
+            log_space=True,
+            raw_logits=target_logits,
+        )
+
     if level is None:
-        return verifier(*arrays)
+        return with_requested(verifier(*arrays))
     outputs, report = verifier.checked_call(*arrays, values=False)
+    outputs = with_requested(outputs)
     problems = inputs.problems(verifier, outputs, report)
     problems += _warp_problems("target_warp", target_warp, target_logits)
     if draft_logits is not None:

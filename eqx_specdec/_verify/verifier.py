@@ -31,6 +31,7 @@ from .abstract_verifier import AbstractVerifier, check_stages, RowReport, verify
 from .checks import check_level, checked, CheckLevel
 from .dispatch import entry_point
 from .inputs import prepare_inputs
+from .logprobs import check_logprobs, LogProbs, with_logprobs
 
 
 @no_type_check  # its fields are checked by `__check_init__`
@@ -188,7 +189,8 @@ def speculative_accept(
     *,
     verifier: AbstractVerifier = Verifier(),
     check_inputs: CheckLevel = "read",
-) -> dict[str, Int[Array, "..."]]:
+    logprobs: LogProbs | None = None,
+) -> dict[str, Array]:
     """Runs one verification step of speculative decoding on a batch.
 
     For each row $b$, draft token $x_i$ passes when $u_i\\, q_i(x_i) < p_i(x_i)$; the
@@ -237,6 +239,10 @@ def speculative_accept(
 
         Under `jax.jit`, mark it static: `jax.jit(speculative_accept,
         static_argnames="check_inputs")` (`eqx.filter_jit` does so by itself).
+    - `logprobs`: `None` (the default: the outputs below only), or an
+        [`eqx_specdec.LogProbs`][]: the outputs also hold the log-probabilities of the
+        emitted tokens under the target rows given (and, with `top_k`, each emitted
+        position's most likely tokens).
 
     **Returns:**
 
@@ -258,14 +264,20 @@ def speculative_accept(
         when an output is read.
     """
     level = check_level(check_inputs)
+    logprobs = check_logprobs(logprobs, "speculative_accept", raw_available=False)
     inputs = prepare_inputs(
         "speculative_accept",
         verifier,
         (draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms),
         log_space=False,
     )
+
+    def with_requested(outputs):
+        return with_logprobs(outputs, logprobs, inputs.target, log_space=False)
+
     if level is None:
-        return verifier(*inputs.arrays())
+        return with_requested(verifier(*inputs.arrays()))
     values = inputs.values_in_rows(verifier, level)
     outputs, report = verifier.checked_call(*inputs.arrays(), values=values)
-    return checked(outputs, inputs.problems(verifier, outputs, report))
+    problems = inputs.problems(verifier, outputs, report)
+    return checked(with_requested(outputs), problems)

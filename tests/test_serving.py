@@ -1,0 +1,239 @@
+"""What serving stacks ask of a verification step: log-probabilities of the emitted
+tokens, against NumPy references, opt-in so that the default program is unchanged."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_specdec as es
+
+
+def _reference(rows_log, tokens, top_k):
+    """NumPy: log p_i(t_i) at the emitted positions (-inf after), and each emitted
+    row's top-k (largest first, lowest id first on ties)."""
+    rows_log = np.asarray(rows_log, np.float64)
+    batch, slots, _ = rows_log.shape
+    values = np.full((batch, slots), -np.inf)
+    top_values = np.full((batch, slots, top_k), -np.inf)
+    top_ids = np.full((batch, slots, top_k), -1)
+    for b in range(batch):
+        for i in range(slots):
+            t = tokens[b, i]
+            if t < 0:
+                continue
+            values[b, i] = rows_log[b, i, t]
+            order = np.lexsort((np.arange(rows_log.shape[-1]), -rows_log[b, i]))
+            top_ids[b, i] = order[:top_k]
+            top_values[b, i] = rows_log[b, i, order[:top_k]]
+    return values, top_values, top_ids
+
+
+def test_logprobs_of_the_probabilities_entry_point():
+    inputs = es.example_inputs(batch=6, gamma=4, vocab=10)
+    out = es.speculative_accept(*inputs, logprobs=es.LogProbs(top_k=3))
+    plain = es.speculative_accept(*inputs)
+    assert set(plain) == {"num_accepted", "tokens"}  # opt-in: the default is unchanged
+    np.testing.assert_array_equal(out["tokens"], plain["tokens"])
+    tokens = np.asarray(out["tokens"])
+    expected, top_values, top_ids = _reference(np.log(inputs[2]), tokens, 3)
+    np.testing.assert_allclose(out["logprobs"], expected, rtol=1e-6)
+    np.testing.assert_allclose(out["top_logprobs"], top_values, rtol=1e-6)
+    np.testing.assert_array_equal(out["top_tokens"], top_ids)
+    assert out["logprobs"].dtype == jnp.float32 and out["top_tokens"].dtype == jnp.int32
+    # The correction token's log-probability is under the target's row n, never the
+    # residual it was drawn from.
+    rows = np.arange(6)
+    n = np.asarray(out["num_accepted"])
+    correction = tokens[rows, n]
+    np.testing.assert_allclose(
+        out["logprobs"][rows, n],
+        np.log(np.asarray(inputs[2])[rows, n, correction]),
+        rtol=1e-6,
+    )
+
+
+def _warped_reference(logits, temperature, top_k):
+    """NumPy: temperature, then the top-k cut (ties at the k-th value kept), then a
+    log-softmax."""
+    x = np.asarray(logits, np.float64) / temperature
+    kth = -np.sort(-x, axis=-1)[..., top_k - 1 : top_k]
+    x = np.where(x >= kth, x, -np.inf)
+    return (
+        x
+        - np.log(np.sum(np.exp(x - x.max(-1, keepdims=True)), -1, keepdims=True))
+        - x.max(-1, keepdims=True)
+    )
+
+
+def test_logprobs_of_the_logits_entry_point_processed_and_raw():
+    key = jax.random.key(3)
+    batch, gamma, vocab = 5, 3, 40
+    k_d, k_t, k_x, k_u, k_s = jax.random.split(key, 5)
+    draft_logits = 2 * jax.random.normal(k_d, (batch, gamma, vocab))
+    target_logits = 2 * jax.random.normal(k_t, (batch, gamma + 1, vocab))
+    warp = es.Warp(0.7, top_k=6)
+    draft_tokens = jax.random.categorical(k_x, warp(draft_logits)).astype(jnp.int32)
+    u = jax.random.uniform(k_u, (batch, gamma))
+    s = jax.random.uniform(k_s, (batch,))
+    run = functools.partial(
+        es.speculative_accept_logits,
+        draft_tokens,
+        draft_logits,
+        target_logits,
+        u,
+        s,
+        target_warp=warp,
+        draft_warp=warp,
+    )
+    out = jax.jit(lambda: run(logprobs=es.LogProbs(raw=True, top_k=2)))()
+    tokens = np.asarray(out["tokens"])
+    np.testing.assert_array_equal(tokens, run()["tokens"])
+    warped = _warped_reference(target_logits, 0.7, 6)
+    expected, top_values, top_ids = _reference(warped, tokens, 2)
+    np.testing.assert_allclose(out["logprobs"], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["top_logprobs"], top_values, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out["top_tokens"], top_ids)
+    raw = np.asarray(jax.nn.log_softmax(target_logits.astype(jnp.float32), -1))
+    raw_expected, _, _ = _reference(raw, tokens, 1)
+    np.testing.assert_allclose(out["raw_logprobs"], raw_expected, rtol=1e-5, atol=1e-5)
+    # Every emitted token is inside its row's top-k: finite processed log-probability.
+    emitted = tokens >= 0
+    assert np.isfinite(np.asarray(out["logprobs"])[emitted]).all()
+
+
+def test_logprobs_errors_name_the_argument():
+    inputs = es.example_inputs(batch=2, gamma=2, vocab=5)
+    with pytest.raises(
+        ValueError, match=r"LogProbs\(`top_k`=...\) must be a Python int"
+    ):
+        es.LogProbs(top_k=-1)
+    with pytest.raises(ValueError, match="no raw log-probability"):
+        es.speculative_accept(*inputs, logprobs=es.LogProbs(raw=True))
+    with pytest.raises(
+        TypeError, match=r"speculative_accept\(`logprobs`=...\) must be"
+    ):
+        es.speculative_accept(*inputs, logprobs=True)
+
+
+def test_logprobs_from_a_key_match_the_uniforms_entry_point():
+    _, draft, target, _, _ = es.example_inputs(batch=4, gamma=3, vocab=8)
+    tokens = jnp.argmax(draft, -1).astype(jnp.int32)
+    key = jax.random.key(5)
+    spec = es.LogProbs(top_k=2)
+    out = es.speculative_accept_from_key(key, tokens, draft, target, logprobs=spec)
+    u, s = es.uniforms_from_key(key, 4, 3)
+    direct = es.speculative_accept(tokens, draft, target, u, s, logprobs=spec)
+    for name in ("tokens", "logprobs", "top_logprobs", "top_tokens"):
+        np.testing.assert_array_equal(out[name], direct[name])
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    [es.TreeVerifier(es.IIDCandidates()), es.TraversalVerifier()],
+    ids=["top-down", "traversal"],
+)
+def test_tree_logprobs_read_each_token_s_parent_row(verifier):
+    rng = np.random.default_rng(0)
+    batch, vocab, parents = 6, 5, np.array([-1, 0, 0, -1, 3], np.int32)
+    nodes = len(parents)
+    tokens = np.zeros((batch, nodes), np.int32)
+    for b in range(batch):  # siblings distinct
+        tokens[b, [0, 3]] = rng.choice(vocab, 2, replace=False)
+        tokens[b, [1, 2]] = rng.choice(vocab, 2, replace=False)
+        tokens[b, 4] = rng.integers(vocab)
+    q = rng.dirichlet(np.ones(vocab), (batch, nodes + 1)).astype(np.float32)
+    p = rng.dirichlet(np.ones(vocab), (batch, nodes + 1)).astype(np.float32)
+    u = rng.uniform(size=(batch, nodes)).astype(np.float32)
+    s = rng.uniform(size=batch).astype(np.float32)
+    out = es.tree_accept(
+        tokens,
+        np.tile(parents, (batch, 1)),
+        q,
+        p,
+        u,
+        s,
+        verifier=verifier,
+        logprobs=es.LogProbs(),
+    )
+    emitted, path = np.asarray(out["tokens"]), np.asarray(out["path"])
+    for b in range(batch):
+        for k in range(nodes + 1):
+            if emitted[b, k] < 0:
+                assert out["logprobs"][b, k] == -np.inf
+                continue
+            row = 0 if k == 0 else path[b, k - 1] + 1
+            np.testing.assert_allclose(
+                out["logprobs"][b, k], np.log(p[b, row, emitted[b, k]]), rtol=1e-6
+            )
+
+
+def _own_logprobs(target, prompt_tokens, generated, logits=False):
+    """The target's own log-probability of each generated token, recomputed from the
+    whole sequence (a stateless model called on every position at once)."""
+    rows = []
+    for prompt, tokens in zip(np.asarray(prompt_tokens), np.asarray(generated)):
+        sequence = jnp.asarray(np.concatenate([prompt, tokens]))
+        positions = jnp.arange(len(prompt) - 1, len(sequence) - 1)
+        out = target(sequence, positions)
+        log = jax.nn.log_softmax(out, -1) if logits else jnp.log(out)
+        rows.append(np.take_along_axis(np.asarray(log), tokens[:, None], 1)[:, 0])
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    [es.Verifier(), es.TreeVerifier(es.IIDCandidates(), tree=(-1, 0, -1))],
+    ids=["chain", "tree"],
+)
+def test_decoding_returns_the_target_s_own_logprobs(verifier):
+    draft, target = es.builtin_models()
+    prompts = jnp.asarray(np.stack([es.encode("the "), es.encode("and ")]))
+    result = es.speculative_decode(
+        draft,
+        target,
+        prompts,
+        None,
+        24,
+        jax.random.key(0),
+        verifier=verifier,
+        logprobs=True,
+    )
+    plain = es.speculative_decode(
+        draft, target, prompts, None, 24, jax.random.key(0), verifier=verifier
+    )
+    assert plain.logprobs is None
+    np.testing.assert_array_equal(result.tokens, plain.tokens)
+    expected = _own_logprobs(target, prompts, result.tokens)
+    np.testing.assert_allclose(result.logprobs, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_decoding_logprobs_with_a_cached_transformer_target():
+    draft, _ = es.builtin_models()
+    target = es.Transformer.init(
+        jax.random.key(1),
+        vocab_size=len(es.VOCABULARY),
+        dim=16,
+        depth=1,
+        heads=2,
+        context=64,
+    )
+    prompts = jnp.asarray(es.encode("we hold ")[None])
+    result = es.speculative_decode(
+        draft,
+        target,
+        prompts,
+        None,
+        16,
+        jax.random.key(0),
+        outputs=("probs", "logits"),
+        logprobs=True,
+    )
+
+    def stateless(tokens, positions):
+        return target.logits(tokens)[positions]
+
+    expected = _own_logprobs(stateless, prompts, result.tokens, logits=True)
+    np.testing.assert_allclose(result.logprobs, expected, rtol=1e-5, atol=1e-5)
