@@ -2,6 +2,7 @@
 tokens, against NumPy references, opt-in so that the default program is unchanged."""
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -237,3 +238,102 @@ def test_decoding_logprobs_with_a_cached_transformer_target():
 
     expected = _own_logprobs(stateless, prompts, result.tokens, logits=True)
     np.testing.assert_allclose(result.logprobs, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_stop_at_their_first_stop_token_and_their_limit():
+    draft, target = es.builtin_models()
+    prompts = jnp.asarray(
+        np.stack([es.encode(p) for p in ("the ", "and ", "it w", "we h")])
+    )
+    key = jax.random.key(2)
+    free = es.speculative_decode(draft, target, prompts, None, 40, key)
+    limits = jnp.asarray([40, 40, 1, 40], jnp.int32)
+    stop = es.encode(" ").tolist()  # a space ends a row: the first word
+    out = es.speculative_decode(
+        draft,
+        target,
+        prompts,
+        None,
+        40,
+        key,
+        stop_tokens=stop,
+        max_lengths=limits,
+        logprobs=True,
+    )
+    free_tokens, tokens = np.asarray(free.tokens), np.asarray(out.tokens)
+    reasons = out.finish_reason_names()
+    for b in range(4):
+        spaces = np.flatnonzero(free_tokens[b] == stop[0])
+        first = spaces[0] + 1 if spaces.size else 40
+        length = min(first, int(limits[b]))
+        assert int(out.lengths[b]) == length
+        assert reasons[b] == ("stop" if first <= limits[b] else "length")
+        # The same tokens as the unstopped run up to the end, nothing after it.
+        np.testing.assert_array_equal(tokens[b, :length], free_tokens[b, :length])
+        assert (tokens[b, length:] == -1).all()
+        assert np.isfinite(out.logprobs[b, :length]).all()
+        assert (np.asarray(out.logprobs[b, length:]) == -np.inf).all()
+    assert "stop" in reasons and "length" in reasons
+    # A stopped row takes no more steps.
+    assert (np.asarray(out.target_calls) <= np.asarray(free.target_calls)).all()
+    assert int(out.target_calls[2]) < int(free.target_calls[2])
+
+
+def test_the_whole_loop_is_lossless_with_stop_tokens():
+    """The emitted sequences (cut after the first stop token) follow the target's own
+    distribution of cut sequences, enumerated exactly."""
+    vocab, length, rows, stop = 3, 4, 24_000, 2
+    rng = np.random.default_rng(0)
+    target = np.maximum(rng.dirichlet(np.ones(vocab), vocab), 0.05)
+    target /= target.sum(-1, keepdims=True)
+    draft = 0.5 * rng.dirichlet(np.ones(vocab), vocab) + 0.5 / vocab
+    models = [es.NGramModel(jnp.asarray(m, jnp.float32), 2) for m in (draft, target)]
+    out = es.speculative_decode(
+        *models,
+        jnp.ones((rows, 1), jnp.int32),
+        None,
+        length,
+        jax.random.key(0),
+        proposal=es.Chain(2),
+        stop_tokens=(stop,),
+    )
+
+    def cut(seq):
+        seq = list(seq)
+        return tuple(seq[: seq.index(stop) + 1] if stop in seq else seq)
+
+    exact = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, previous = 1.0, 1
+        for token in seq:
+            prob, previous = prob * target[previous, token], token
+        exact[cut(seq)] = exact.get(cut(seq), 0.0) + prob
+    cells = sorted(exact)
+    index = {c: i for i, c in enumerate(cells)}
+    counts = np.zeros(len(cells))
+    for seq in np.asarray(out.tokens):
+        counts[index[tuple(int(t) for t in seq if t >= 0)]] += 1
+    estimate = es.EmissionEstimate(counts[None], np.array([float(rows)]), rows)
+    chi = estimate.chi_square(np.asarray([exact[c] for c in cells])[None])
+    assert float(chi["statistic"][0]) < float(chi["threshold"][0])
+    assert "stop" in out.finish_reason_names() and "length" in out.finish_reason_names()
+
+
+def test_stop_and_limit_errors_name_the_argument():
+    draft, target = es.builtin_models()
+    prompts = jnp.asarray(es.encode("the ")[None])
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match=r"`stop_tokens` must be ids of the models"):
+        es.speculative_decode(draft, target, prompts, None, 4, key, stop_tokens=[99])
+    with pytest.raises(TypeError, match="`stop_tokens` must be a sequence"):
+        es.speculative_decode(draft, target, prompts, None, 4, key, stop_tokens=[-1])
+    with pytest.raises(
+        ValueError, match=r"`max_lengths` must lie in \[1, num_tokens\]"
+    ):
+        es.speculative_decode(
+            draft, target, prompts, None, 4, key, max_lengths=jnp.asarray([5])
+        )
+    with pytest.raises(ValueError, match=r"`max_lengths` must have shape \(B,\)"):
+        es.speculative_decode(
+            draft, target, prompts, None, 4, key, max_lengths=jnp.asarray([1, 2])
+        )

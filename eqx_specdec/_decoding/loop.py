@@ -2,13 +2,13 @@
 tokens for a batch of sequences, each advancing at its own pace."""
 
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, Key
+from jaxtyping import Array, Bool, Int, Key
 
 from .._models.cached import check_model, initial_states, is_cached, prefill
 from .._proposal.abstract_proposal import AbstractProposal, ModelOutputs, Models
@@ -25,7 +25,7 @@ from .._verify.checks import (
 )
 from .._verify.dispatch import FilterJit
 from .._verify.verifier import Verifier
-from .result import DecodeResult
+from .result import DecodeResult, FINISH_LENGTH, FINISH_STOP
 
 
 def token_buffer(prompt_tokens, room: int):
@@ -62,6 +62,45 @@ def resolve_proposal(proposal, verifier) -> AbstractProposal:
         )
     proposal.check(verifier)
     return proposal
+
+
+def check_stop_tokens(stop_tokens) -> tuple[int, ...]:
+    """`stop_tokens` as a tuple of Python ints, or an error naming it."""
+    try:
+        ids = tuple(stop_tokens)
+    except TypeError:
+        ids = None
+    if ids is None or not all(
+        isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0
+        for t in ids
+    ):
+        raise TypeError(
+            "`stop_tokens` must be a sequence of non-negative Python ints (token ids), "
+            f"such as (0,) or [eos_id]; got {stop_tokens!r}."
+        )
+    return tuple(int(t) for t in ids)
+
+
+def check_max_lengths(max_lengths, batch: int, num_tokens: int):
+    """`max_lengths` as int32 `(B,)` (`num_tokens` each when `None`), or an error naming
+    it."""
+    if max_lengths is None:
+        return jnp.full((batch,), num_tokens, jnp.int32)
+    if jnp.shape(max_lengths) != (batch,):
+        raise ValueError(
+            f"`max_lengths` must have shape (B,) = ({batch},), got "
+            f"{jnp.shape(max_lengths)}."
+        )
+    try:
+        values = np.asarray(max_lengths)
+    except jax.errors.TracerArrayConversionError:
+        values = None  # traced: clipped into range below
+    if values is not None and (values.min() < 1 or values.max() > num_tokens):
+        raise ValueError(
+            f"`max_lengths` must lie in [1, num_tokens] = [1, {num_tokens}] (each row "
+            f"generates at least one token); got {values.tolist()}."
+        )
+    return jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, num_tokens)
 
 
 def check_decode_arguments(prompt_tokens, prompt_lengths, num_tokens, outputs):
@@ -123,6 +162,7 @@ class _LoopState(typing.NamedTuple):
     states: tuple
     status: Int[Array, "2"]
     logprobs: Array | None  # (B, W) float32 when asked for, like `buffer`
+    stopped: Bool[Array, " batch"]  # a stop token was committed
 
 
 class _DecodeLoop(eqx.Module):
@@ -138,17 +178,26 @@ class _DecodeLoop(eqx.Module):
     progress: Callable | None = eqx.field(static=True)
     check_models: bool = eqx.field(static=True, default=False)
     logprobs: bool = eqx.field(static=True, default=False)
+    stop_tokens: tuple[int, ...] = eqx.field(static=True, default=())
 
     def trace_models(self, buffer, width: int) -> None:
         """Traces each model once on one row to check what it returns (and, for a
         cached model, the state it returns)."""
         vocab = check_model("target_model", self.target_model, buffer[0], 1, None)
         check_model("draft_model", self.draft_model, buffer[0], 1, vocab)
+        outside = [t for t in self.stop_tokens if t >= vocab]
+        if outside:
+            raise ValueError(
+                f"`stop_tokens` must be ids of the models' vocabulary [0, {vocab}); got "
+                f"{outside}."
+            )
         if is_cached(self.target_model) or is_cached(self.draft_model):
             for name in ("target_model", "draft_model"):
                 check_model(name, getattr(self, name), buffer[0], width, vocab)
 
-    def __call__(self, prompt_tokens, prompt_lengths, key) -> DecodeResult | Checked:
+    def __call__(
+        self, prompt_tokens, prompt_lengths, key, max_lengths
+    ) -> DecodeResult | Checked:
         batch, width = prompt_tokens.shape
         slots = self.proposal.slots()
         hist_size = self.proposal.depth() + 1
@@ -165,9 +214,20 @@ class _DecodeLoop(eqx.Module):
             for m in (self.draft_model, self.target_model)
         )
 
+        stop_ids = jnp.asarray(self.stop_tokens, jnp.int32)
+
+        def is_stop(tokens):
+            if not self.stop_tokens:
+                return jnp.zeros(tokens.shape, bool)
+            ids = stop_ids.reshape((1,) * tokens.ndim + stop_ids.shape)
+            return jnp.any(tokens[..., None] == ids, axis=-1)
+
+        def running(state: _LoopState):
+            return (state.lengths - prompt_lengths < max_lengths) & ~state.stopped
+
         def step(state: _LoopState) -> _LoopState:
             lengths = state.lengths
-            active = lengths - prompt_lengths < self.num_tokens
+            active = running(state)
             keys = jax.vmap(lambda k: jax.random.split(k, 4))(
                 _row_keys(key, state.t, batch)
             )
@@ -197,6 +257,12 @@ class _DecodeLoop(eqx.Module):
                     write(logprob_buffer, index, outcome.logprobs),
                     logprob_buffer,
                 )
+            # A stop token among the tokens this step commits, within the row's limit.
+            at = jnp.arange(slots, dtype=jnp.int32)[None]
+            committed = (at <= n[:, None]) & (
+                lengths[:, None] - prompt_lengths[:, None] + at < max_lengths[:, None]
+            )
+            stopped = state.stopped | (active & jnp.any(committed & is_stop(new), 1))
             lengths = jnp.where(active, lengths + n + 1, lengths)
             if self.progress is not None:
                 done = jnp.minimum(lengths - prompt_lengths, self.num_tokens).sum()
@@ -215,10 +281,11 @@ class _DecodeLoop(eqx.Module):
                 states=states,
                 status=status,
                 logprobs=logprob_buffer,
+                stopped=stopped,
             )
 
         def unfinished(state: _LoopState):
-            return jnp.any(state.lengths - prompt_lengths < self.num_tokens)
+            return jnp.any(running(state))
 
         state = _LoopState(
             t=jnp.zeros((), jnp.int32),
@@ -231,15 +298,26 @@ class _DecodeLoop(eqx.Module):
             states=states,
             status=jnp.full((2,), -1, jnp.int32),
             logprobs=jnp.zeros(buffer.shape, jnp.float32) if self.logprobs else None,
+            stopped=jnp.zeros((batch,), bool),
         )
         end = jax.lax.while_loop(unfinished, step, state)
         take = (
             prompt_lengths[:, None] + jnp.arange(self.num_tokens, dtype=jnp.int32)[None]
         )
         tokens = jnp.take_along_axis(end.buffer, take, axis=1)
+        # Each row's generated length: up to its first stop token (included), at most
+        # its limit; nothing after it is emitted.
+        position = jnp.arange(self.num_tokens, dtype=jnp.int32)[None]
+        stop_at = jnp.where(is_stop(tokens), position, self.num_tokens)
+        first_stop = jnp.min(stop_at, axis=1)
+        finish = jnp.where(first_stop < max_lengths, FINISH_STOP, FINISH_LENGTH)
+        generated = jnp.minimum(first_stop + 1, max_lengths).astype(jnp.int32)
+        emitted = position < generated[:, None]
+        tokens = jnp.where(emitted, tokens, -1)
         logprobs = None
         if end.logprobs is not None:
             logprobs = jnp.take_along_axis(end.logprobs, take, axis=1)
+            logprobs = jnp.where(emitted, logprobs, -jnp.inf)
         result = DecodeResult(
             tokens,
             end.calls,
@@ -248,6 +326,8 @@ class _DecodeLoop(eqx.Module):
             theory,
             drafted=end.drafted,
             logprobs=logprobs,
+            lengths=generated,
+            finish_reasons=finish.astype(jnp.int32),
         )
         if not self.check_models:
             return result
@@ -256,9 +336,9 @@ class _DecodeLoop(eqx.Module):
 
 @FilterJit
 def _run(
-    loop: _DecodeLoop, prompt_tokens, prompt_lengths, key
+    loop: _DecodeLoop, prompt_tokens, prompt_lengths, key, max_lengths
 ) -> DecodeResult | Checked:
-    return loop(prompt_tokens, prompt_lengths, key)
+    return loop(prompt_tokens, prompt_lengths, key, max_lengths)
 
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
@@ -276,6 +356,8 @@ def speculative_decode(
     progress: Callable | None = None,
     check_models: bool = False,
     logprobs: bool = False,
+    stop_tokens: Sequence[int] = (),
+    max_lengths: Int[Array, " batch"] | None = None,
 ) -> DecodeResult:
     """Generates `num_tokens` tokens for each of a batch of prompts by speculative
     decoding, in one compiled `jax.lax.while_loop`.
@@ -343,6 +425,14 @@ def speculative_decode(
         log-probability of every generated token under the distribution it was verified
         against (the target model's row at that position, logits after their softmax):
         what a plain decoding of the target would report. Default `False`.
+    - `stop_tokens`: token ids (Python ints) that end a row: a row stops at the first
+        one it generates (included in its tokens), nothing after it is emitted, and
+        its steps end there. Default none.
+    - `max_lengths`: integer of shape `(B,)`, each row's most generated tokens, in
+        `[1, num_tokens]`; `None` (the default) for `num_tokens` each.
+
+    Each row's generated length and why it finished are in `DecodeResult.lengths` and
+    `DecodeResult.finish_reasons`; its tokens after its length are -1.
 
     **Returns:**
 
@@ -358,6 +448,8 @@ def speculative_decode(
     prompt_lengths = check_decode_arguments(
         prompt_tokens, prompt_lengths, num_tokens, outputs
     )
+    stop_tokens = check_stop_tokens(stop_tokens)
+    max_lengths = check_max_lengths(max_lengths, len(prompt_lengths), num_tokens)
     loop = _DecodeLoop(
         draft_model,
         target_model,
@@ -368,5 +460,6 @@ def speculative_decode(
         progress,
         check_models,
         logprobs,
+        stop_tokens,
     )
-    return _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key)
+    return _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key, max_lengths)

@@ -9,6 +9,13 @@ from jaxtyping import Array, Float, Int
 from .._errors import MissingCapabilityError
 
 
+#: `DecodeResult.finish_reasons`: the row generated its limit (`num_tokens` or its
+#: `max_lengths` entry).
+FINISH_LENGTH = 0
+#: `DecodeResult.finish_reasons`: the row generated one of the stop tokens.
+FINISH_STOP = 1
+
+
 class DecodeResult(eqx.Module):
     """What [`eqx_specdec.speculative_decode`][] returns: the generated tokens and the
     per-row statistics of the run.
@@ -34,7 +41,13 @@ class DecodeResult(eqx.Module):
         tree's node count per step).
     - `logprobs`: float32 of shape `(B, L)`, the target's log-probability of each
         generated token under the distribution it was verified against, with
-        `speculative_decode(..., logprobs=True)`; `None` otherwise.
+        `speculative_decode(..., logprobs=True)`; `None` otherwise. -inf after a
+        row's length.
+    - `lengths`: int32 of shape `(B,)`, the tokens each row generated: up to and
+        including its first stop token, at most its limit. Its `tokens` after that are
+        -1.
+    - `finish_reasons`: int32 of shape `(B,)`: 0 when the row generated its limit, 1
+        when it generated a stop token (`finish_reason_names` spells them).
     """
 
     tokens: Int[Array, "batch length"]
@@ -44,6 +57,8 @@ class DecodeResult(eqx.Module):
     theory: Literal["exact", "lower bound", "none"] = eqx.field(static=True)
     drafted: Int[Array, " batch"] | None = None
     logprobs: Float[Array, "batch length"] | None = None
+    lengths: Int[Array, " batch"] | None = None
+    finish_reasons: Int[Array, " batch"] | None = None
 
     def _theory_reached(self) -> np.ndarray:
         if self.theory == "none":
@@ -55,6 +70,13 @@ class DecodeResult(eqx.Module):
                 "the abstract base's documentation) to get it."
             )
         return np.asarray(self.theory_reached, np.float64).sum(0)
+
+    def finish_reason_names(self) -> list[str]:
+        """Each row's finish reason as serving APIs spell it: `"length"` or `"stop"`."""
+        if self.finish_reasons is None:
+            raise ValueError("This DecodeResult has no `finish_reasons`.")
+        names = {FINISH_LENGTH: "length", FINISH_STOP: "stop"}
+        return [names[int(r)] for r in np.asarray(self.finish_reasons)]
 
     def tokens_per_call(self) -> float:
         """Tokens committed per target call, over the whole batch: each step commits
