@@ -337,3 +337,57 @@ def test_stop_and_limit_errors_name_the_argument():
         es.speculative_decode(
             draft, target, prompts, None, 4, key, max_lengths=jnp.asarray([1, 2])
         )
+
+
+def test_a_row_s_tokens_depend_on_its_own_seed_only():
+    draft, target = es.builtin_models()
+    texts = ["the ", "and ", "it w", "we h", "call", "four"]
+    prompts = jnp.asarray(np.stack([es.encode(t) for t in texts]))
+    keys = jax.random.split(jax.random.key(7), 6)
+    run = functools.partial(es.speculative_decode, draft, target, num_tokens=24)
+    together = np.asarray(run(prompts, None, key=keys).tokens)
+    # Row 3 alone, then in another batch, at another position, beside other seeds.
+    alone = run(prompts[3:4], None, key=keys[3:4]).tokens
+    np.testing.assert_array_equal(alone[0], together[3])
+    order = np.array([5, 3, 0])
+    others = jax.random.split(jax.random.key(8), 3).at[1].set(keys[3])
+    mixed = np.asarray(run(prompts[order], None, key=others).tokens)
+    np.testing.assert_array_equal(mixed[1], together[3])
+    assert (mixed[0] != together[5]).any()  # a new seed, new tokens
+    # Plain decoding takes per-row seeds the same way.
+    plain = es.autoregressive_decode(target, prompts, None, 8, keys)
+    np.testing.assert_array_equal(
+        es.autoregressive_decode(target, prompts[3:4], None, 8, keys[3:4])[0], plain[3]
+    )
+
+
+def _chi_square_of_pairs(first, second, bins=10):
+    """Pearson's statistic of the 2-d histogram of two uniform samples against the
+    product of uniforms, and a threshold exceeded with probability about 1e-6 under
+    independence (Wilson-Hilferty)."""
+    counts, _, _ = np.histogram2d(first, second, bins=bins, range=[[0, 1], [0, 1]])
+    expected = first.size / bins**2
+    statistic = ((counts - expected) ** 2 / expected).sum()
+    dof = bins**2 - 1
+    z = 4.75  # one-sided 1e-6
+    threshold = dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
+    return statistic, threshold
+
+
+def test_the_three_streams_are_independent():
+    from eqx_specdec._decoding.loop import row_keys, step_streams
+
+    rows = 20_000
+    keys = row_keys(jax.random.key(0), rows)
+    streams = jax.vmap(lambda k: step_streams(k, 3))(keys)  # (rows, 4) keys
+    draws = np.asarray(jax.vmap(jax.vmap(jax.random.uniform))(streams))  # (rows, 4)
+    for a, b in itertools.combinations(range(3), 2):
+        statistic, threshold = _chi_square_of_pairs(draws[:, a], draws[:, b])
+        assert statistic < threshold, (a, b, statistic, threshold)
+    # The coupled control: the residual drawn from the accept stream's key, shifted
+    # (the peers' bug: one noise source feeding two decisions) is caught.
+    coupled = (
+        draws[:, 1] + 0.05 * np.asarray(jax.random.uniform(jax.random.key(1), (rows,)))
+    ) % 1
+    statistic, threshold = _chi_square_of_pairs(draws[:, 1], coupled)
+    assert statistic > 10 * threshold

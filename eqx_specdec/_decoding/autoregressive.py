@@ -11,7 +11,7 @@ from jaxtyping import Array, Int, Key
 from .._models.cached import call_rows, initial_states, prefill
 from .._proposal.abstract_proposal import as_probs, ModelOutputs
 from .._verify.dispatch import FilterJit
-from .loop import check_decode_arguments, token_buffer
+from .loop import check_decode_arguments, check_key, row_keys, token_buffer
 
 
 @FilterJit
@@ -26,6 +26,7 @@ def _autoregressive(
     buffer = token_buffer(prompt_tokens, num_tokens + calls - 1)
     state = prefill(model, buffer, width, initial_states(model, batch, buffer.shape[1]))
     rows = jnp.arange(batch)
+    keys = row_keys(key, batch)
 
     def step(carry, t):
         buffer, state = carry
@@ -36,11 +37,12 @@ def _autoregressive(
             x = jnp.argmax(p, axis=-1)
         else:
 
-            def draw(b, p):
-                row_key = jax.random.fold_in(jax.random.fold_in(key, b), t)
-                return jax.random.categorical(row_key, jnp.log(p))
+            def draw(row_key, p):
+                return jax.random.categorical(
+                    jax.random.fold_in(row_key, t), jnp.log(p)
+                )
 
-            x = jax.vmap(draw)(rows.astype(jnp.uint32), p)
+            x = jax.vmap(draw)(keys, p)
         buffer = buffer.at[rows, position + 1].set(x.astype(jnp.int32))
         return (buffer, state), None
 
@@ -70,8 +72,10 @@ def autoregressive_decode(
 
     - `model`, `prompt_tokens`, `prompt_lengths`, `num_tokens`, `outputs`: as for
         [`eqx_specdec.speculative_decode`][].
-    - `key`: a `jax.random` key to sample with, or `None` for greedy decoding (the argmax,
-        lowest id on ties).
+    - `key`: a `jax.random` key to sample with (or one per row, as for
+        [`eqx_specdec.speculative_decode`][]; row $b$ draws token $t$ with
+        `fold_in(row_key, t)`), or `None` for greedy decoding (the argmax, lowest id on
+        ties).
 
     **Returns:**
 
@@ -86,6 +90,8 @@ def autoregressive_decode(
         prompt_tokens, prompt_lengths, num_tokens, outputs
     )
     greedy = key is None
+    if not greedy:
+        key = check_key(key, len(prompt_lengths))
     return _autoregressive(
         model,
         jnp.asarray(prompt_tokens),

@@ -35,11 +35,38 @@ def token_buffer(prompt_tokens, room: int):
     return buffer.at[:, :width].set(prompt_tokens.astype(jnp.int32))
 
 
-def _row_keys(key, step, batch):
+def row_keys(key, batch: int):
+    """Each row's own key: `key[b]` for one key per row, else `fold_in(key, b)`."""
+    if _per_row(key):
+        return key
     rows = jnp.arange(batch, dtype=jnp.uint32)
-    return jax.vmap(lambda b: jax.random.fold_in(jax.random.fold_in(key, b), step))(
-        rows
-    )
+    return jax.vmap(lambda b: jax.random.fold_in(key, b))(rows)
+
+
+def step_streams(row_key, step):
+    """A row's four independent keys at step `step` (`split(fold_in(row_key, step),
+    4)`): drafting, the accept uniforms, the residual's randomness, spare."""
+    return jax.random.split(jax.random.fold_in(row_key, step), 4)
+
+
+def _per_row(key) -> bool:
+    return jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 1
+
+
+def check_key(key, batch: int):
+    """`key`: one `jax.random` key, or one per row; or an error naming it."""
+    if not hasattr(key, "dtype"):
+        raise TypeError(
+            f"`key` must be a jax.random key (jax.random.key(seed)) or one per row "
+            f"(jax.random.split(key, B)); got {type(key).__name__}."
+        )
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if typed and key.shape not in ((), (batch,)):
+        raise ValueError(
+            f"`key` must be one jax.random key (shape ()) or one per row (shape (B,) = "
+            f"({batch},)); got shape {key.shape}."
+        )
+    return key
 
 
 def resolve_proposal(proposal, verifier) -> AbstractProposal:
@@ -215,6 +242,7 @@ class _DecodeLoop(eqx.Module):
         )
 
         stop_ids = jnp.asarray(self.stop_tokens, jnp.int32)
+        rows_key = row_keys(key, batch)
 
         def is_stop(tokens):
             if not self.stop_tokens:
@@ -228,9 +256,7 @@ class _DecodeLoop(eqx.Module):
         def step(state: _LoopState) -> _LoopState:
             lengths = state.lengths
             active = running(state)
-            keys = jax.vmap(lambda k: jax.random.split(k, 4))(
-                _row_keys(key, state.t, batch)
-            )
+            keys = jax.vmap(lambda k: step_streams(k, state.t))(rows_key)
             generated = lengths - prompt_lengths
             outcome = self.proposal.step(
                 models,
@@ -348,7 +374,7 @@ def speculative_decode(
     prompt_tokens: Int[Array, "batch prompt"],
     prompt_lengths: Int[Array, " batch"] | None,
     num_tokens: int,
-    key: Key[Array, ""],
+    key: Key[Array, ""] | Key[Array, " batch"],
     *,
     verifier: AbstractVerifier | AbstractTreeVerifier = Verifier(),
     proposal: AbstractProposal | None = None,
@@ -386,8 +412,12 @@ def speculative_decode(
     [`eqx_specdec.speculative_accept`][]: the models are trusted to return valid
     distributions, unless `check_models=True`.
 
-    Randomness comes from `key` only: row $b$ at step $t$ uses
-    `fold_in(fold_in(key, b), t)`, so a row's tokens do not depend on the batch.
+    Randomness comes from `key` only. Each row has its own key: `key[b]` when `key`
+    holds one key per row (per-request seeds), else `fold_in(key, b)`. At step $t$ a
+    row splits `fold_in(row_key, t)` into four independent streams: drafting, the
+    accept uniforms, the residual's randomness, and a spare one. So a row's tokens
+    depend on its own key only, not on the batch, its position in it or the other
+    rows' keys.
 
     **Arguments:**
 
@@ -397,7 +427,8 @@ def speculative_decode(
     - `prompt_lengths`: integer of shape `(B,)`, each prompt's length in `[1, P]`; `None`
         when every prompt fills its row.
     - `num_tokens`: $L$, the number of tokens to generate per row (a Python int).
-    - `key`: a `jax.random` key.
+    - `key`: a `jax.random` key, or one per row (shape `(B,)`, e.g.
+        `jax.random.split(key, B)` or keys from each request's seed).
     - `verifier`: the verifier to run: an [`eqx_specdec.Verifier`][] (or
         [`eqx_specdec.ShardedVerifier`][]) for chains, whose stages receive
         probabilities, or log-probabilities when its ratio test has `log_space=True`;
@@ -449,6 +480,7 @@ def speculative_decode(
         prompt_tokens, prompt_lengths, num_tokens, outputs
     )
     stop_tokens = check_stop_tokens(stop_tokens)
+    key = check_key(key, len(prompt_lengths))
     max_lengths = check_max_lengths(max_lengths, len(prompt_lengths), num_tokens)
     loop = _DecodeLoop(
         draft_model,
