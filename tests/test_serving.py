@@ -247,7 +247,7 @@ def test_rows_stop_at_their_first_stop_token_and_their_limit():
     )
     key = jax.random.key(2)
     free = es.speculative_decode(draft, target, prompts, None, 40, key)
-    limits = jnp.asarray([40, 40, 1, 40], jnp.int32)
+    limits = np.asarray([40, 40, 1, 40], np.int32)
     stop = es.encode(" ").tolist()  # a space ends a row: the first word
     out = es.speculative_decode(
         draft,
