@@ -391,3 +391,168 @@ def test_the_three_streams_are_independent():
     ) % 1
     statistic, threshold = _chi_square_of_pairs(draws[:, 1], coupled)
     assert statistic > 10 * threshold
+
+
+PENALTIES = dict(repetition_penalty=1.6, frequency_penalty=0.5, presence_penalty=0.3)
+
+
+def _penalised(logits, counts):
+    """NumPy reference (vLLM's and Hugging Face's conventions): repetition, then
+    frequency and presence, then a softmax."""
+    x = np.asarray(logits, np.float64)
+    seen = counts > 0
+    rep, freq, pres = (PENALTIES[k] for k in PENALTIES)
+    x = np.where(seen, np.where(x > 0, x / rep, x * rep), x)
+    x = x - freq * counts - pres * seen
+    z = np.exp(x - x.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def test_penalties_count_the_draft_prefix():
+    from eqx_specdec._verify.logits import token_counts
+
+    rng = np.random.default_rng(0)
+    batch, gamma, vocab = 3, 3, 6
+    history = np.array([[0, 0, 4, -1], [5, -1, -1, -1], [-1, -1, -1, -1]], np.int32)
+    drafts = rng.integers(0, vocab, (batch, gamma)).astype(np.int32)
+    counts = np.asarray(token_counts(jnp.asarray(history), jnp.asarray(drafts), vocab))
+    logits = 2 * rng.normal(size=(batch, gamma + 1, vocab)).astype(np.float32)
+    warped = np.exp(
+        np.asarray(es.Warp(**PENALTIES)(jnp.asarray(logits), jnp.asarray(counts)))
+    )
+    for b in range(batch):
+        for i in range(gamma + 1):
+            seen = [t for t in history[b] if t >= 0] + list(drafts[b, :i])
+            expected = np.bincount(np.asarray(seen, int), minlength=vocab)
+            np.testing.assert_array_equal(counts[b, i], expected)
+            np.testing.assert_allclose(
+                warped[b, i], _penalised(logits[b, i], expected), rtol=1e-5, atol=1e-7
+            )
+    with pytest.raises(ValueError, match="needs `history`"):
+        es.speculative_accept_logits(
+            jnp.asarray(drafts),
+            None,
+            jnp.asarray(logits),
+            jnp.full((batch, gamma), 0.5),
+            jnp.full((batch,), 0.5),
+            target_warp=es.Warp(**PENALTIES),
+        )
+    with pytest.raises(ValueError, match="`repetition_penalty` must lie in"):
+        es.Warp(repetition_penalty=0.0)
+
+
+def _completed_joint(history, draft_logits, target_logits, prefix_aware):
+    """The exact distribution of the first G + 1 tokens when one speculative step (the
+    logits entry point, penalties counting `history`) is followed by plain decoding of
+    the penalised target: every draft sequence enumerated with its probability, every
+    cell of the uniforms between the step's breakpoints evaluated once. With
+    `prefix_aware=False`, the target rows are penalised with `history` alone (the peers'
+    bug), the draft as it really sampled."""
+    gamma, vocab = draft_logits.shape
+
+    def counts(prefix):
+        return np.bincount(
+            np.asarray(list(history) + list(prefix), int), minlength=vocab
+        )
+
+    def target(i, prefix):
+        return _penalised(target_logits[i], counts(prefix))
+
+    def draft(i, prefix):
+        return _penalised(draft_logits[i], counts(prefix))
+
+    rows, weights = [], []
+    for x in itertools.product(range(vocab), repeat=gamma):
+        q = [draft(i, x[:i]) for i in range(gamma)]
+        p = [target(i, x[:i]) for i in range(gamma + 1)]
+        weight = np.prod([q[i][x[i]] for i in range(gamma)])
+        u_cells = []
+        for i in range(gamma):
+            r = min(1.0, p[i][x[i]] / q[i][x[i]])
+            u_cells.append(
+                [(r / 2, r), ((1 + r) / 2, 1 - r)] if r < 1 else [(0.5, 1.0)]
+            )
+        residuals = [np.maximum(p[i] - q[i], 0) for i in range(gamma)] + [p[gamma]]
+        cuts = sorted(
+            {0.0, 1.0}
+            | {
+                float(c)
+                for r in residuals
+                if r.sum() > 0
+                for c in np.cumsum(r / r.sum())
+                if 0 < c < 1
+            }
+        )
+        top = 1 - 2.0**-24  # the largest float32 below 1
+        s_cells = [
+            (min((a + b) / 2, top), b - a) for a, b in zip(cuts, cuts[1:]) if b > a
+        ]
+        for us in itertools.product(*u_cells):
+            for s, ws in s_cells:
+                rows.append((x, [u for u, _ in us], s))
+                weights.append(weight * np.prod([w for _, w in us]) * ws)
+    x = jnp.asarray([r[0] for r in rows], jnp.int32)
+    u = jnp.asarray([r[1] for r in rows], jnp.float32)
+    s = jnp.asarray([r[2] for r in rows], jnp.float32)
+    batch = len(rows)
+    draft_rows = jnp.broadcast_to(jnp.asarray(draft_logits), (batch, gamma, vocab))
+    target_rows = jnp.broadcast_to(
+        jnp.asarray(target_logits), (batch, gamma + 1, vocab)
+    )
+    history_rows = jnp.broadcast_to(
+        jnp.asarray(history, jnp.int32), (batch, len(history))
+    )
+    warp = es.Warp(**PENALTIES)
+    if prefix_aware:
+        out = es.speculative_accept_logits(
+            x,
+            draft_rows,
+            target_rows,
+            u,
+            s,
+            target_warp=warp,
+            draft_warp=warp,
+            history=history_rows,
+        )
+    else:
+        from eqx_specdec._verify.logits import token_counts
+
+        flat = jnp.broadcast_to(
+            token_counts(history_rows, x, vocab)[:, :1], target_rows.shape
+        )
+        out = es.speculative_accept_logits(
+            x,
+            draft_rows,
+            warp(target_rows, flat),
+            u,
+            s,
+            draft_warp=warp,
+            history=history_rows,
+        )
+    joint = np.zeros((vocab,) * (gamma + 1))
+    tokens, n = np.asarray(out["tokens"]), np.asarray(out["num_accepted"])
+    for b in range(batch):
+        emitted = tuple(int(t) for t in tokens[b, : n[b] + 1])
+        for rest in itertools.product(range(vocab), repeat=gamma - n[b]):
+            seq = emitted + rest
+            tail = np.prod(
+                [target(k, seq[:k])[seq[k]] for k in range(n[b] + 1, gamma + 1)]
+            )
+            joint[seq] += weights[b] * tail
+    exact = np.zeros_like(joint)
+    for seq in itertools.product(range(vocab), repeat=gamma + 1):
+        exact[seq] = np.prod([target(k, seq[:k])[seq[k]] for k in range(gamma + 1)])
+    return joint, exact
+
+
+def test_penalties_are_lossless_by_exact_quadrature_and_the_peers_bug_is_caught():
+    rng = np.random.default_rng(3)
+    vocab, gamma = 3, 2
+    history = [0, 0, 2]
+    target_logits = 1.5 * rng.normal(size=(gamma + 1, vocab))
+    draft_logits = 1.5 * rng.normal(size=(gamma, vocab))
+    joint, exact = _completed_joint(history, draft_logits, target_logits, True)
+    assert abs(joint.sum() - 1) < 1e-5
+    np.testing.assert_allclose(joint, exact, atol=2e-6)
+    lossy, _ = _completed_joint(history, draft_logits, target_logits, False)
+    assert np.abs(lossy - exact).sum() / 2 > 0.01  # total variation of the control

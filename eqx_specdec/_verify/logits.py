@@ -3,8 +3,9 @@ log space."""
 
 import typing
 
+import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from .._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
 from .._misc import compute_dtype
@@ -13,7 +14,7 @@ from .._stages.ratio_test import RatioTest
 from .._stages.residual_sampler import ResidualSampler
 from .._stages.token_assembler import TokenAssembler
 from .abstract_verifier import AbstractVerifier
-from .checks import check_level, checked, CheckLevel
+from .checks import check_level, checked, CheckLevel, token_problems
 from .dispatch import entry_point
 from .inputs import LOGIT_NAMES, prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
@@ -86,6 +87,25 @@ def _warp_problems(name, warp: Warp, logits):
     return problems
 
 
+def token_counts(
+    history: Int[Array, "batch length"],
+    draft_tokens: Int[Array, "batch gamma"],
+    vocab: int,
+) -> Int[Array, "batch gamma_plus_1 vocab"]:
+    """Each token's count in the history of each position of a step: the row's
+    `history` (-1 pads) and, at draft position $i$, the draft tokens before $i$."""
+    batch = history.shape[0]
+    rows = jnp.arange(batch)[:, None]
+    ids = jnp.where(history >= 0, history, vocab)  # padding: dropped
+    base = jnp.zeros((batch, vocab), jnp.int32).at[rows, ids].add(1, mode="drop")
+    drafted = jax.nn.one_hot(draft_tokens, vocab, dtype=jnp.int32)
+    before = jnp.concatenate(
+        [jnp.zeros_like(drafted[:, :1]), jnp.cumsum(drafted, axis=1, dtype=jnp.int32)],
+        axis=1,
+    )
+    return base[:, None] + before
+
+
 LOGITS_VERIFIER = Verifier(
     RatioTest(log_space=True),
     PrefixCounter(),
@@ -108,6 +128,7 @@ def speculative_accept_logits(
     verifier: AbstractVerifier = LOGITS_VERIFIER,
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
+    history: Int[Array, "batch length"] | None = None,
 ) -> dict[str, Array]:
     """Runs one verification step on logits, with a logit bias, temperature, top-k, top-p
     and min-p.
@@ -142,6 +163,11 @@ def speculative_accept_logits(
         and uniforms in range, temperatures $\\ge 0$, `top_p` in $(0, 1]$, `top_k`
         $\\ge 0$, `min_p` in $[0, 1]$, no NaN or $+\\infty$ logit bias and none that bans
         every token of a distribution.
+    - `history`: integer of shape `(B, H)`, each row's tokens that the warps'
+        penalties count (the generated tokens, and the prompt's if your convention
+        counts them), -1 for padding; required when a warp has a penalty. At draft
+        position $i$ the history is this and the draft tokens before $i$: the target
+        and the draft are penalised as each position's true prefix says.
     - `logprobs`: `None` (the default), or an [`eqx_specdec.LogProbs`][]: the
         log-probabilities of the emitted tokens under the warped target $\\tilde p$
         (and, with `raw=True`, under `log_softmax(target_logits)`).
@@ -160,8 +186,18 @@ def speculative_accept_logits(
         names=LOGIT_NAMES,
     )
     draft_tokens, draft_logits, target_logits, accept, sample = inputs.arrays()
-    target_log_probs = target_warp(target_logits)
-    draft_log_probs = None if draft_logits is None else draft_warp(draft_logits)
+    counts = None
+    if target_warp.needs_history() or draft_warp.needs_history():
+        counts = token_counts(
+            _checked_history(history, draft_tokens.shape[0]),
+            draft_tokens,
+            target_logits.shape[-1],
+        )
+    target_log_probs = target_warp(target_logits, counts)
+    draft_log_probs = None
+    if draft_logits is not None:
+        draft_counts = None if counts is None else counts[:, :-1]
+        draft_log_probs = draft_warp(draft_logits, draft_counts)
     arrays = (draft_tokens, draft_log_probs, target_log_probs, accept, sample)
 
     def with_requested(outputs):
@@ -181,4 +217,26 @@ def speculative_accept_logits(
     problems += _warp_problems("target_warp", target_warp, target_logits)
     if draft_logits is not None:
         problems += _warp_problems("draft_warp", draft_warp, draft_logits)
+    if counts is not None:
+        vocab = target_logits.shape[-1]
+        problems += token_problems(
+            history, vocab, "history", valid=jnp.asarray(history) >= 0
+        )
     return checked(outputs, problems)
+
+
+def _checked_history(history, batch: int):
+    if history is None:
+        raise ValueError(
+            "A warp has a history-dependent penalty, so speculative_accept_logits "
+            "needs `history`: integer (B, H), each row's tokens the penalties count, "
+            "-1 for padding."
+        )
+    history = jnp.asarray(history)
+    if history.ndim != 2 or history.shape[0] != batch:
+        raise ValueError(
+            f"`history` must have shape (B, H) with B = {batch}; got {history.shape}."
+        )
+    if not jnp.issubdtype(history.dtype, jnp.integer):
+        raise TypeError(f"`history` must be integer token ids, got {history.dtype}.")
+    return history.astype(jnp.int32)

@@ -157,6 +157,15 @@ class Warp(eqx.Module):
     - `logit_bias`: added to the logits before anything else (OpenAI's `logit_bias`):
         float of shape `(V,)` or `(B, V)`, in target vocabulary ids; $-\\infty$ bans a
         token. `None` (the default) adds nothing.
+    - `repetition_penalty`, `presence_penalty`, `frequency_penalty`: history-dependent
+        penalties, applied after the bias and before the temperature, with $c(v)$ the
+        count of token $v$ in the position's history (vLLM's and Hugging Face's
+        conventions): a token seen before ($c(v) > 0$) has its logit divided by the
+        repetition penalty $r > 0$ when positive, multiplied by it otherwise; then
+        $x(v) \\leftarrow x(v) - f\\, c(v) - a\\, [c(v) > 0]$ for the frequency $f$ and
+        presence $a$ penalties. `None` (the default) skips each. A warp with a penalty
+        needs the counts: [`eqx_specdec.speculative_accept_logits`][] builds them from
+        its `history`, and at draft position $i$ counts the draft tokens before $i$ too.
     """
 
     temperature: Float[Array, "*batch"] | float = 1.0
@@ -164,8 +173,24 @@ class Warp(eqx.Module):
     top_p: Float[Array, "*batch"] | float | None = None
     min_p: Float[Array, "*batch"] | float | None = None
     logit_bias: Float[Array, "*batch vocab"] | None = None
+    repetition_penalty: Float[Array, "*batch"] | float | None = None
+    presence_penalty: Float[Array, "*batch"] | float | None = None
+    frequency_penalty: Float[Array, "*batch"] | float | None = None
 
     def __check_init__(self):
+        if self.repetition_penalty is not None:
+            check_hyperparameter(
+                "repetition_penalty",
+                self.repetition_penalty,
+                0.0,
+                float("inf"),
+                low_open=True,
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) is not None:
+                check_hyperparameter(
+                    name, getattr(self, name), -1e30, 1e30, low_open=False
+                )
         check_hyperparameter(
             "temperature", self.temperature, 0.0, float("inf"), low_open=False
         )
@@ -181,14 +206,25 @@ class Warp(eqx.Module):
                 f"{jnp.shape(self.logit_bias)}."
             )
 
+    def needs_history(self) -> bool:
+        """Whether the warp has a history-dependent penalty (and so needs counts)."""
+        return any(
+            getattr(self, name) is not None
+            for name in ("repetition_penalty", "presence_penalty", "frequency_penalty")
+        )
+
     def __call__(
-        self, logits: Float[Array, "batch rows vocab"]
+        self,
+        logits: Float[Array, "batch rows vocab"],
+        counts: Int[Array, "batch rows vocab"] | None = None,
     ) -> Float[Array, "batch rows vocab"]:
         """Warps a batch of logits.
 
         **Arguments:**
 
         - `logits`: float of shape `(B, R, V)`; `-inf` masks a token.
+        - `counts`: integer of shape `(B, R, V)`, each token's count in each
+            position's history, for the penalties (required by a warp with one).
 
         **Returns:**
 
@@ -198,6 +234,14 @@ class Warp(eqx.Module):
         x = logits.astype(compute_dtype(logits.dtype))
         if self.logit_bias is not None:
             x = x + self._bias(x)
+        if self.needs_history():
+            if counts is None:
+                raise ValueError(
+                    "This Warp has a history-dependent penalty, so it needs each "
+                    "position's token counts: pass the rows' `history` to "
+                    "speculative_accept_logits (or `counts` to the warp)."
+                )
+            x = self._penalise(x, counts)
         params = {
             name: _per_row(getattr(self, name), x)
             for name in ("temperature", "top_k", "top_p", "min_p")
@@ -212,6 +256,20 @@ class Warp(eqx.Module):
         # k blocks of 16 holding the largest entries, not by passes over whole rows.
         static_k = self.top_k if isinstance(self.top_k, int) else None
         return _warp_rows(x, params, greedy_rows, static_k)
+
+    def _penalise(self, x, counts):
+        """The repetition, frequency and presence penalties, in that order."""
+        seen = counts > 0
+        if self.repetition_penalty is not None:
+            r = _per_row(self.repetition_penalty, x).astype(x.dtype)
+            x = jnp.where(seen, jnp.where(x > 0, x / r, x * r), x)
+        if self.frequency_penalty is not None:
+            f = _per_row(self.frequency_penalty, x).astype(x.dtype)
+            x = x - f * counts.astype(x.dtype)
+        if self.presence_penalty is not None:
+            a = _per_row(self.presence_penalty, x).astype(x.dtype)
+            x = x - a * seen.astype(x.dtype)
+        return x
 
     def _bias(self, x):
         """The logit bias, shaped to broadcast against `(B, R, V)`."""
