@@ -3,7 +3,8 @@
 
 Runs, each in its own process (so that each sets its own XLA flags), `bench.py` (the
 verification step against its alternatives, the check levels, the compile times),
-`bench_warps.py` (logits with serving warps), `bench_trees.py` (tree verification) and,
+`bench_warps.py` (logits with serving warps), `bench_trees.py` (tree verification),
+`bench_serving.py` (the serving options' cost) and,
 where JAX sees 8 or more devices or runs on the CPU, `bench_sharding.py`. On whatever
 backend JAX picks: on a GPU or TPU machine, this is the command that fills the
 Performance page's accelerator column (under five minutes at the default sizes; PyTorch
@@ -32,6 +33,7 @@ FULL = [
     ["bench.py", "--repeats", "20"],
     ["bench_warps.py", "--repeats", "5"],
     ["bench_trees.py"],
+    ["bench_serving.py"],
     ["bench_sharding.py"],
 ]
 QUICK = [
@@ -48,6 +50,7 @@ QUICK = [
         "--repeats",
         "2",
     ],
+    ["bench_serving.py", "--shape", "4,3,512", "--repeats", "2"],
     ["bench_sharding.py", "--batch", "8", "--vocab", "4096", "--repeats", "2"],
 ]
 

@@ -556,3 +556,151 @@ def test_penalties_are_lossless_by_exact_quadrature_and_the_peers_bug_is_caught(
     np.testing.assert_allclose(joint, exact, atol=2e-6)
     lossy, _ = _completed_joint(history, draft_logits, target_logits, False)
     assert np.abs(lossy - exact).sum() / 2 > 0.01  # total variation of the control
+
+
+def _pack(mask):
+    """Booleans (..., V) as uint32 words (..., ceil(V / 32)), bit v % 32 of word v // 32."""
+    vocab = mask.shape[-1]
+    words = -(-vocab // 32)
+    padded = np.zeros(mask.shape[:-1] + (words * 32,), bool)
+    padded[..., :vocab] = mask
+    bits = padded.reshape(mask.shape[:-1] + (words, 32)).astype(np.uint64)
+    return (bits << np.arange(32, dtype=np.uint64)).sum(-1).astype(np.uint32)
+
+
+def _random_mask(rng, shape, keep=0.4):
+    mask = rng.uniform(size=shape) < keep
+    mask[..., 0] |= ~mask.any(-1)  # at least one allowed token per position
+    return mask
+
+
+def test_masks_restrict_every_row_and_pack_into_bits():
+    rng = np.random.default_rng(0)
+    batch, gamma, vocab = 64, 3, 40
+    inputs = es.example_inputs(batch=batch, gamma=gamma, vocab=vocab)
+    mask = _random_mask(rng, (batch, gamma + 1, vocab))
+    out = es.speculative_accept(*inputs, allowed=jnp.asarray(mask))
+    bits = es.speculative_accept(*inputs, allowed=jnp.asarray(_pack(mask)))
+    np.testing.assert_array_equal(out["tokens"], bits["tokens"])
+    # The same as verifying the masked, renormalised rows.
+    tokens, q, p, u, s = (np.asarray(a) for a in inputs)
+    p_masked = np.where(mask, p, 0) / np.where(mask, p, 0).sum(-1, keepdims=True)
+    q_masked = np.where(mask[:, :-1], q, 0)
+    q_masked /= q_masked.sum(-1, keepdims=True)
+    expected = es.speculative_accept(
+        inputs[0],
+        jnp.asarray(q_masked, jnp.float32),
+        jnp.asarray(p_masked, jnp.float32),
+        inputs[3],
+        inputs[4],
+        check_inputs="off",
+    )
+    np.testing.assert_array_equal(out["tokens"], expected["tokens"])
+    # No emitted token is outside its position's mask (draft tokens drawn outside it
+    # are rejected; corrections are drawn inside it).
+    emitted = np.asarray(out["tokens"])
+    rows, cols = np.nonzero(emitted >= 0)
+    assert mask[rows, cols, emitted[rows, cols]].all()
+    assert (~mask[np.arange(batch)[:, None], np.arange(gamma), tokens]).any()  # tested
+
+
+def test_masked_verification_is_lossless_by_exact_quadrature_and_one_sided_is_caught():
+    from eqx_specdec._verify.masks import masked_probs
+
+    rng = np.random.default_rng(1)
+    gamma, vocab = 2, 5
+    q = rng.dirichlet(np.ones(vocab), gamma).astype(np.float32)
+    p = rng.dirichlet(np.ones(vocab), gamma + 1).astype(np.float32)
+    mask = _random_mask(rng, (gamma + 1, vocab), keep=0.6)
+    p_m = np.asarray(masked_probs(jnp.asarray(p)[None], jnp.asarray(mask)[None])[0])
+    q_m = np.asarray(
+        masked_probs(jnp.asarray(q)[None], jnp.asarray(mask[:-1])[None])[0]
+    )
+    verifier = es.Verifier()
+    # The draft sampled under the mask, or not: the emissions follow the masked target.
+    for draft in (q_m, q):
+        estimate = es.emission_by_quadrature(verifier, draft, p_m, draft_law=draft)
+        assert estimate.max_error(p_m) < 1e-6
+    # The lossy control: the mask applied to the draft only.
+    estimate = es.emission_by_quadrature(verifier, q_m, p, draft_law=q_m)
+    assert estimate.max_error(p_m) > 0.02
+
+
+def test_masked_verification_at_a_large_vocabulary_by_monte_carlo():
+    rng = np.random.default_rng(2)
+    rows, gamma, vocab = 20_000, 2, 4096
+    logits = rng.normal(size=(gamma + 1, vocab)).astype(np.float32)
+    mask = np.zeros((gamma + 1, vocab), bool)
+    mask[:, rng.choice(vocab, 24, replace=False)] = True  # a grammar's 24 tokens
+    key = jax.random.key(0)
+    k_x, k_u, k_s = jax.random.split(key, 3)
+    draft_logits = jnp.broadcast_to(
+        jnp.asarray(logits[:gamma] * 0.7), (rows, gamma, vocab)
+    )
+    target_logits = jnp.broadcast_to(jnp.asarray(logits), (rows, gamma + 1, vocab))
+    allowed = jnp.broadcast_to(jnp.asarray(mask), (rows, gamma + 1, vocab))
+    # The draft samples under the mask.
+    draft_tokens = jax.random.categorical(
+        k_x, jnp.where(allowed[:, :gamma], draft_logits, -jnp.inf)
+    ).astype(jnp.int32)
+    out = es.speculative_accept_logits(
+        draft_tokens,
+        draft_logits,
+        target_logits,
+        jax.random.uniform(k_u, (rows, gamma)),
+        jax.random.uniform(k_s, (rows,)),
+        allowed=allowed,
+    )
+    first = np.asarray(out["tokens"])[:, 0]
+    ids = np.flatnonzero(mask[0])
+    assert np.isin(first, ids).all()
+    target = np.exp(logits[0, ids] - logits[0, ids].max())
+    target /= target.sum()
+    counts = np.array([(first == i).sum() for i in ids], float)
+    estimate = es.EmissionEstimate(counts[None], np.array([float(rows)]), rows)
+    chi = estimate.chi_square(target[None])
+    assert float(chi["statistic"][0]) < float(chi["threshold"][0])
+
+
+def test_mask_errors_name_the_argument_and_the_row():
+    inputs = es.example_inputs(batch=3, gamma=2, vocab=6)
+    mask = np.ones((3, 3, 6), bool)
+    mask[1, 2] = False
+    with pytest.raises(
+        es.InvalidInputError, match="^`allowed` has a position with no "
+    ):
+        es.speculative_accept(*inputs, allowed=jnp.asarray(mask))
+    with pytest.raises(es.InvalidInputError, match="in row 1"):
+        es.speculative_accept(*inputs, allowed=jnp.asarray(mask))
+    with pytest.raises(ValueError, match=r"`allowed` must have shape \(B, G \+ 1, V\)"):
+        es.speculative_accept(*inputs, allowed=jnp.ones((3, 2, 6), bool))
+    with pytest.raises(ValueError, match="`allowed` must be booleans"):
+        es.speculative_accept(*inputs, allowed=jnp.ones((3, 3, 6), jnp.int32))
+
+
+def test_tree_masks_restrict_each_context_s_row():
+    rng = np.random.default_rng(4)
+    batch, vocab, parents = 200, 6, np.array([-1, 0, -1, 2], np.int32)
+    nodes = len(parents)
+    tokens = rng.integers(0, vocab, (batch, nodes)).astype(np.int32)
+    q = rng.dirichlet(np.ones(vocab), (batch, nodes + 1)).astype(np.float32)
+    p = rng.dirichlet(np.ones(vocab), (batch, nodes + 1)).astype(np.float32)
+    u = rng.uniform(size=(batch, nodes)).astype(np.float32)
+    s = rng.uniform(size=batch).astype(np.float32)
+    mask = _random_mask(rng, (batch, nodes + 1, vocab), keep=0.5)
+    out = es.tree_accept(
+        tokens,
+        np.tile(parents, (batch, 1)),
+        q,
+        p,
+        u,
+        s,
+        verifier=es.TreeVerifier(es.IIDCandidates()),
+        allowed=jnp.asarray(mask),
+        draft_allowed=False,  # drafted without the mask: some nodes lie outside it
+    )
+    emitted, path = np.asarray(out["tokens"]), np.asarray(out["path"])
+    for b in range(batch):
+        for k in range(int(out["num_accepted"][b]) + 1):
+            row = 0 if k == 0 else path[b, k - 1] + 1
+            assert mask[b, row, emitted[b, k]]

@@ -30,6 +30,7 @@ from .._verify.checks import (
 )
 from .._verify.dispatch import entry_point
 from .._verify.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
+from .._verify.masks import allowed_tokens, mask_problems, masked_probs
 from .abstract_tree_verifier import (
     AbstractTreeVerifier,
     tree_field,
@@ -238,6 +239,8 @@ def tree_accept(
     verifier: AbstractTreeVerifier = TreeVerifier(),
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
+    allowed: Array | None = None,
+    draft_allowed: bool = True,
 ) -> dict[str, Array]:
     """Verifies a batch of draft trees (see [`eqx_specdec.AbstractTreeVerifier`][] for
     the layout).
@@ -258,6 +261,10 @@ def tree_accept(
         the emitted tokens (the accepted path's, then the correction) under the
         target's row each was verified against (the root's for the first, then each
         path node's), as for [`eqx_specdec.speculative_accept`][].
+    - `allowed`, `draft_allowed`: each context's allowed tokens, `(B, N + 1, V)`
+        booleans or uint32 bits, as for [`eqx_specdec.speculative_accept`][]: row
+        $j$ of the target (and of the draft, when it drafted under the mask) is
+        restricted to the tokens allowed after context $j$.
     - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][];
         both `"read"` and `"all"` check every row (the walk reads them all),
         plus the depth-first order of `parents`.
@@ -313,6 +320,11 @@ def tree_accept(
         )
     level = check_level(check_inputs)
     logprobs = check_logprobs(logprobs, "tree_accept", raw_available=False)
+    if allowed is not None:
+        mask = allowed_tokens(allowed, target_probs.shape)
+        target_probs = masked_probs(target_probs, mask)
+        if draft_probs is not None and draft_allowed:
+            draft_probs = masked_probs(draft_probs, mask)
     outputs = verifier(
         node_tokens,
         parents,
@@ -330,6 +342,8 @@ def tree_accept(
     # The top-down walk reads every row (each node's context row is selected under a
     # mask), so every level checks every row.
     problems = token_problems(node_tokens, vocab, "node_tokens", valid=parents >= -1)
+    if allowed is not None:
+        problems = mask_problems(mask, target_probs, log_space=False) + problems
     problems += _tree_problems(verifier, parents)
     if draft_probs is not None:
         problems += distribution_problems("draft_probs", draft_probs)

@@ -18,6 +18,7 @@ from .checks import check_level, checked, CheckLevel, token_problems
 from .dispatch import entry_point
 from .inputs import LOGIT_NAMES, prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
+from .masks import allowed_tokens, mask_problems, masked_logits
 from .verifier import Verifier
 from .warp import Warp
 
@@ -129,6 +130,8 @@ def speculative_accept_logits(
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
     history: Int[Array, "batch length"] | None = None,
+    allowed: Array | None = None,
+    draft_allowed: bool = True,
 ) -> dict[str, Array]:
     """Runs one verification step on logits, with a logit bias, temperature, top-k, top-p
     and min-p.
@@ -168,6 +171,10 @@ def speculative_accept_logits(
         counts them), -1 for padding; required when a warp has a penalty. At draft
         position $i$ the history is this and the draft tokens before $i$: the target
         and the draft are penalised as each position's true prefix says.
+    - `allowed`, `draft_allowed`: each position's allowed tokens, as for
+        [`eqx_specdec.speculative_accept`][]: the disallowed logits become $-\\infty$
+        before the warps (of the target, and of the draft when it sampled under the
+        mask).
     - `logprobs`: `None` (the default), or an [`eqx_specdec.LogProbs`][]: the
         log-probabilities of the emitted tokens under the warped target $\\tilde p$
         (and, with `raw=True`, under `log_softmax(target_logits)`).
@@ -186,6 +193,12 @@ def speculative_accept_logits(
         names=LOGIT_NAMES,
     )
     draft_tokens, draft_logits, target_logits, accept, sample = inputs.arrays()
+    raw_target_logits = target_logits  # for the raw log-probabilities: before any mask
+    if allowed is not None:
+        mask = allowed_tokens(allowed, target_logits.shape)
+        target_logits = masked_logits(target_logits, mask)
+        if draft_logits is not None and draft_allowed:
+            draft_logits = masked_logits(draft_logits, mask[:, :-1])
     counts = None
     if target_warp.needs_history() or draft_warp.needs_history():
         counts = token_counts(
@@ -206,7 +219,7 @@ def speculative_accept_logits(
             logprobs,
             target_log_probs,
             log_space=True,
-            raw_logits=target_logits,
+            raw_logits=raw_target_logits,
         )
 
     if level is None:
@@ -217,6 +230,8 @@ def speculative_accept_logits(
     problems += _warp_problems("target_warp", target_warp, target_logits)
     if draft_logits is not None:
         problems += _warp_problems("draft_warp", draft_warp, draft_logits)
+    if allowed is not None:
+        problems = mask_problems(mask, target_log_probs, log_space=True) + problems
     if counts is not None:
         vocab = target_logits.shape[-1]
         problems += token_problems(

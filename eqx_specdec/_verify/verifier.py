@@ -32,6 +32,7 @@ from .checks import check_level, checked, CheckLevel
 from .dispatch import entry_point
 from .inputs import prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
+from .masks import allowed_tokens, mask_problems, masked_probs
 
 
 @no_type_check  # its fields are checked by `__check_init__`
@@ -190,6 +191,8 @@ def speculative_accept(
     verifier: AbstractVerifier = Verifier(),
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
+    allowed: Array | None = None,
+    draft_allowed: bool = True,
 ) -> dict[str, Array]:
     """Runs one verification step of speculative decoding on a batch.
 
@@ -243,6 +246,14 @@ def speculative_accept(
         [`eqx_specdec.LogProbs`][]: the outputs also hold the log-probabilities of the
         emitted tokens under the target rows given (and, with `top_k`, each emitted
         position's most likely tokens).
+    - `allowed`: `None`, or each position's allowed tokens (structured output): bool
+        of shape `(B, G + 1, V)`, or uint32 bits `(B, G + 1, ceil(V / 32))` (token $v$
+        is bit `v % 32` of word `v // 32`). Every target row is restricted to its
+        allowed tokens and renormalised, the correction and bonus rows included, so the
+        emitted tokens follow the masked target; a draft token outside its mask has
+        target probability 0 and is rejected.
+    - `draft_allowed`: whether the draft sampled under the same mask (default `True`):
+        its rows are then masked and renormalised too, as the law it drew from.
 
     **Returns:**
 
@@ -272,12 +283,23 @@ def speculative_accept(
         log_space=False,
     )
 
+    arrays = inputs.arrays()
+    if allowed is not None:
+        mask = allowed_tokens(allowed, inputs.target.shape)
+        tokens, draft, target, accept, sample = arrays
+        target = masked_probs(target, mask)
+        if draft is not None and draft_allowed:
+            draft = masked_probs(draft, mask[:, :-1])
+        arrays = (tokens, draft, target, accept, sample)
+
     def with_requested(outputs):
-        return with_logprobs(outputs, logprobs, inputs.target, log_space=False)
+        return with_logprobs(outputs, logprobs, arrays[2], log_space=False)
 
     if level is None:
-        return with_requested(verifier(*inputs.arrays()))
+        return with_requested(verifier(*arrays))
     values = inputs.values_in_rows(verifier, level)
-    outputs, report = verifier.checked_call(*inputs.arrays(), values=values)
+    outputs, report = verifier.checked_call(*arrays, values=values)
     problems = inputs.problems(verifier, outputs, report)
+    if allowed is not None:  # first: a bad mask explains the masked rows' problems
+        problems = mask_problems(mask, arrays[2], log_space=False) + problems
     return checked(with_requested(outputs), problems)
