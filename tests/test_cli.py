@@ -17,6 +17,22 @@ def _run(argv, capsys):
     return capsys.readouterr().out
 
 
+def test_the_quick_demo_runs_three_verifiers_and_no_policy_table(capsys):
+    out = _run(["demo", "--batch", "2", "--tokens", "8", "--no-timing"], capsys)
+    rows = {line.split("|")[1].strip() for line in out.splitlines() if line[:2] == "| "}
+    assert set(_cli.DEMO_QUICK) <= rows and "traversal" not in rows
+    assert "draft length (standard rule)" not in out
+
+
+def test_the_bare_command_prints_its_usage_then_the_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main([])
+    assert exit_info.value.code == 2
+    usage, error = capsys.readouterr().err.splitlines()
+    assert usage.startswith("usage: eqx-specdec ") and "demo" in usage
+    assert error.startswith("eqx-specdec: error: the following arguments are required")
+
+
 def test_demo_prints_the_table_and_writes_the_figure(tmp_path, capsys):
     figure = tmp_path / "demo.png"
     out = _run(
@@ -33,6 +49,7 @@ def test_demo_prints_the_table_and_writes_the_figure(tmp_path, capsys):
             "--plot",
             str(figure),
             "--no-timing",  # timed in test_cached_models.py, on small models
+            "--full",
         ],
         capsys,
     )
@@ -139,7 +156,6 @@ def test_evaluate_by_monte_carlo(capsys):
             ["evaluate", "--method", "quadrature", "--verifier", "gumbel"],
             "GumbelSampler does not implement `quadrature_breakpoints`",
         ),
-        ([], "the following arguments are required"),
     ],
 )
 def test_errors_are_clear(argv, message, capsys):

@@ -6,6 +6,7 @@ import importlib.metadata
 import importlib.util
 import json
 import pathlib
+import sys
 import textwrap
 
 import jax
@@ -24,6 +25,7 @@ from .._models.training import write_builtin_transformers
 from .choices import (
     CHAIN_NAMES,
     DEMO_DEFAULT,
+    DEMO_QUICK,
     draft_length,
     DRAFT_LENGTH_DEFAULT,
     DRAFT_LENGTH_FORMS,
@@ -219,9 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--verifiers",
         type=_names,
-        default=list(DEMO_DEFAULT),
+        default=None,
         help=f"comma-separated, from: {', '.join(VERIFIER_NAMES)} "
-        f"(default: {','.join(DEMO_DEFAULT)})",
+        f"(default: {','.join(DEMO_QUICK)}; with --full: {','.join(DEMO_DEFAULT)})",
     )
     demo.add_argument(
         "--batch", type=_positive(int), default=64, help="rows (default 64)"
@@ -245,9 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--draft-lengths",
         type=_draft_lengths,
-        default=list(DRAFT_LENGTH_DEFAULT),
+        default=None,
         help=f"draft-length policies compared with the standard rule: "
-        f'{DRAFT_LENGTH_FORMS}; "" for none (default: {",".join(DRAFT_LENGTH_DEFAULT)})',
+        f'{DRAFT_LENGTH_FORMS}; "" for none (default: none; with --full: '
+        f"{','.join(DRAFT_LENGTH_DEFAULT)})",
     )
     demo.add_argument(
         "--plot",
@@ -256,13 +259,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the accepted-length figure (.png, .pdf, .svg...; needs matplotlib)",
     )
     demo.add_argument(
+        "--full",
+        action="store_true",
+        help="every verifier family and the draft-length table (about a minute); by "
+        "default the quick demo: standard, block and tree verification, then the "
+        "wall-clock section",
+    )
+    demo.add_argument(
         "--no-timing",
         dest="timing",
         action="store_false",
         help="skip the wall-clock section (the built-in transformer target against "
         "plain decoding)",
     )
-    demo.set_defaults(run=run_demo)
+    demo.set_defaults(run=_run_demo)
 
     evaluate = sub.add_parser(
         "evaluate",
@@ -330,6 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_demo(args):
+    """The demo, its defaults resolved: the quick set, or everything with `--full`."""
+    if args.verifiers is None:
+        args.verifiers = list(DEMO_DEFAULT if args.full else DEMO_QUICK)
+    if args.draft_lengths is None:
+        args.draft_lengths = list(DRAFT_LENGTH_DEFAULT) if args.full else []
+    return run_demo(args)
+
+
 def _run_train(args):
     for path in write_builtin_transformers(args.out):
         print(f"wrote {path}")
@@ -337,6 +356,9 @@ def _run_train(args):
 
 def main(argv=None):
     """Entry point of `python -m eqx_specdec` and the `eqx-specdec` script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_usage(sys.stderr)  # the bare command: its usage, then the error
+    args = parser.parse_args(argv)
     args.run(args)
     return 0
