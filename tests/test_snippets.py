@@ -63,3 +63,30 @@ def test_snippets_run(page):
             ) from error
         ran += 1
     assert ran
+
+
+def _paste(code: str, namespace: dict):
+    """Feeds `code` line by line to an interactive interpreter, as a reader pasting it
+    at the Python prompt does (a blank line ends a block there), and returns the errors
+    it printed."""
+    import code as interactive
+    import contextlib
+    import io
+
+    console = interactive.InteractiveConsole(namespace)
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors):
+        more = False
+        for line in code.splitlines():
+            more = console.push(line)
+        if more:
+            console.push("")
+    return errors.getvalue()
+
+
+def test_the_readme_snippets_paste_into_the_python_prompt():
+    namespace = {"__name__": "__console__"}
+    for line, code, why in _blocks(ROOT / "README.md"):
+        if why is None:
+            errors = _paste(code, namespace)
+            assert not errors, f"README.md:{line} fails when pasted:\n{errors}"
