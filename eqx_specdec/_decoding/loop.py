@@ -108,6 +108,14 @@ def check_stop_tokens(stop_tokens) -> tuple[int, ...]:
     return tuple(int(t) for t in ids)
 
 
+def _concrete(value) -> np.ndarray | None:
+    """`value` as a NumPy array, or `None` when it is traced (under a caller's jit)."""
+    try:
+        return np.asarray(value)
+    except jax.errors.TracerArrayConversionError:
+        return None
+
+
 def check_max_lengths(max_lengths, batch: int, num_tokens: int):
     """`max_lengths` as int32 `(B,)` (`num_tokens` each when `None`), or an error naming
     it."""
@@ -118,10 +126,7 @@ def check_max_lengths(max_lengths, batch: int, num_tokens: int):
             f"`max_lengths` must have shape (B,) = ({batch},), got "
             f"{jnp.shape(max_lengths)}."
         )
-    try:
-        values = np.asarray(max_lengths)
-    except jax.errors.TracerArrayConversionError:
-        values = None  # traced: clipped into range below
+    values = _concrete(max_lengths)  # None when traced: clipped into range below
     if values is not None and (values.min() < 1 or values.max() > num_tokens):
         raise ValueError(
             f"`max_lengths` must lie in [1, num_tokens] = [1, {num_tokens}] (each row "
@@ -161,10 +166,7 @@ def check_decode_arguments(prompt_tokens, prompt_lengths, num_tokens, outputs):
             f"`prompt_lengths` must have shape (B,) = ({batch},), got "
             f"{jnp.shape(prompt_lengths)}."
         )
-    try:
-        lengths = np.asarray(prompt_lengths)
-    except jax.errors.TracerArrayConversionError:
-        lengths = None  # traced: checked by the caller's own program, if at all
+    lengths = _concrete(prompt_lengths)  # None when traced: not checked here
     if lengths is not None:
         if lengths.min(initial=1) < 1 or lengths.max(initial=1) > width:
             raise ValueError(

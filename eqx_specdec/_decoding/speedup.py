@@ -74,13 +74,11 @@ class Speedup(eqx.Module):
         return plain / (self.steps * step)
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _seconds(fn) -> float:
+    """One timed call of `fn`, waiting for its outputs."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
 
 
 def measure_speedup(
@@ -160,7 +158,7 @@ def measure_speedup(
     times = {name: [] for name in runs}
     for _ in range(repeats):  # interleaved: each round times every run once
         for name, run in runs.items():
-            times[name].append(_median_seconds(run, 1))
+            times[name].append(_seconds(run))
     median = {name: statistics.median(t) for name, t in times.items()}
     steps = int(np.max(np.asarray(result.target_calls)))
     calls_per_step = float(gamma)
