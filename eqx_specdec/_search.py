@@ -23,7 +23,7 @@ def block_size(vocab: int) -> int:
 _LANES = 16
 
 
-def block_totals(weights: Float[Array, " vocab"], size: int) -> Float[Array, " blocks"]:
+def block_totals(weights: Float[Array, " V"], size: int) -> Float[Array, " blocks"]:
     """Sums of consecutive blocks of `size` weights (the last block may be shorter)."""
     return block_sums((weights,), size)[0]
 
@@ -121,7 +121,7 @@ def two_level_search(
 
 
 def flat_search(
-    weights: Float[Array, " vocab"],
+    weights: Float[Array, " V"],
     uniform: Float[Array, ""] | None,
     threshold: Float[Array, ""] | None = None,
 ) -> Int[Array, ""]:
@@ -139,7 +139,7 @@ FLAT_SEARCH_MAX_VOCAB = 32
 
 
 def inverse_cdf(
-    weights: Float[Array, " vocab"],
+    weights: Float[Array, " V"],
     uniform: Float[Array, ""] | None,
     threshold: Float[Array, ""] | None = None,
 ) -> Int[Array, ""]:

@@ -43,10 +43,10 @@ class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
 
     def __call__(
         self,
-        draft_tokens: Integer[Array, " gamma"],
-        draft_probs: Float[Array, "gamma vocab"] | None,
-        target_probs: Float[Array, "gamma+1 vocab"],
-        accept_uniforms: Float[Array, " gamma"],
+        draft_tokens: Integer[Array, " G"],
+        draft_probs: Float[Array, "G V"] | None,
+        target_probs: Float[Array, "G+1 V"],
+        accept_uniforms: Float[Array, " G"],
     ) -> eqx_specdec.Verdict:
         p_x, q_x = eqx_specdec.gather_draft_probs(
             draft_tokens, draft_probs, target_probs

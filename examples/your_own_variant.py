@@ -23,10 +23,10 @@ class RecycledUniformTest(eqx_specdec.AbstractRatioTest):
 
     def __call__(
         self,
-        draft_tokens: Integer[Array, " gamma"],
-        draft_probs: Float[Array, "gamma vocab"],
-        target_probs: Float[Array, "gamma+1 vocab"],
-        accept_uniforms: Float[Array, " gamma"],
+        draft_tokens: Integer[Array, " G"],
+        draft_probs: Float[Array, "G V"],
+        target_probs: Float[Array, "G+1 V"],
+        accept_uniforms: Float[Array, " G"],
     ) -> eqx_specdec.Verdict:
         index = draft_tokens[:, None]
         p = jnp.take_along_axis(target_probs[:-1], index, axis=1)[:, 0]

@@ -51,7 +51,7 @@ class SwitchedRatioTest(eqx_specdec.AbstractRatioTest):
 class ArgminPrefixCounter(eqx_specdec.AbstractPrefixCounter):
     """The first failure found with `argmin`, rather than a cumulative product."""
 
-    def __call__(self, passed: Bool[Array, " gamma"]) -> Int[Array, ""]:
+    def __call__(self, passed: Bool[Array, " G"]) -> Int[Array, ""]:
         first_failure = jnp.argmin(passed).astype(jnp.int32)
         return jnp.where(jnp.all(passed), passed.shape[0], first_failure)
 

@@ -103,7 +103,7 @@ def run_demo(args) -> dict:
         "text shipped with the package."
     )
     print(
-        f"Batch {args.batch}, {args.tokens} new tokens per row, gamma = {args.gamma}, "
+        f"Batch {args.batch}, {args.tokens} new tokens per row, G = {args.gamma}, "
         f"seed {args.seed}.\n"
     )
     shown = min(args.samples, args.batch)
@@ -185,7 +185,7 @@ def _print_timing(seed: int):
     }
     print(
         "\nWall clock: the built-in transformer target (3 layers of width 320, a "
-        f"key-value cache), one row, {tokens} tokens, gamma = {gamma}, against plain "
+        f"key-value cache), one row, {tokens} tokens, G = {gamma}, against plain "
         "decoding of the same target (medians of 2 interleaved runs; benchmarks/bench_decoding.py measures more):\n"
     )
     print(speedup_table(measured))
@@ -206,7 +206,7 @@ def _print_policies(policies, gamma):
             f"{result.draft_calls_per_token():.3f} | {mean:.2f} |"
         )
     print(
-        f"\nconfidence-H and oracle-H: stop drafting (at most gamma = {gamma} tokens) "
+        f"\nconfidence-H and oracle-H: stop drafting (at most G = {gamma} tokens) "
         "once the "
         "predicted probability that some draft token is rejected exceeds H "
         "(SpecDec++); the predictor is the draft's confidence max q, or the oracle "

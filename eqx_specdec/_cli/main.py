@@ -185,7 +185,7 @@ def run_evaluate(args) -> dict:
         return out
     print(f"verifier: {args.verifier} ({description}), drafts: {drafting}")
     print(
-        f"case: {args.case}, gamma = {result.gamma}, vocabulary {result.vocab}, "
+        f"case: {args.case}, G = {result.gamma}, vocabulary {result.vocab}, "
         f"seed {args.seed}"
     )
     target = "greedy decoding of p" if args.verifier == "greedy" else "p"

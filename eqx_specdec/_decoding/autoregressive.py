@@ -56,13 +56,13 @@ def _autoregressive(
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def autoregressive_decode(
     model: Callable,
-    prompt_tokens: Int[Array, "batch prompt"],
-    prompt_lengths: Int[Array, " batch"] | None,
+    prompt_tokens: Int[Array, "B prompt"],
+    prompt_lengths: Int[Array, " B"] | None,
     num_tokens: int,
     key: Key[Array, ""] | None = None,
     *,
     outputs: ModelOutputs = "probs",
-) -> Int[Array, "batch num_tokens"]:
+) -> Int[Array, "B num_tokens"]:
     """Plain autoregressive decoding with one model: the baseline that speculative
     decoding must reproduce in distribution, one model call per token (a stateless
     model, or an [`eqx_specdec.AbstractCachedModel`][] called on one new token at a

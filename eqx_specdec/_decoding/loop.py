@@ -182,16 +182,16 @@ class _LoopState(typing.NamedTuple):
     models' states, and the checked mode's status."""
 
     t: Int[Array, ""]
-    buffer: Int[Array, "batch width"]
-    lengths: Int[Array, " batch"]
-    calls: Int[Array, " batch"]
-    hist: Int[Array, "batch depth_plus_1"]
+    buffer: Int[Array, "B width"]
+    lengths: Int[Array, " B"]
+    calls: Int[Array, " B"]
+    hist: Int[Array, "B depth_plus_1"]
     reached: Array
-    drafted: Int[Array, " batch"]
+    drafted: Int[Array, " B"]
     states: tuple
     status: Int[Array, "2"]
     logprobs: Array | None  # (B, W) float32 when asked for, like `buffer`
-    stopped: Bool[Array, " batch"]  # a stop token was committed
+    stopped: Bool[Array, " B"]  # a stop token was committed
 
 
 class _DecodeLoop(eqx.Module):
@@ -373,10 +373,10 @@ def _run(
 def speculative_decode(
     draft_model: Callable,
     target_model: Callable,
-    prompt_tokens: Int[Array, "batch prompt"],
-    prompt_lengths: Int[Array, " batch"] | None,
+    prompt_tokens: Int[Array, "B prompt"],
+    prompt_lengths: Int[Array, " B"] | None,
     num_tokens: int,
-    key: Key[Array, ""] | Key[Array, " batch"],
+    key: Key[Array, ""] | Key[Array, " B"],
     *,
     verifier: AbstractVerifier | AbstractTreeVerifier = Verifier(),
     proposal: AbstractProposal | None = None,
@@ -385,7 +385,7 @@ def speculative_decode(
     check_models: bool = False,
     logprobs: bool = False,
     stop_tokens: Sequence[int] = (),
-    max_lengths: Int[Array, " batch"] | None = None,
+    max_lengths: Int[Array, " B"] | None = None,
 ) -> DecodeResult:
     """Generates `num_tokens` tokens for each of a batch of prompts by speculative
     decoding, in one compiled `jax.lax.while_loop`.

@@ -50,15 +50,15 @@ class DecodeResult(eqx.Module):
         when it generated a stop token (`finish_reason_names` spells them).
     """
 
-    tokens: Int[Array, "batch length"]
-    target_calls: Int[Array, " batch"]
-    accepted_histogram: Int[Array, "batch gamma_plus_1"]
-    theory_reached: Float[Array, "batch gamma_plus_1"]
+    tokens: Int[Array, "B length"]
+    target_calls: Int[Array, " B"]
+    accepted_histogram: Int[Array, "B G_plus_1"]
+    theory_reached: Float[Array, "B G_plus_1"]
     theory: Literal["exact", "lower bound", "none"] = eqx.field(static=True)
-    drafted: Int[Array, " batch"] | None = None
-    logprobs: Float[Array, "batch length"] | None = None
-    lengths: Int[Array, " batch"] | None = None
-    finish_reasons: Int[Array, " batch"] | None = None
+    drafted: Int[Array, " B"] | None = None
+    logprobs: Float[Array, "B length"] | None = None
+    lengths: Int[Array, " B"] | None = None
+    finish_reasons: Int[Array, " B"] | None = None
 
     def _theory_reached(self) -> np.ndarray:
         if self.theory == "none":

@@ -93,7 +93,7 @@ def acceptance_by_position(
     *,
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
-) -> Float[Array, "batch gamma"]:
+) -> Float[Array, "B G"]:
     """The probability that at least $k$ draft tokens are accepted, $P(n \\ge k)$ for
     $k = 1, \\dots, G$, as a differentiable function of the distributions.
 
@@ -150,14 +150,14 @@ def acceptance_by_position(
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def acceptance_by_position_logits(
-    draft_logits: Float[Array, "batch gamma vocab"] | None,
-    target_logits: Float[Array, "batch gamma+1 vocab"],
+    draft_logits: Float[Array, "B G V"] | None,
+    target_logits: Float[Array, "B G+1 V"],
     *,
     target_warp: Warp = Warp(),
     draft_warp: Warp = Warp(),
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
-) -> Float[Array, "batch gamma"]:
+) -> Float[Array, "B G"]:
     """[`eqx_specdec.acceptance_by_position`][] of logits, warped as
     [`eqx_specdec.speculative_accept_logits`][] warps them: $\\tilde p$ =
     softmax(`target_warp`(target logits)) and $\\tilde q$ = softmax(`draft_warp`(draft
@@ -277,7 +277,7 @@ def expected_accepted_length(
     *,
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
-) -> Float[Array, " batch"]:
+) -> Float[Array, " B"]:
     """The expected number of accepted draft tokens, $E[n] = \\sum_{k=1}^{G} P(n \\ge k)$,
     as a differentiable function of the distributions: the sum over positions of
     [`eqx_specdec.acceptance_by_position`][], which says what is averaged and how.
@@ -302,14 +302,14 @@ def expected_accepted_length(
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def expected_accepted_length_logits(
-    draft_logits: Float[Array, "batch gamma vocab"] | None,
-    target_logits: Float[Array, "batch gamma+1 vocab"],
+    draft_logits: Float[Array, "B G V"] | None,
+    target_logits: Float[Array, "B G+1 V"],
     *,
     target_warp: Warp = Warp(),
     draft_warp: Warp = Warp(),
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
-) -> Float[Array, " batch"]:
+) -> Float[Array, " B"]:
     """[`eqx_specdec.expected_accepted_length`][] of logits, warped as
     [`eqx_specdec.speculative_accept_logits`][] warps them (see
     [`eqx_specdec.acceptance_by_position_logits`][]).

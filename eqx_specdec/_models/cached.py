@@ -71,7 +71,7 @@ class AbstractCachedModel(eqx.Module):
         tokens: Int[Array, " k"],
         positions: Int[Array, " k"],
         state: PyTree[Array],
-    ) -> tuple[Float[Array, "k vocab"], PyTree[Array]]:
+    ) -> tuple[Float[Array, "k V"], PyTree[Array]]:
         """Writes `tokens` at `positions` and returns their next-token distributions.
 
         **Arguments:**

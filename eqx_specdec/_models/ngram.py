@@ -29,7 +29,7 @@ class NGramModel(eqx.Module):
     - `order`: the $n$ of the n-gram, at least 1.
     """
 
-    probs: Float[Array, "contexts vocab"]
+    probs: Float[Array, "contexts V"]
     order: int = eqx.field(static=True)
 
     def __check_init__(self):
@@ -48,7 +48,7 @@ class NGramModel(eqx.Module):
     @jaxtyped(typechecker=beartype)
     def __call__(
         self, tokens: Int[Array, " length"], positions: Int[Array, " k"]
-    ) -> Float[Array, "k vocab"]:
+    ) -> Float[Array, "k V"]:
         """The next-token distributions after `tokens[: position + 1]`.
 
         **Arguments:**

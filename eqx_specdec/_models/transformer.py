@@ -71,7 +71,7 @@ class Transformer(AbstractCachedModel):
     - `heads`: the attention heads, a Python int dividing `dim`.
     """
 
-    embedding: Float[Array, "vocab dim"]
+    embedding: Float[Array, "V dim"]
     position_embedding: Float[Array, "context dim"]
     layers: tuple[_Layer, ...]
     final_norm: Float[Array, " dim"]
@@ -171,7 +171,7 @@ class Transformer(AbstractCachedModel):
         tokens: Int[Array, " k"],
         positions: Int[Array, " k"],
         state: KVCache,
-    ) -> tuple[Float[Array, "k vocab"], KVCache]:
+    ) -> tuple[Float[Array, "k V"], KVCache]:
         """Writes the keys and values of `tokens` at `positions` into the cache, then
         attends from each of them to the cache's positions up to its own.
 
@@ -190,7 +190,7 @@ class Transformer(AbstractCachedModel):
 
         return self._run(tokens, positions, attend)
 
-    def logits(self, tokens: Int[Array, " length"]) -> Float[Array, "length vocab"]:
+    def logits(self, tokens: Int[Array, " length"]) -> Float[Array, "length V"]:
         """The uncached forward pass on a whole sequence: the next-token logits after
         each prefix `tokens[: t + 1]`, shape `(T, V)`."""
         positions = jnp.arange(tokens.shape[0])

@@ -39,13 +39,13 @@ class StepOutcome(NamedTuple):
     and `logprobs` (B, slots), the target's log-probability of each token the step
     emits (-inf after them), when the loop asks for them (`Models.logprobs`)."""
 
-    num_accepted: Int[Array, " batch"]
-    tokens: Int[Array, "batch slots"]
-    reached: Float[Array, "batch depth_plus_1"]
-    drafted: Int[Array, " batch"]
+    num_accepted: Int[Array, " B"]
+    tokens: Int[Array, "B slots"]
+    reached: Float[Array, "B depth_plus_1"]
+    drafted: Int[Array, " B"]
     states: tuple = (None, None)
     distributions: tuple = ()
-    logprobs: Float[Array, "batch slots"] | None = None
+    logprobs: Float[Array, "B slots"] | None = None
 
 
 class AbstractProposal(eqx.Module):
@@ -126,10 +126,10 @@ class AbstractProposal(eqx.Module):
         self,
         models: Models,
         verifier,
-        buffer: Int[Array, "batch width"],
-        lengths: Int[Array, " batch"],
-        keys: Key[Array, "batch 4"],
-        generated: Int[Array, " batch"],
+        buffer: Int[Array, "B width"],
+        lengths: Int[Array, " B"],
+        keys: Key[Array, "B 4"],
+        generated: Int[Array, " B"],
         states: tuple = (None, None),
     ) -> StepOutcome:
         """Drafts, scores and verifies one step for every row. Traced.

@@ -198,9 +198,9 @@ CATCH_UP = 2
 
 def draft_chain(
     models: Models,
-    buffer: Int[Array, "batch width"],
-    lengths: Int[Array, " batch"],
-    keys: Key[Array, " batch"],
+    buffer: Int[Array, "B width"],
+    lengths: Int[Array, " B"],
+    keys: Key[Array, " B"],
     gamma: int,
     drafting: ChainDrafting,
     policy: AbstractDraftLength | None,

@@ -130,7 +130,7 @@ class StopWhenUnlikely(AbstractDraftLength):
 
     def predicted_acceptance(
         self, draft_probs: DraftProbsRow, target_probs: TargetProbsRow
-    ) -> Float[Array, " gamma"]:
+    ) -> Float[Array, " G"]:
         """The predicted acceptance $a_j$ of each position, shape `(G,)`."""
         if self.predictor == "confidence":
             return jnp.max(draft_probs, axis=-1)

@@ -164,7 +164,7 @@ def draft_tree(
     p = jax.vmap(lambda b, pos: models.target(b, pos[None])[0])(buffers, positions)
     p = as_probs(p, models.outputs[1])
     zeros = jnp.zeros(p.shape[-1:], p.dtype)
-    q: Float[Array, "nodes+1 vocab"] = jnp.stack(
+    q: Float[Array, "nodes+1 V"] = jnp.stack(
         [laws.get(c, zeros).astype(p.dtype) for c in contexts]
     )
     return jnp.stack(node_tokens), q, p

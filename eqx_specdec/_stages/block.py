@@ -102,7 +102,7 @@ class BlockRatioTest(AbstractRatioTest):
         draft_tokens: DraftTokensRow,
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
-    ) -> tuple[Float[Array, " gamma+1"], Float[Array, " gamma"]]:
+    ) -> tuple[Float[Array, " G+1"], Float[Array, " G"]]:
         """The clipped cumulative ratios $P_0, \\dots, P_G$ and the weights
         $h_1, \\dots, h_G$ of one row (float32, or float64 for float64 inputs).
 
@@ -193,7 +193,7 @@ class BlockRatioTest(AbstractRatioTest):
         return Verdict(accept_uniforms.astype(h.dtype) < h, cum[:-1])
 
 
-PassRow = Float[Array, " gamma"]
+PassRow = Float[Array, " G"]
 
 
 class LastSuccessCounter(AbstractPrefixCounter):

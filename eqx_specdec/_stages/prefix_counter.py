@@ -12,12 +12,12 @@ from .._capabilities import capability
 from .._custom_types import IntScalar, PassedRow
 
 
-PassRow = Float[Array, " gamma"]
+PassRow = Float[Array, " G"]
 
 
 class AbstractPrefixCounter(eqx.Module):
     """Turns the per-position outcomes of a ratio test into the number of accepted
-    draft tokens $n \\in \\{0, \\dots, \\gamma\\}$ of one row.
+    draft tokens $n \\in \\{0, \\dots, G\\}$ of one row.
 
     The count is a traced value: implementations must not branch on it in Python.
     """
@@ -33,7 +33,7 @@ class AbstractPrefixCounter(eqx.Module):
 
         **Returns:**
 
-        An int32 scalar $n$ with $0 \\le n \\le \\gamma$: the first $n$ draft tokens are
+        An int32 scalar $n$ with $0 \\le n \\le G$: the first $n$ draft tokens are
         accepted.
         """
 
@@ -41,7 +41,7 @@ class AbstractPrefixCounter(eqx.Module):
     def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
         """Capability for the acceptance objectives
         ([`eqx_specdec.acceptance_by_position`][]): $P(n \\ge k)$ for $k = 1, \\dots,
-        \\gamma$ when the tests pass independently, position $i$ with probability
+        G$ when the tests pass independently, position $i$ with probability
         `pass_probs[i]`. Traced and differentiable.
 
         **Arguments:**
@@ -60,7 +60,7 @@ class PrefixCounter(AbstractPrefixCounter):
 
     $$n = \\max\\{k : \\text{passed}_0, \\dots, \\text{passed}_{k-1}\\},$$
 
-    or $\\gamma$ when every test passes. Outcomes after the first failure do not matter.
+    or $G$ when every test passes. Outcomes after the first failure do not matter.
     """
 
     @jaxtyped(typechecker=beartype)

@@ -27,7 +27,7 @@ from .verdict import Verdict
 from .vocab_shard import VocabShard
 
 
-PassProbabilities = Float[Array, "gamma vocab"]
+PassProbabilities = Float[Array, "G V"]
 
 
 TheoryKind = Literal["exact", "lower bound"]
@@ -87,7 +87,7 @@ class AbstractRatioTest(eqx.Module):
     theory: ClassVar[TheoryKind] = "exact"
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
 
-    def in_decoding_loop(self, generated: Int[Array, " batch"]) -> "AbstractRatioTest":
+    def in_decoding_loop(self, generated: Int[Array, " B"]) -> "AbstractRatioTest":
         """Called by [`eqx_specdec.speculative_decode`][] before each verification with
         each row's number of tokens generated so far; returns the test to run (the
         default: itself). A test keyed on the generated position fills a row field."""
@@ -131,7 +131,7 @@ class AbstractRatioTest(eqx.Module):
         **Arguments:**
 
         - `draft_law`: float `(gamma, vocab)`, the law $q_i$ the draft tokens follow.
-        - `target_probs`: float `(gamma, vocab)`, the target rows $p_0..p_{\\gamma-1}$.
+        - `target_probs`: float `(gamma, vocab)`, the target rows $p_0..p_{G-1}$.
 
         **Returns:**
 
@@ -144,7 +144,7 @@ class AbstractRatioTest(eqx.Module):
         draft_tokens: DraftTokensRow,
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
-    ) -> Float[Array, " gamma"]:
+    ) -> Float[Array, " G"]:
         """For the acceptance objectives given the drafts
         ([`eqx_specdec.acceptance_by_position`][] with `draft_tokens`), with a working
         default: per position of
@@ -218,8 +218,8 @@ class AbstractRatioTest(eqx.Module):
         self,
         shard: VocabShard,
         draft_tokens: DraftTokensRow,
-        draft_probs: Float[Array, "gamma width"] | None,
-        target_probs: Float[Array, "gamma+1 width"],
+        draft_probs: Float[Array, "G width"] | None,
+        target_probs: Float[Array, "G+1 width"],
         accept_uniforms: AcceptUniformsRow,
     ) -> Verdict:
         """Capability for vocabulary sharding ([`eqx_specdec.ShardedVerifier`][] with
@@ -275,7 +275,7 @@ class RatioTest(AbstractRatioTest):
     `draft_probs=None`, $q_i(x_i) = 1$ (one-hot drafts): the test is $u_i < p_i(x_i)$.
 
     Lossless (Leviathan et al. 2023; Chen et al. 2023). Gathers only $p_i(x_i)$ and
-    $q_i(x_i)$: $O(\\gamma)$ reads. Implements every capability.
+    $q_i(x_i)$: $O(G)$ reads. Implements every capability.
 
     **Arguments:**
 

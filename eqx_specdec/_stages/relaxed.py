@@ -61,7 +61,7 @@ class TopNRelaxedRatioTest(AbstractRatioTest):
     row_fields: ClassVar[dict[str, int]] = {"relaxed": 1}
     top_n: int = eqx.field(static=True, default=10)
     delta: Float[Array, ""] | float = 0.6
-    relaxed: Bool[Array, "*batch gamma"] | bool = True
+    relaxed: Bool[Array, "*B G"] | bool = True
 
     def __check_init__(self):
         if not isinstance(self.top_n, int) or self.top_n < 1:
@@ -203,7 +203,7 @@ class ScheduledRatioTest(AbstractRatioTest):
     exact: AbstractRatioTest = RatioTest()
     relaxed: AbstractRatioTest = TopNRelaxedRatioTest()
     exact_tokens: Int[Array, ""] | int = 0
-    generated: Int[Array, "*batch"] | int = 0
+    generated: Int[Array, "*B"] | int = 0
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
     row_fields: ClassVar[dict[str, int]] = {"generated": 0}

@@ -98,9 +98,9 @@ def full_weights(p_and_residual, vocab, rejected, dtype):
 class AbstractResidualSampler(eqx.Module):
     """Draws the correction token $y$ of one row, given the number accepted.
 
-    When $n < \\gamma$ the draft token at position $n$ was rejected and $y$ must follow the
-    residual distribution that makes the step lossless; when $n = \\gamma$ every draft token
-    was accepted and $y$ is the bonus token, drawn from $p_\\gamma$.
+    When $n < G$ the draft token at position $n$ was rejected and $y$ must follow the
+    residual distribution that makes the step lossless; when $n = G$ every draft token
+    was accepted and $y$ is the bonus token, drawn from $p_G$.
 
     **Declared by every subclass:**
 
@@ -155,7 +155,7 @@ class AbstractResidualSampler(eqx.Module):
     def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
         """Capability for exact quadrature: the values of $s$ at which the drawn token
         can change, beyond the cumulative sums of the standard residuals
-        $\\operatorname{norm}((p_n - q_n)_+)$ and of $p_\\gamma$ (which the quadrature
+        $\\operatorname{norm}((p_n - q_n)_+)$ and of $p_G$ (which the quadrature
         always cuts at). NumPy, not traced.
 
         **Arguments:**
@@ -175,8 +175,8 @@ class AbstractResidualSampler(eqx.Module):
         num_accepted: IntScalar,
         verdict: Verdict,
         draft_tokens: DraftTokensRow,
-        draft_probs: Float[Array, "gamma width"] | None,
-        target_probs: Float[Array, "gamma+1 width"],
+        draft_probs: Float[Array, "G width"] | None,
+        target_probs: Float[Array, "G+1 width"],
         sample_uniform: SampleRandomness,
     ) -> IntScalar:
         """Capability for vocabulary sharding: the same draw as `__call__`, from this
@@ -214,7 +214,7 @@ class AbstractResidualSampler(eqx.Module):
         **Returns:**
 
         `(y, RowSums(p_total, q_total))`: the token, then the sums of $p_n$ and of
-        $q_{\\min(n, \\gamma - 1)}$, negative entries counted as NaN (see
+        $q_{\\min(n, G - 1)}$, negative entries counted as NaN (see
         [`eqx_specdec.RowSums`][]).
         """
         token = self(
@@ -228,8 +228,8 @@ class ResidualSampler(AbstractResidualSampler):
     """The standard correction: $y$ is drawn by inverse CDF from
 
     $$r = \\begin{cases}
-    \\operatorname{norm}\\big((c_n\\, p_n - q_n)_+\\big) & n < \\gamma \\\\
-    p_\\gamma & n = \\gamma
+    \\operatorname{norm}\\big((c_n\\, p_n - q_n)_+\\big) & n < G \\\\
+    p_G & n = G
     \\end{cases}$$
 
     as the smallest $v$ with $r(0) + \\dots + r(v) > s$. Here $c_n$ is the verdict's

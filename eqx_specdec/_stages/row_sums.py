@@ -17,7 +17,7 @@ class RowSums(eqx.Module):
 
     - `p_total`: the sum of $p_n$, with any negative entry counted as NaN: finite and
         within tolerance of 1 exactly when the row is a valid distribution.
-    - `q_total`: the same of $q_{\\min(n, \\gamma - 1)}$ (1 for one-hot drafts).
+    - `q_total`: the same of $q_{\\min(n, G - 1)}$ (1 for one-hot drafts).
 
     Build it with [`eqx_specdec.row_sums`][] or, in a pass of your own,
     `jnp.sum(jnp.where(row >= 0, row, jnp.nan))` for each row.
@@ -46,8 +46,8 @@ def as_row_sums(dtype, block_totals_of_summed: tuple) -> RowSums:
 
 def row_sums(
     num_accepted: IntScalar,
-    draft_probs: Float[Array, "gamma vocab"] | None,
-    target_probs: Float[Array, "rows vocab"],
+    draft_probs: Float[Array, "G V"] | None,
+    target_probs: Float[Array, "rows V"],
 ) -> RowSums:
     """The [`eqx_specdec.RowSums`][] of one row, in one pass over rows n (a single
     variadic reduction).

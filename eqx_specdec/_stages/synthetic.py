@@ -40,7 +40,7 @@ class SyntheticRatioTest(AbstractRatioTest):
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[None] = None
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
-    rates: Float[Array, ""] | Float[Array, " gamma"] | float = 0.5
+    rates: Float[Array, ""] | Float[Array, " G"] | float = 0.5
 
     def __check_init__(self):
         check_hyperparameter("rates", self.rates, 0.0, 1.0, low_open=False)

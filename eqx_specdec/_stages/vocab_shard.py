@@ -60,12 +60,12 @@ class VocabShard(eqx.Module):
 
     def gather_draft_probs(
         self,
-        draft_tokens: Integer[Array, " gamma"],
-        draft_probs: Float[Array, "gamma width"] | None,
-        target_probs: Float[Array, "gamma+1 width"],
+        draft_tokens: Integer[Array, " G"],
+        draft_probs: Float[Array, "G width"] | None,
+        target_probs: Float[Array, "G+1 width"],
         *,
         log_space: bool = False,
-    ) -> tuple[Float[Array, " gamma"], Float[Array, " gamma"]]:
+    ) -> tuple[Float[Array, " G"], Float[Array, " G"]]:
         """$p_i(x_i)$ and $q_i(x_i)$ of one row, as
         [`eqx_specdec.gather_draft_probs`][] returns them on one device (1, or 0 in log
         space, for one-hot drafts)."""

@@ -114,7 +114,7 @@ class AbstractTreeVerifier(eqx.Module):
         draft_probs: TreeProbsRow | None,
         target_probs: TreeProbsRow,
         outcomes: Bool[Array, " nodes"],
-    ) -> tuple[Float[Array, " nodes"], Float[Array, " vocab"]]:
+    ) -> tuple[Float[Array, " nodes"], Float[Array, " V"]]:
         """Capability for exact evaluation of trees
         ([`eqx_specdec.emission_by_quadrature`][] with a tree): the walk of `row` with
         the test of each node forced to `outcomes[i]`. Traced.

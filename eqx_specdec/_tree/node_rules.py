@@ -14,7 +14,7 @@ from .._search import has_mass
 from .optimal import optimal_acceptance
 
 
-Row = Float[Array, " vocab"]
+Row = Float[Array, " V"]
 Scalar = Float[Array, ""]
 
 
@@ -96,7 +96,7 @@ class AbstractNodeRule(eqx.Module):
         """
 
     @capability
-    def candidate_law(self, draft: Row, drafted: Bool[Array, " vocab"]) -> Row:
+    def candidate_law(self, draft: Row, drafted: Bool[Array, " V"]) -> Row:
         """Capability for drafting trees (in [`eqx_specdec.speculative_decode`][] and
         the evaluation tools): the law of a node's next child, given the draft's
         distribution at the node and the tokens of the siblings already drafted. A

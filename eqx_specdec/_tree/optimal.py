@@ -79,12 +79,12 @@ def _one_row(p, q, k: int, drafting: str):
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def optimal_acceptance(
-    target_probs: Float[Array, "*batch vocab"],
-    draft_probs: Float[Array, "*batch vocab"],
+    target_probs: Float[Array, "*B V"],
+    draft_probs: Float[Array, "*B V"],
     num_drafts: int,
     *,
     drafting: Literal["iid", "without replacement"] = "iid",
-) -> Float[Array, "*batch"]:
+) -> Float[Array, "*B"]:
     """The best acceptance any lossless verifier can reach at one node with
     `num_drafts` candidates drawn from the draft (Khisti et al., ICLR 2025; Hu et al.,
     ICLR 2025): the probability that the emitted token is one of the drafts,

@@ -229,12 +229,12 @@ def _tree_problems(verifier, parents):
 @entry_point
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def tree_accept(
-    node_tokens: Integer[Array, "batch nodes"],
-    parents: Integer[Array, "batch nodes"] | None,
-    draft_probs: Float[Array, "batch nodes+1 vocab"] | None,
-    target_probs: Float[Array, "batch nodes+1 vocab"],
-    accept_uniforms: Float[Array, "batch nodes"],
-    sample_uniforms: Float[Array, " batch"],
+    node_tokens: Integer[Array, "B nodes"],
+    parents: Integer[Array, "B nodes"] | None,
+    draft_probs: Float[Array, "B nodes+1 V"] | None,
+    target_probs: Float[Array, "B nodes+1 V"],
+    accept_uniforms: Float[Array, "B nodes"],
+    sample_uniforms: Float[Array, " B"],
     *,
     verifier: AbstractTreeVerifier = TreeVerifier(),
     check_inputs: CheckLevel = "read",

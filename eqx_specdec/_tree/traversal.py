@@ -27,7 +27,7 @@ class _Walk(typing.NamedTuple):
     depth: Int[Array, ""]  # the accepted path's length
     path: Int[Array, " nodes"]  # the accepted nodes, then -1
     thresholds: Float[Array, " nodes"]  # each tested node's pa (NaN if not tested)
-    correction: Float[Array, " vocab"]  # the distribution the correction follows
+    correction: Float[Array, " V"]  # the distribution the correction follows
 
 
 def _path_probability(pa_parent, p, q):
@@ -95,10 +95,10 @@ class TraversalVerifier(AbstractTreeVerifier):
 
     def parent_update(
         self,
-        pa: Float[Array, "*batch"],
-        total: Float[Array, "*batch"],
-        removed: Float[Array, "*batch"],
-    ) -> Float[Array, "*batch"]:
+        pa: Float[Array, "*B"],
+        total: Float[Array, "*B"],
+        removed: Float[Array, "*B"],
+    ) -> Float[Array, "*B"]:
         """The parent's path acceptance probability after a child was deleted
         (elementwise: the walk calls it on a batch of trees).
 
@@ -377,7 +377,7 @@ class TraversalVerifier(AbstractTreeVerifier):
         draft_probs: TreeProbsRow | None,
         target_probs: TreeProbsRow,
         outcomes: Bool[Array, " nodes"],
-    ) -> tuple[Float[Array, " nodes"], Float[Array, " vocab"]]:
+    ) -> tuple[Float[Array, " nodes"], Float[Array, " V"]]:
         one = [a[None] for a in (node_tokens, parents, draft_probs, target_probs)]
         walk = self._walk(*one, lambda rows, n, pa: outcomes[n])
         return walk.thresholds[0], walk.correction[0]

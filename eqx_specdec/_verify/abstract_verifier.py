@@ -45,8 +45,8 @@ class RowReport(NamedTuple):
     [`eqx_specdec.RowSums`][] of rows n and the gathered
     $p_i(x_i)$, $q_i(x_i)$."""
 
-    residual_scale: Float[Array, "*batch gamma"] | None = None
-    correction: Int[Array, "*batch"] | None = None
+    residual_scale: Float[Array, "*B G"] | None = None
+    correction: Int[Array, "*B"] | None = None
     sums: RowSums | None = None
     gathered: tuple | None = None
 

@@ -47,11 +47,11 @@ class PreparedInputs(eqx.Module):
     """Validated inputs of one verification step, as `AbstractVerifier.__call__` takes
     them (`arrays()`), with what the run-time checks need to know."""
 
-    draft_tokens: Integer[Array, "batch gamma"]
-    draft: Float[Array, "batch gamma vocab"] | None
-    target: Float[Array, "batch gamma+1 vocab"]
-    accept: Float[Array, "batch gamma"]
-    sample: Float[Array, " batch"] | Key[Array, " batch"]
+    draft_tokens: Integer[Array, "B G"]
+    draft: Float[Array, "B G V"] | None
+    target: Float[Array, "B G+1 V"]
+    accept: Float[Array, "B G"]
+    sample: Float[Array, " B"] | Key[Array, " B"]
     names: StepArguments = eqx.field(static=True)
     log_space: bool = eqx.field(static=True)
     check_accept: bool = eqx.field(static=True)

@@ -21,7 +21,7 @@ def uniforms_from_key(
     gamma: int,
     *,
     verifier: AbstractVerifier = Verifier(),
-) -> tuple[Float[Array, "batch gamma"], Float[Array, " batch"] | Key[Array, " batch"]]:
+) -> tuple[Float[Array, "B G"], Float[Array, " B"] | Key[Array, " B"]]:
     """Draws the randomness of one verification step from a `jax.random` key.
 
     Row $b$ uses only `row_key = jax.random.fold_in(key, b)`, so its randomness does not

@@ -89,10 +89,10 @@ def _warp_problems(name, warp: Warp, logits):
 
 
 def token_counts(
-    history: Int[Array, "batch length"],
-    draft_tokens: Int[Array, "batch gamma"],
+    history: Int[Array, "B length"],
+    draft_tokens: Int[Array, "B G"],
     vocab: int,
-) -> Int[Array, "batch gamma_plus_1 vocab"]:
+) -> Int[Array, "B G_plus_1 V"]:
     """Each token's count in the history of each position of a step: the row's
     `history` (-1 pads) and, at draft position $i$, the draft tokens before $i$."""
     batch = history.shape[0]
@@ -119,8 +119,8 @@ LOGITS_VERIFIER = Verifier(
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def speculative_accept_logits(
     draft_tokens: DraftTokens,
-    draft_logits: Float[Array, "batch gamma vocab"] | None,
-    target_logits: Float[Array, "batch gamma+1 vocab"],
+    draft_logits: Float[Array, "B G V"] | None,
+    target_logits: Float[Array, "B G+1 V"],
     accept_uniforms: AcceptUniforms | None,
     sample_uniforms: SampleRandomnessBatch | None,
     *,
@@ -129,7 +129,7 @@ def speculative_accept_logits(
     verifier: AbstractVerifier = LOGITS_VERIFIER,
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
-    history: Int[Array, "batch length"] | None = None,
+    history: Int[Array, "B length"] | None = None,
     allowed: Array | None = None,
     draft_allowed: bool = True,
 ) -> dict[str, Array]:

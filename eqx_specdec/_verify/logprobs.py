@@ -71,7 +71,7 @@ def check_logprobs(logprobs, entry_point: str, raw_available: bool):
     return logprobs
 
 
-def _emitted(tokens: Int[Array, "batch g_plus_1"]):
+def _emitted(tokens: Int[Array, "B g_plus_1"]):
     return tokens >= 0, jnp.maximum(tokens, 0)
 
 
@@ -88,9 +88,9 @@ def _as_log(values, log_space: bool):
 def with_logprobs(
     outputs: dict,
     logprobs: LogProbs | None,
-    processed: Float[Array, "batch g_plus_1 vocab"],
+    processed: Float[Array, "B g_plus_1 V"],
     log_space: bool,
-    raw_logits: Float[Array, "batch g_plus_1 vocab"] | None = None,
+    raw_logits: Float[Array, "B g_plus_1 V"] | None = None,
 ) -> dict:
     """`outputs` with the log-probabilities `logprobs` asks for (see `LogProbs`), read
     from the `processed` target rows (log-probabilities if `log_space`, probabilities
@@ -113,15 +113,15 @@ def with_logprobs(
     return {**outputs, **extra}
 
 
-def tree_rows(path: Int[Array, "batch nodes"]) -> Int[Array, "batch nodes_plus_1"]:
+def tree_rows(path: Int[Array, "B nodes"]) -> Int[Array, "B nodes_plus_1"]:
     """The target row each emitted token of a tree was verified against: the root's
     (row 0) for the first, then row `node + 1` of each node on the accepted `path`."""
     return jnp.concatenate([jnp.zeros_like(path[:, :1]), jnp.maximum(path, -1) + 1], 1)
 
 
 def emitted_logprobs(
-    tokens: Int[Array, "batch slots"], target_probs: Float[Array, "batch slots vocab"]
-) -> Float[Array, "batch slots"]:
+    tokens: Int[Array, "B slots"], target_probs: Float[Array, "B slots V"]
+) -> Float[Array, "B slots"]:
     """`log target_probs[b, i, tokens[b, i]]` where a token was emitted, -inf after."""
     return with_logprobs({"tokens": tokens}, LogProbs(), target_probs, False)[
         "logprobs"

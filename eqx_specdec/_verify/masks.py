@@ -5,9 +5,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
 
-def allowed_tokens(
-    allowed, shape: tuple[int, int, int]
-) -> Bool[Array, "batch rows vocab"]:
+def allowed_tokens(allowed, shape: tuple[int, int, int]) -> Bool[Array, "B rows V"]:
     """`allowed` as booleans of `shape` `(B, G + 1, V)`: given as booleans, or packed
     in uint32 words `(B, G + 1, ceil(V / 32))` (token `v` is bit `v % 32` of word
     `v // 32`, least significant bit first). An error names `allowed` otherwise."""
@@ -34,8 +32,8 @@ def allowed_tokens(
 
 
 def masked_probs(
-    probs: Float[Array, "batch rows vocab"], allowed: Bool[Array, "batch rows vocab"]
-) -> Float[Array, "batch rows vocab"]:
+    probs: Float[Array, "B rows V"], allowed: Bool[Array, "B rows V"]
+) -> Float[Array, "B rows V"]:
     """Each row restricted to its allowed tokens and renormalised (a row without mass
     there stays zero: the checks report it)."""
     kept = jnp.where(allowed, probs, jnp.zeros((), probs.dtype))
@@ -44,8 +42,8 @@ def masked_probs(
 
 
 def masked_logits(
-    logits: Float[Array, "batch rows vocab"], allowed: Bool[Array, "batch rows vocab"]
-) -> Float[Array, "batch rows vocab"]:
+    logits: Float[Array, "B rows V"], allowed: Bool[Array, "B rows V"]
+) -> Float[Array, "B rows V"]:
     """Each row's disallowed tokens at $-\\infty$."""
     return jnp.where(allowed, logits, jnp.asarray(-jnp.inf, logits.dtype))
 

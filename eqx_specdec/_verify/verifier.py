@@ -50,7 +50,8 @@ class Verifier(AbstractVerifier):
     The defaults are the standard rule of speculative sampling (Leviathan et al. 2023;
     Chen et al. 2023). Swap any stage for another implementation of its abstract base to
     get a different variant. Calling the verifier runs [`eqx_specdec.Verifier.row`][] on
-    every row with `jax.vmap`.
+    every row, mapped over the batch as `batching` says (`jax.lax.map` on the CPU,
+    `jax.vmap` elsewhere, by default).
 
     **Arguments:**
 
@@ -199,7 +200,7 @@ def speculative_accept(
     For each row $b$, draft token $x_i$ passes when $u_i\\, q_i(x_i) < p_i(x_i)$; the
     number accepted $n$ counts the passes before the first failure; the correction token
     $y$ is drawn by inverse CDF with uniform $s$ from
-    $\\operatorname{norm}((p_n - q_n)_+)$ (or from $p_\\gamma$ when $n = \\gamma$). Those are the
+    $\\operatorname{norm}((p_n - q_n)_+)$ (or from $p_G$ when $n = G$). Those are the
     default stages; `verifier` swaps them.
 
     Compiled on first use with Equinox's filter semantics (as `eqx.filter_jit` does):

@@ -39,7 +39,7 @@ def _min_max(x, y):
     return jnp.minimum(x[0], y[0]), jnp.maximum(x[1], y[1])
 
 
-def order_keys(x: Float[Array, "*rows vocab"]) -> Array:
+def order_keys(x: Float[Array, "*rows V"]) -> Array:
     """Unsigned integer keys in the order of the floats `x` (the sign bit flipped for
     positive values, every bit for negative ones): searching over keys bit by bit finds
     a value of `x` exactly."""
@@ -168,14 +168,14 @@ class Warp(eqx.Module):
         its `history`, and at draft position $i$ counts the draft tokens before $i$ too.
     """
 
-    temperature: Float[Array, "*batch"] | float = 1.0
-    top_k: Int[Array, "*batch"] | int | None = None
-    top_p: Float[Array, "*batch"] | float | None = None
-    min_p: Float[Array, "*batch"] | float | None = None
-    logit_bias: Float[Array, "*batch vocab"] | None = None
-    repetition_penalty: Float[Array, "*batch"] | float | None = None
-    presence_penalty: Float[Array, "*batch"] | float | None = None
-    frequency_penalty: Float[Array, "*batch"] | float | None = None
+    temperature: Float[Array, "*B"] | float = 1.0
+    top_k: Int[Array, "*B"] | int | None = None
+    top_p: Float[Array, "*B"] | float | None = None
+    min_p: Float[Array, "*B"] | float | None = None
+    logit_bias: Float[Array, "*B V"] | None = None
+    repetition_penalty: Float[Array, "*B"] | float | None = None
+    presence_penalty: Float[Array, "*B"] | float | None = None
+    frequency_penalty: Float[Array, "*B"] | float | None = None
 
     def __check_init__(self):
         if self.repetition_penalty is not None:
@@ -215,9 +215,9 @@ class Warp(eqx.Module):
 
     def __call__(
         self,
-        logits: Float[Array, "batch rows vocab"],
-        counts: Int[Array, "batch rows vocab"] | None = None,
-    ) -> Float[Array, "batch rows vocab"]:
+        logits: Float[Array, "B rows V"],
+        counts: Int[Array, "B rows V"] | None = None,
+    ) -> Float[Array, "B rows V"]:
         """Warps a batch of logits.
 
         **Arguments:**
