@@ -216,9 +216,9 @@ def draft_chain(
 
     **Returns:**
 
-    `(x, q, p, drafted, states)`: int32 `(B, gamma)`, the draft's distributions
-    `(B, gamma, V)` (rows past a row's draft length are zero or scratch), the target's
-    `(B, gamma + 1, V)`, int32 `(B,)` the tokens each row drafted, and the models'
+    `(x, q, p, drafted, states)`: int32 `(B, G)`, the draft's distributions
+    `(B, G, V)` (rows past a row's draft length are zero or scratch), the target's
+    `(B, G + 1, V)`, int32 `(B,)` the tokens each row drafted, and the models'
     states.
     """
     draft_outputs, target_outputs = models.outputs

@@ -112,7 +112,7 @@ class BlockRatioTest(AbstractRatioTest):
 
         **Returns:**
 
-        `(P, h)` of shapes `(gamma + 1,)` and `(gamma,)`.
+        `(P, h)` of shapes `(G + 1,)` and `(G,)`.
         """
         _needs_draft_probs(draft_probs)
         p_x, q_x = gather_draft_probs(

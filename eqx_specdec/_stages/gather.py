@@ -25,7 +25,7 @@ def gather_draft_probs(
 
     **Returns:**
 
-    `(p_x, q_x)`, two float arrays of shape `(gamma,)`.
+    `(p_x, q_x)`, two float arrays of shape `(G,)`.
     """
     index = draft_tokens[:, None]
     p_x = jnp.take_along_axis(target_probs[:-1], index, axis=1)[:, 0]

@@ -28,7 +28,7 @@ class AbstractPrefixCounter(eqx.Module):
 
         **Arguments:**
 
-        - `passed`: boolean of shape `(gamma,)`, the `passed` field of the
+        - `passed`: boolean of shape `(G,)`, the `passed` field of the
             [`eqx_specdec.Verdict`][] returned by the ratio test.
 
         **Returns:**
@@ -46,11 +46,11 @@ class AbstractPrefixCounter(eqx.Module):
 
         **Arguments:**
 
-        - `pass_probs`: float of shape `(gamma,)`, in $[0, 1]$.
+        - `pass_probs`: float of shape `(G,)`, in $[0, 1]$.
 
         **Returns:**
 
-        Float of shape `(gamma,)`: entry $k - 1$ is the probability that at least $k$
+        Float of shape `(G,)`: entry $k - 1$ is the probability that at least $k$
         draft tokens are accepted.
         """
 

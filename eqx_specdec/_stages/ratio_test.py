@@ -105,12 +105,12 @@ class AbstractRatioTest(eqx.Module):
 
         **Arguments:**
 
-        - `draft_tokens`: integer of shape `(gamma,)`, the draft tokens $x_i$.
-        - `draft_probs`: float of shape `(gamma, vocab)`, the draft distributions $q_i$,
+        - `draft_tokens`: integer of shape `(G,)`, the draft tokens $x_i$.
+        - `draft_probs`: float of shape `(G, V)`, the draft distributions $q_i$,
             or `None` for one-hot drafts ($q_i = \\mathrm{onehot}(x_i)$).
-        - `target_probs`: float of shape `(gamma + 1, vocab)`, the target distributions
+        - `target_probs`: float of shape `(G + 1, V)`, the target distributions
             $p_i$; the last row follows the last draft token.
-        - `accept_uniforms`: float of shape `(gamma,)`, the uniforms $u_i \\in [0, 1)$
+        - `accept_uniforms`: float of shape `(G,)`, the uniforms $u_i \\in [0, 1)$
             (zeros for a test with `uses_uniforms = False`).
 
         **Returns:**
@@ -130,12 +130,12 @@ class AbstractRatioTest(eqx.Module):
 
         **Arguments:**
 
-        - `draft_law`: float `(gamma, vocab)`, the law $q_i$ the draft tokens follow.
-        - `target_probs`: float `(gamma, vocab)`, the target rows $p_0..p_{G-1}$.
+        - `draft_law`: float `(G, V)`, the law $q_i$ the draft tokens follow.
+        - `target_probs`: float `(G, V)`, the target rows $p_0..p_{G-1}$.
 
         **Returns:**
 
-        `a`: float `(gamma, vocab)`; the class's `theory` says whether these are exact
+        `a`: float `(G, V)`; the class's `theory` says whether these are exact
         or a lower bound.
         """
 
@@ -155,7 +155,7 @@ class AbstractRatioTest(eqx.Module):
 
         **Arguments:** one row of probabilities, as for `__call__`.
 
-        **Returns:** float of shape `(gamma,)`, in $[0, 1]$.
+        **Returns:** float of shape `(G,)`, in $[0, 1]$.
         """
         if self.theory != "exact":
             raise missing_capability(
@@ -186,12 +186,12 @@ class AbstractRatioTest(eqx.Module):
 
         **Arguments:**
 
-        - `draft_probs`: float64 NumPy `(gamma, vocab)`, or `None` for one-hot drafts.
-        - `target_probs`: float64 NumPy `(gamma + 1, vocab)`.
+        - `draft_probs`: float64 NumPy `(G, V)`, or `None` for one-hot drafts.
+        - `target_probs`: float64 NumPy `(G + 1, V)`.
 
         **Returns:**
 
-        A dict with any of `"accept_breakpoints"` (`(gamma, K)`: further values of
+        A dict with any of `"accept_breakpoints"` (`(G, K)`: further values of
         $u_i$) and `"sample_breakpoints"` (`(K,)`: further values of $s$, where the test
         changes the correction's distribution, as block verification's residual
         scale does); `{}` if there are none.
@@ -205,7 +205,7 @@ class AbstractRatioTest(eqx.Module):
 
         **Arguments:**
 
-        - `target_probs`: float64 NumPy `(gamma + 1, vocab)`.
+        - `target_probs`: float64 NumPy `(G + 1, V)`.
 
         **Returns:**
 
@@ -230,10 +230,10 @@ class AbstractRatioTest(eqx.Module):
         **Arguments:**
 
         - `shard`: the [`eqx_specdec.VocabShard`][] (offset, width, collectives).
-        - `draft_tokens`: integer `(gamma,)`, global token ids.
-        - `draft_probs`, `target_probs`: this shard's slices, `(gamma, width)` and
-            `(gamma + 1, width)`.
-        - `accept_uniforms`: float `(gamma,)`.
+        - `draft_tokens`: integer `(G,)`, global token ids.
+        - `draft_probs`, `target_probs`: this shard's slices, `(G, width)` and
+            `(G + 1, width)`.
+        - `accept_uniforms`: float `(G,)`.
 
         **Returns:**
 

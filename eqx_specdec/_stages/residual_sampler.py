@@ -140,9 +140,9 @@ class AbstractResidualSampler(eqx.Module):
 
         - `num_accepted`: int32 scalar $n$, from the prefix counter.
         - `verdict`: the [`eqx_specdec.Verdict`][] of the ratio test.
-        - `draft_tokens`: integer of shape `(gamma,)`.
-        - `draft_probs`: float of shape `(gamma, vocab)`, or `None` for one-hot drafts.
-        - `target_probs`: float of shape `(gamma + 1, vocab)`.
+        - `draft_tokens`: integer of shape `(G,)`.
+        - `draft_probs`: float of shape `(G, V)`, or `None` for one-hot drafts.
+        - `target_probs`: float of shape `(G + 1, V)`.
         - `sample_uniform`: the row's randomness, as `randomness` says: a float scalar
             $s \\in [0, 1)$, a `jax.random` key, or a float scalar to ignore.
 
@@ -160,8 +160,8 @@ class AbstractResidualSampler(eqx.Module):
 
         **Arguments:**
 
-        - `draft_probs`: float64 NumPy `(gamma, vocab)`, or `None` for one-hot drafts.
-        - `target_probs`: float64 NumPy `(gamma + 1, vocab)`.
+        - `draft_probs`: float64 NumPy `(G, V)`, or `None` for one-hot drafts.
+        - `target_probs`: float64 NumPy `(G + 1, V)`.
 
         **Returns:**
 

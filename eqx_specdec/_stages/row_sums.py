@@ -55,8 +55,8 @@ def row_sums(
     **Arguments:**
 
     - `num_accepted`: int32 scalar $n$.
-    - `draft_probs`: float `(gamma, vocab)`, or `None` for one-hot drafts.
-    - `target_probs`: float `(gamma + 1, vocab)`.
+    - `draft_probs`: float `(G, V)`, or `None` for one-hot drafts.
+    - `target_probs`: float `(G + 1, V)`.
 
     **Returns:**
 

@@ -26,12 +26,12 @@ class AbstractTokenAssembler(eqx.Module):
         **Arguments:**
 
         - `num_accepted`: int32 scalar $n$, from the prefix counter.
-        - `draft_tokens`: integer of shape `(gamma,)`, the draft tokens.
+        - `draft_tokens`: integer of shape `(G,)`, the draft tokens.
         - `correction`: int32 scalar $y$, from the residual sampler.
 
         **Returns:**
 
-        An int32 array of shape `(gamma + 1,)`.
+        An int32 array of shape `(G + 1,)`.
         """
 
 

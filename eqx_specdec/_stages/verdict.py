@@ -23,9 +23,9 @@ class Verdict(eqx.Module):
 
     **Arguments:**
 
-    - `passed`: boolean of shape `(gamma,)`; `passed[i]` says whether draft token `i`
+    - `passed`: boolean of shape `(G,)`; `passed[i]` says whether draft token `i`
         passed its test. A prefix counter turns these into the number of accepted tokens.
-    - `residual_scale`: float of shape `(gamma,)`, the factor $c_n$ above. Defaults to
+    - `residual_scale`: float of shape `(G,)`, the factor $c_n$ above. Defaults to
         ones (float32), the standard residual $(p_n - q_n)_+$.
     """
 

@@ -98,10 +98,10 @@ class Verifier(AbstractVerifier):
 
         **Arguments:**
 
-        - `draft_tokens`: integer of shape `(gamma,)`.
-        - `draft_probs`: float of shape `(gamma, vocab)`, or `None` for one-hot drafts.
-        - `target_probs`: float of shape `(gamma + 1, vocab)`.
-        - `accept_uniforms`: float of shape `(gamma,)`.
+        - `draft_tokens`: integer of shape `(G,)`.
+        - `draft_probs`: float of shape `(G, V)`, or `None` for one-hot drafts.
+        - `target_probs`: float of shape `(G + 1, V)`.
+        - `accept_uniforms`: float of shape `(G,)`.
         - `sample_uniform`: float scalar (or a `jax.random` key, for a key-driven
             sampler).
 
