@@ -277,9 +277,9 @@ def print_table(rows):
     )
     print("Check levels (microseconds per call, medians):\n")
     print(
-        "| B, G, V | unchecked | default | default / unchecked | under a caller's "
-        "jax.jit: default / unchecked | complete | complete / read of p, q | "
-        "unchecked: % of read bandwidth |"
+        "| B, G, V | unchecked | default | default / unchecked | the same in a "
+        "caller's jit | complete | complete / read of p, q | unchecked: % of read "
+        "bandwidth |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -57,7 +57,7 @@ def claim(results: str) -> str:
     warps = table(results, "B, G, V | PyTorch temperature")
     warped = _span([_ratio(r["PyTorch temperature (ms) / ours"]) for r in warps], 1)
     return (
-        f"on {where}, verification from probabilities with the default checks is "
+        f"On {where}, verification from probabilities with the default checks is "
         f"{torch} faster than a vLLM-style PyTorch implementation and {naive} faster "
         f"than a naive JAX one at serving shapes (B = {SERVING_BATCH} and 256, V = 32,000 "
         f"and 128,256); from logits with a temperature, warping and verifying is {warped} "
@@ -70,11 +70,10 @@ def readme_with_claim(readme: str, sentence: str) -> str:
     start, end = README_MARKERS
     before, rest = readme.split(start, 1)
     _, after = rest.split(end, 1)
-    return f"{before}{start}{sentence[0].upper()}{sentence[1:]}{end}{after}"
+    return f"{before}{start}{sentence}{end}{after}"
 
 
 def readme_claim(readme: str) -> str:
     """The sentence between the README's claim markers, as `claim` writes it."""
     start, end = README_MARKERS
-    text = readme.split(start, 1)[1].split(end, 1)[0]
-    return text[0].lower() + text[1:]
+    return readme.split(start, 1)[1].split(end, 1)[0]

@@ -12,6 +12,7 @@ everything the library does with its own rules works with this one too:
 - `vocab_parallel`: vocabulary-sharded verification with `ShardedVerifier`.
 """
 
+# --8<-- [start:stage]
 from typing import ClassVar
 
 import equinox as eqx
@@ -30,17 +31,14 @@ class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
     # It reads only p_i(x_i) and q_i(x_i): the default input checks validate exactly those
     # (and rows n, which the sampler reads) instead of every row.
     reads: ClassVar[str] = "draft tokens"
-
     def __check_init__(self):
         if not isinstance(self.lenience, jax.core.Tracer) and not (
             0 < self.lenience <= 1
         ):
             raise ValueError(f"`lenience` must lie in (0, 1], got {self.lenience}.")
-
     def _passes(self, p_x, q_x, accept_uniforms):
         lenience = jnp.asarray(self.lenience, p_x.dtype)
         return accept_uniforms.astype(p_x.dtype) * lenience * q_x < p_x
-
     def __call__(
         self,
         draft_tokens: Integer[Array, " G"],
@@ -52,28 +50,27 @@ class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
             draft_tokens, draft_probs, target_probs
         )
         return eqx_specdec.Verdict(self._passes(p_x, q_x, accept_uniforms))
-
     def pass_probabilities(self, draft_law, target_probs):
         # The test passes a drafted v with probability min(1, p(v) / (l q(v))).
         scaled = jnp.asarray(self.lenience, draft_law.dtype) * draft_law
         ratio = target_probs / jnp.where(scaled > 0, scaled, 1)
         return jnp.where(scaled > 0, jnp.minimum(1.0, ratio), 1)
-
     def quadrature_breakpoints(self, draft_probs, target_probs):
         # The outcome flips where u = p(v) / (l q(v)): the quadrature cuts there.
         q = 1.0 if draft_probs is None else draft_probs
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios = target_probs[:-1] / (float(self.lenience) * q)
         return {"accept_breakpoints": ratios}
-
     def vocab_parallel(
         self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
     ):
         # p(x) and q(x) from the shard that owns x: one value per position crosses.
         p_x, q_x = shard.gather_draft_probs(draft_tokens, draft_probs, target_probs)
         return eqx_specdec.Verdict(self._passes(p_x, q_x, accept_uniforms))
+# --8<-- [end:stage]
 
 
+# --8<-- [start:use]
 @eqx.filter_jit
 def mean_accepted(verifier, inputs):
     out = eqx_specdec.speculative_accept(*inputs, verifier=verifier)
@@ -108,3 +105,4 @@ if __name__ == "__main__":
         f"lenience 0.50, G = 2, V = 3 ({result.method}): distance from the target "
         f"{result.distance:.4f}, tokens per step {result.tokens_per_step:.4f}"
     )
+# --8<-- [end:use]

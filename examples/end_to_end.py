@@ -13,6 +13,7 @@ prompts = np.zeros((len(texts), lengths.max()), np.int32)  # padded on the right
 for row, text in enumerate(texts):
     prompts[row, : len(text)] = es.encode(text)
 
+
 result = es.speculative_decode(
     draft,
     target,
@@ -20,13 +21,12 @@ result = es.speculative_decode(
     lengths,
     num_tokens=80,
     key=jax.random.key(0),
-    proposal=es.Chain(
-        4
-    ),  # G = 4 draft tokens per step (or es.Tree via a tree verifier)
+    proposal=es.Chain(4),  # G = 4 draft tokens per step (or a tree: es.Tree)
     verifier=es.Verifier(),  # any verifier: block, greedy, your own...
 )
 for text, tokens in zip(texts, result.tokens):
     print(f"{text!r} -> {es.decode(tokens)!r}")
+
 print(f"tokens per target call: {result.tokens_per_call():.3f}")
 print(f"theory:                 {result.theoretical_tokens_per_call():.3f}")
 print(f"acceptance by position: {np.round(result.acceptance_rate(), 2)}")

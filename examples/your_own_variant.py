@@ -20,7 +20,6 @@ class RecycledUniformTest(eqx_specdec.AbstractRatioTest):
     rescale: bool = True  # False: the buggy version, the same u at every position
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
-
     def __call__(
         self,
         draft_tokens: Integer[Array, " G"],

@@ -183,17 +183,17 @@ def measure_speedup(
 def speedup_table(measurements: dict[str, Speedup]) -> str:
     """The measurements as a Markdown table, one row per configuration."""
     lines = [
-        "| draft | tokens/s, speculative | tokens/s, plain | speed-up | predicted "
-        "(cost model) | measured / predicted | tokens per target call | draft call "
-        "(ms) | target call, G + 1 tokens (ms) | plain call (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| draft | tokens/s, speculative / plain | speed-up | predicted (cost model) | "
+        "measured / predicted | tokens per target call | ms per call: draft / target "
+        "on G + 1 tokens / plain |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, s in measurements.items():
         lines.append(
-            f"| {name} | {s.tokens / s.speculative_seconds:.0f} | "
+            f"| {name} | {s.tokens / s.speculative_seconds:.0f} / "
             f"{s.tokens / s.plain_seconds:.0f} | **{s.speedup:.2f}x** | "
             f"{s.predicted_speedup:.2f}x | {s.speedup / s.predicted_speedup:.2f} | "
-            f"{s.tokens_per_call:.2f} | {1e3 * s.draft_call_seconds:.3f} | "
-            f"{1e3 * s.target_call_seconds:.3f} | {1e3 * s.plain_call_seconds:.3f} |"
+            f"{s.tokens_per_call:.2f} | {1e3 * s.draft_call_seconds:.3f} / "
+            f"{1e3 * s.target_call_seconds:.3f} / {1e3 * s.plain_call_seconds:.3f} |"
         )
     return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""Fails if a page of the built site does not fit a laptop, or reads badly on a phone.
+
+Opens every page from disk (`file://`) in headless Chromium at a laptop's width (1280 px)
+and a phone's (412 px), and measures in the page itself, after its scripts ran:
+
+- at 1280 px, every table and every code block: its scroll width against its client
+  width. None may need sideways scrolling (no hidden column, no cut line);
+- at 412 px, the page itself: it may not scroll sideways (tables scroll inside their own
+  wrapper, as Material makes them), and every figure is shown at no less than three
+  quarters of its natural width, so that its labels stay legible (a figure wider than the
+  phone scrolls inside its own wrapper instead of shrinking).
+
+    python .ci/check_docs_layout.py site [screenshots/]
+
+With a second argument, it also writes a screenshot of each page at each width there, for a
+person to look at. Needs Chromium (`apt-get install chromium`); `.ci/run` runs it when
+Chromium is installed or installable, and says why not otherwise.
+"""
+
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+
+WIDTHS = {"laptop": 1280, "phone": 412}
+# Measured in the page once it has loaded (KaTeX renders on DOMContentLoaded); the report
+# is written into the DOM, which Chromium prints with --dump-dom.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const over = (el) => el.scrollWidth - el.clientWidth;
+  const report = {tables: 0, code: 0, math: 0, overflowing: [], figures: []};
+  document.querySelectorAll("article table").forEach((table) => {
+    report.tables += 1;
+    const wrap = table.closest(".md-typeset__scrollwrap") || table.parentElement;
+    const extra = Math.max(over(wrap), table.scrollWidth - wrap.clientWidth);
+    if (extra > 1) {
+      const head = table.rows.length ? table.rows[0].textContent : "";
+      report.overflowing.push(["table", head.trim().replace(/\\n\\s*/g, " | ").slice(0, 60), extra]);
+    }
+  });
+  document.querySelectorAll("article pre > code").forEach((code) => {
+    report.code += 1;
+    if (over(code) > 1) {
+      const first = code.textContent.trim().split("\\n")[0].slice(0, 40);
+      report.overflowing.push(["code", first, over(code)]);
+    }
+  });
+  document.querySelectorAll("article .katex-display").forEach((math) => {
+    report.math += 1;
+    const box = math.parentElement;
+    if (over(box) > 1) report.overflowing.push(["math", box.textContent.trim().slice(0, 40), over(box)]);
+  });
+  document.querySelectorAll("article img").forEach((img) => {
+    report.figures.push([img.getAttribute("src"), img.naturalWidth, img.getBoundingClientRect().width]);
+  });
+  report.page = document.documentElement.scrollWidth - document.documentElement.clientWidth;
+  document.body.setAttribute("data-layout", JSON.stringify(report));
+});
+</script>"""
+REPORT = re.compile(r'data-layout="([^"]*)"')
+
+
+def _browser() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _measure(browser: str, page: pathlib.Path, width: int, shot: pathlib.Path | None):
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+        f"--window-size={width},900", "--virtual-time-budget=4000",
+    ]  # fmt: skip
+    done = subprocess.run(
+        [browser, *flags, "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if shot is not None:
+        subprocess.run(
+            [browser, *flags, f"--screenshot={shot}", page.as_uri()],
+            capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+    found = REPORT.search(done.stdout)
+    if found is None:
+        return None
+    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+def main():
+    site = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "site").resolve()
+    shots = pathlib.Path(sys.argv[2]).resolve() if len(sys.argv) > 2 else None
+    browser = _browser()
+    if browser is None:
+        sys.exit("check_docs_layout: no chromium on PATH (apt-get install chromium)")
+    if shots is not None:
+        shots.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        # A copy of the site with the probe in every page, so that links and assets
+        # resolve as they do in the real one.
+        copy = pathlib.Path(tmp) / "site"
+        shutil.copytree(site, copy)
+        pages = sorted(p for p in copy.rglob("*.html") if p.name != "404.html")
+        for page in pages:
+            page.write_text(page.read_text().replace("</body>", PROBE + "</body>", 1))
+        jobs = [
+            (page, label, width) for page in pages for label, width in WIDTHS.items()
+        ]
+
+        def run(job):
+            page, label, width = job
+            name = str(page.relative_to(copy)).replace("/", "-").removesuffix(".html")
+            shot = shots / f"{name}-{label}.png" if shots is not None else None
+            return job, _measure(browser, page, width, shot)
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(run, jobs))
+    problems, counts = [], {"tables": 0, "code": 0, "math": 0, "figures": 0}
+    for (page, label, width), report in results:
+        name = page.relative_to(copy)
+        if report is None:
+            problems.append(f"{name} at {width} px: the page reported nothing")
+            continue
+        if label == "laptop":
+            for key in ("tables", "code", "math"):
+                counts[key] += report[key]
+            counts["figures"] += len(report["figures"])
+            for kind, what, extra in report["overflowing"]:
+                problems.append(
+                    f"{name} at {width} px: {kind} {what!r} overflows by {extra} px"
+                )
+        if report["page"] > 1:
+            problems.append(
+                f"{name} at {width} px: the page scrolls sideways by {report['page']} px"
+            )
+        for src, natural, shown in report["figures"]:
+            if natural and shown < 0.75 * natural:
+                problems.append(
+                    f"{name} at {width} px: figure {src} shown at {shown:.0f} of "
+                    f"{natural} px, too small to read"
+                )
+    print(
+        f"docs layout check: {len(pages)} pages at {' and '.join(f'{w} px' for w in WIDTHS.values())}; "
+        f"measured at 1280 px: {counts['tables']} tables, {counts['code']} code blocks, "
+        f"{counts['math']} displayed equations, {counts['figures']} figures"
+    )  # fmt: skip
+    if problems:
+        print("Pages that do not fit:", *problems, sep="\n  ")
+        sys.exit(1)
+    print(
+        "none overflowing at 1280 px; no page scrolls sideways at 412 px; figures legible"
+    )
+
+
+if __name__ == "__main__":
+    main()
