@@ -18,7 +18,13 @@ def _run(argv, capsys):
 
 
 def test_the_quick_demo_runs_three_verifiers_and_no_policy_table(capsys):
-    out = _run(["demo", "--batch", "2", "--tokens", "8", "--no-timing"], capsys)
+    _cli.main(["demo", "--batch", "2", "--tokens", "8", "--no-timing"])
+    out, err = capsys.readouterr()
+    # Progress while it compiles, one line per task off a terminal.
+    assert err.splitlines() == [
+        f"[{i + 1}/{len(_cli.DEMO_QUICK)}] {name}..."
+        for i, name in enumerate(_cli.DEMO_QUICK)
+    ]
     rows = {line.split("|")[1].strip() for line in out.splitlines() if line[:2] == "| "}
     assert set(_cli.DEMO_QUICK) <= rows and "traversal" not in rows
     assert "draft length (standard rule)" not in out

@@ -284,10 +284,16 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_docs_snippet_includes_are_well_formed():
-    """Every `--8<--` include names a file that exists (a formatter once broke them)."""
+    """Every `--8<--` include names a file that exists (a formatter once broke them),
+    and each `file:section` include a section that the file marks."""
     root = pathlib.Path(__file__).parent.parent
     for page in (root / "docs").rglob("*.md"):
         text = page.read_text()
         assert "--8 <" not in text, page
-        for target in re.findall(r'^--8<-- "(.*)"$', text, re.M):
-            assert (root / target).is_file(), (page, target)
+        for target in re.findall(r'^ *--8<-- "(.*)"$', text, re.M):
+            path, _, section = target.partition(":")
+            assert (root / path).is_file(), (page, target)
+            if section:
+                marked = (root / path).read_text()
+                for end in ("start", "end"):
+                    assert f"--8<-- [{end}:{section}]" in marked, (page, target)

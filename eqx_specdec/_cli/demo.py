@@ -19,7 +19,8 @@ from .choices import draft_length, verifiers
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr, drawn only on a terminal."""
+    """Progress on stderr while the demo compiles and runs: a one-line bar on a
+    terminal, one line per task otherwise (a log, CI)."""
 
     def __init__(self, total_tasks: int, stream=None):
         self.stream = sys.stderr if stream is None else stream
@@ -30,6 +31,9 @@ class ProgressBar:
 
     def start(self, label: str):
         self.label = label
+        if not self.enabled:
+            self.stream.write(f"[{self.task + 1}/{self.total_tasks}] {label}...\n")
+            self.stream.flush()
         self.update(0, 1)
 
     def update(self, done, total):
@@ -67,7 +71,7 @@ def run_demo(args) -> dict:
     draft, target = builtin_models()
     tokens, lengths = _prompt_batch(args.batch)
     table = verifiers(args.lenience)
-    bar = ProgressBar(len(args.verifiers) + len(args.draft_lengths))
+    bar = ProgressBar(len(args.verifiers) + len(args.draft_lengths) + int(args.timing))
     key = jax.random.key(args.seed)
 
     def run(name, **options):
@@ -154,7 +158,9 @@ def run_demo(args) -> dict:
         _plot(results, args.plot)
         print(f"figure written to {args.plot}")
     if args.timing:
+        bar.start("wall clock")
         _print_timing(args.seed)
+        bar.finish_task()
     return results
 
 
