@@ -1,7 +1,7 @@
 """The serving options' cost: `python benchmarks/bench_serving.py`.
 
-Milliseconds per call (medians of interleaved repeats in a rotating order, after
-compiling) of the probabilities
+Milliseconds per call (medians of interleaved repeats in a rotating order, each after
+an untimed call of its own, after compiling) of the probabilities
 and logits entry points with their default checks, without and with each serving option:
 log-probabilities (and their top 5), a per-position mask (booleans, and packed bits), and
 the history-dependent penalties (a history of 256 tokens). The first row of each entry point
@@ -26,9 +26,12 @@ def _median_ms(fns: dict, repeats: int) -> dict:
     times = {name: [] for name in fns}
     names = list(fns)
     for repeat in range(repeats):
-        # The order rotates every repeat: a call right after the heaviest one (the
-        # penalties) would otherwise always pay for the caches that call left behind.
+        # The order rotates every repeat, and each timed call follows an untimed one of
+        # its own, as in serving, where the same program runs step after step: a call
+        # right after a heavier one (a mask reads every row) would otherwise pay for the
+        # caches that call left behind.
         for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            jax.block_until_ready(fns[name]())
             start = time.perf_counter()
             jax.block_until_ready(fns[name]())
             times[name].append(time.perf_counter() - start)
