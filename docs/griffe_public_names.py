@@ -41,9 +41,11 @@ def public_name(text: str) -> str:
 
 
 def _expression(value, parent):
-    if value is None:
-        return None
-    text = public_name(str(value))
+    # The value itself where it names nothing private (it keeps its links), else the
+    # public text, parsed back into an expression where it parses.
+    text = None if value is None else public_name(str(value))
+    if text is None or text == str(value):
+        return value
     if isinstance(value, str):
         return text
     try:
