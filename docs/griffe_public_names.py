@@ -19,13 +19,21 @@ import eqx_specdec
 
 
 _BOILERPLATE = object.__init__.__doc__
+# A one-axis jaxtyping shape, which Griffe would show unquoted (`Float[Array, B]`).
+_ONE_AXIS = re.compile(
+    r"(\b(?:Float|Int|Integer|Bool|Key|Shaped|UInt|Num)\[[\w.]+, )'?(\w+)'?\]"
+)
 _PRIVATE = re.compile(r"\beqx_specdec\._\w+(?:\.\w+)*\.(\w+)\b")
 _FIXED = (
     (re.compile(r"\b(?:jax\.)?jaxlib\._jax\.Array\b"), "jax.Array"),
     (re.compile(r"\bequinox\._module\._module\.Module\b"), "eqx.Module"),
     (re.compile(r"\bequinox\.Module\b"), "eqx.Module"),
     (re.compile(r"\bbuiltins\."), ""),
-)
+    # Shapes as the source writes them: `Float[Array, "k V"]`.
+    (re.compile(r"\b(?:jaxtyping\.)?(Float|Int|Integer|UInt|Bool|Key|Num|Real|Shaped|PyTree)"
+                r"\[(?:jax\.|numpy\.)?(Array|ArrayLike|ndarray)\b"), r"\1[\2"),
+    (re.compile(r"\bjaxtyping\.PyTree\b"), "PyTree"),
+)  # fmt: skip
 
 
 def public_name(text: str) -> str:
@@ -44,6 +52,9 @@ def _expression(value, parent):
     # The value itself where it names nothing private (it keeps its links), else the
     # public text, parsed back into an expression where it parses.
     text = None if value is None else public_name(str(value))
+    if text is not None and _ONE_AXIS.search(text):
+        # As text: an expression would drop the quotes.
+        return _ONE_AXIS.sub(r'\1"\2"]', text)
     if text is None or text == str(value):
         return value
     if isinstance(value, str):

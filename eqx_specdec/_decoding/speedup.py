@@ -84,8 +84,8 @@ def _seconds(fn) -> float:
 def measure_speedup(
     draft_model: Callable,
     target_model: Callable,
-    prompt_tokens: Int[ArrayLike, "batch prompt"],
-    prompt_lengths: Int[ArrayLike, " batch"] | None,
+    prompt_tokens: Int[ArrayLike, "B prompt"],
+    prompt_lengths: Int[ArrayLike, " B"] | None,
     num_tokens: int,
     key: Key[Array, ""],
     *,
