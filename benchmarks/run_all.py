@@ -66,7 +66,7 @@ QUICK = [
 def _commands(quick: bool) -> list[tuple[str, list[str]]]:
     commands = [(name, list(c)) for name, c in (QUICK if quick else FULL)]
     if importlib.util.find_spec("torch") is not None and not quick:
-        commands[1][1].append("--torch")
+        dict(commands)["warps"].append("--torch")
     if jax.default_backend() != "cpu" and jax.device_count() < 8:
         commands = [c for c in commands if c[0] != "sharding"]
     return commands

@@ -1,15 +1,17 @@
 """Every Python code block of README.md and of the docs pages runs as written.
 
-Each block is also fed line by line to the interactive interpreter, as a reader pasting it
-at the Python prompt does (where a blank line ends a class or function body), with the
-example scripts shown as listings: README's blocks run there, the other pages' are compiled
-statement by statement as the prompt would (running them twice would only double the
-suite's time). A page's blocks run in order in one namespace, as a reader pastes them one after another;
+A page's blocks run in order in one namespace, as a reader pastes them one after another;
 the inputs they need are defined in a visible block of the page itself (most with
 `eqx_specdec.example_inputs`). Blocks that include a file (`--8<--`) are the example
 scripts, run by `test_examples_run.py`. A block may be marked as a sketch that cannot run
 here by an HTML comment on the line before it, `<!-- not run: REASON -->`; the reasons are
 listed below, and a new one fails this test until it is listed.
+
+Each block is also fed line by line to the interactive interpreter, as a reader pasting it
+at the Python prompt does (where a blank line ends a class or function body), with the
+example scripts shown as listings: README's blocks run there, the other pages' are compiled
+statement by statement as the prompt would (running them twice would only double the
+suite's time).
 """
 
 import pathlib
