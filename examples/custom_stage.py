@@ -25,6 +25,7 @@ import eqx_specdec
 
 
 class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
+    exact: ClassVar[bool] = False  # lossy for lenience < 1
     lenience: Float[Array, ""] | float  # an array: sweeping it does not recompile
     uses_uniforms: ClassVar[bool] = True  # it reads accept_uniforms
     log_space: ClassVar[bool] = False  # it reads probabilities

@@ -17,6 +17,7 @@ import eqx_specdec
 
 
 class RecycledUniformTest(eqx_specdec.AbstractRatioTest):
+    exact: ClassVar[bool] = True  # a claim the quadrature checks
     rescale: bool = True  # False: the buggy version, the same u at every position
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False

@@ -27,6 +27,7 @@ def acceptance_products(draft_probs, target_probs, draft_law):
 class TargetOnlySampler(eqx_specdec.AbstractResidualSampler):
     """A classic bug: the correction drawn from p_n rather than the residual."""
 
+    draws: ClassVar[str] = "target"  # a classic bug: not the residual
     randomness: ClassVar[str] = "uniform"
     log_space: ClassVar[bool] = False
 

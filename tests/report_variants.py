@@ -103,7 +103,7 @@ def main():
         p,
     )
     _row("FLy, theta = 0.3, W = 1", quad(es.Verifier(es.FLyRatioTest(0.3, 1)), q, p), p)
-    schedule = es.ScheduledRatioTest(es.RatioTest(), relaxed, exact_tokens=1)
+    schedule = es.ScheduledRatioTest(es.RatioTest(), relaxed, strict_tokens=1)
     _row(
         "schedule: exact for 1 token, then top-N", quad(es.Verifier(schedule), q, p), p
     )

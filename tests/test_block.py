@@ -17,8 +17,11 @@ import eqx_specdec
 BLOCK = eqx_specdec.Verifier(
     eqx_specdec.BlockRatioTest(), eqx_specdec.LastSuccessCounter()
 )
-# The pitfall seen in peers: block weights with a first-failure count.
-FIRST_FAILURE_BLOCK = eqx_specdec.Verifier(eqx_specdec.BlockRatioTest())
+# The pitfall seen in peers: block weights with a first-failure count (refused unless
+# asked for by name).
+FIRST_FAILURE_BLOCK = eqx_specdec.Verifier(
+    eqx_specdec.BlockRatioTest(), eqx_specdec.PrefixCounter(), allow_mismatch=True
+)
 
 
 def _binary_toy(gamma):

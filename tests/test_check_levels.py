@@ -193,11 +193,14 @@ def test_compile_work_does_not_grow_with_the_batch():
 
 
 class _PastTheEndCounter(es.AbstractPrefixCounter):
+    counts: ClassVar[str] = "first failure"
+
     def __call__(self, passed):
         return jnp.sum(passed).astype(jnp.int32) + 10
 
 
 class _OutOfVocabularySampler(es.AbstractResidualSampler):
+    draws: ClassVar[str] = "residual"
     randomness: ClassVar[str] = "none"
     log_space: ClassVar[None] = None
 
@@ -208,6 +211,7 @@ class _OutOfVocabularySampler(es.AbstractResidualSampler):
 
 
 class _NaNScaleTest(es.AbstractRatioTest):
+    exact: ClassVar[bool] = True
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
     reads: ClassVar[str] = "draft tokens"

@@ -169,7 +169,10 @@ class _IIDRuleDraftingWithoutReplacement(DraftlessIIDRule):
     "verifier, options",
     [
         (es.Verifier(es.LenientRatioTest(0.3)), dict(proposal=CHAIN)),
-        (es.Verifier(es.BlockRatioTest(), es.PrefixCounter()), dict(proposal=CHAIN)),
+        (
+            es.Verifier(es.BlockRatioTest(), es.PrefixCounter(), allow_mismatch=True),
+            dict(proposal=CHAIN),
+        ),
         (es.TreeVerifier(_IIDRuleDraftingWithoutReplacement(), tree=TREE), {}),
         (es.Verifier(), dict(proposal=es.Chain(2, draft_length=PeekingLength()))),
     ],
@@ -458,6 +461,7 @@ class _UserRule(DraftlessIIDRule):
 class _RuleWithoutDrafting(es.AbstractNodeRule):
     """A node rule that does not say how its children are drafted."""
 
+    exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
     def test(self, residual, mass, draft, token, uniform):

@@ -188,11 +188,14 @@ def test_stage_shapes_are_checked_at_trace_time(stage, args, argument):
 
 
 class _WrongShapeCounter(eqx_specdec.AbstractPrefixCounter):
+    counts: ClassVar[str] = "first failure"
+
     def __call__(self, passed):
         return jnp.cumprod(passed.astype(jnp.int32))
 
 
 class _WrongRecordRatioTest(eqx_specdec.AbstractRatioTest):
+    exact: ClassVar[bool] = True
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
 

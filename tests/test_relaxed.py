@@ -102,7 +102,7 @@ def test_schedule_by_generated_position():
         )
 
     schedule = es.ScheduledRatioTest(
-        es.RatioTest(), relaxed, exact_tokens=4, generated=jnp.asarray(generated)
+        es.RatioTest(), relaxed, strict_tokens=4, generated=jnp.asarray(generated)
     )
     got = run(schedule)["num_accepted"]
     native, _ = _standard_passes(x, q, p, u)
@@ -111,14 +111,14 @@ def test_schedule_by_generated_position():
     np.testing.assert_array_equal(
         got, _first_failures(np.where(exact_here, native, loose))
     )
-    never = es.ScheduledRatioTest(es.RatioTest(), relaxed, exact_tokens=100)
+    never = es.ScheduledRatioTest(es.RatioTest(), relaxed, strict_tokens=100)
     np.testing.assert_array_equal(run(never)["tokens"], run(es.RatioTest())["tokens"])
-    always = es.ScheduledRatioTest(es.RatioTest(), relaxed, exact_tokens=0)
+    always = es.ScheduledRatioTest(es.RatioTest(), relaxed, strict_tokens=0)
     np.testing.assert_array_equal(run(always)["tokens"], run(relaxed)["tokens"])
 
 
 def test_schedule_in_the_decoding_loop():
-    """The loop tells the schedule each row's position: the first `exact_tokens` tokens
+    """The loop tells the schedule each row's position: the first `strict_tokens` tokens
     are those of the exact loop, bit for bit; later ones differ."""
     draft, target = es.builtin_models()
     prompts = np.tile(es.encode("the ")[None], (8, 1))
@@ -142,7 +142,7 @@ RELAXED = {
         top_n=2, delta=0.3, relaxed=jnp.asarray([False, True])
     ),
     "schedule": es.ScheduledRatioTest(
-        es.RatioTest(), es.TopNRelaxedRatioTest(top_n=2, delta=0.3), exact_tokens=1
+        es.RatioTest(), es.TopNRelaxedRatioTest(top_n=2, delta=0.3), strict_tokens=1
     ),
 }
 

@@ -158,6 +158,7 @@ def test_lossy_tree_rule_is_caught():
     """Control: without replacement drafting checked as if i.i.d. fails the same test."""
 
     class WrongRule(eqx_specdec.AbstractNodeRule):
+        exact: ClassVar[bool] = True  # a false claim, which the test catches
         uses_draft_probs: ClassVar[bool] = True
 
         def test(self, residual, mass, draft, token, uniform, child):
@@ -228,6 +229,7 @@ def test_a_bad_node_token_names_node_tokens():
 class SecondChildRule(eqx_specdec.AbstractNodeRule):
     """Accepts a node's second child only: it reads which sibling it tests."""
 
+    exact: ClassVar[bool] = False
     uses_draft_probs: ClassVar[bool] = False
 
     def test(self, residual, mass, draft, token, uniform, child):

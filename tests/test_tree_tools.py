@@ -32,6 +32,7 @@ def _case(tree, vocab=3, seed=0):
 class _ForgetfulRule(es.AbstractNodeRule):
     """A lossy control: a rejected candidate leaves the target unchanged."""
 
+    exact: ClassVar[bool] = True  # a false claim, which the tools catch
     uses_draft_probs: ClassVar[bool] = True
 
     def test(self, residual, mass, draft, token, uniform, child):

@@ -13,6 +13,7 @@ import eqx_specdec
 class LenientRatioTest(eqx_specdec.AbstractRatioTest):
     """Accept when `u * l * q(x) < p(x)`; `l = 1` is the standard rule."""
 
+    exact: ClassVar[bool] = False
     lenience: Float[Array, ""] | float = 1.0
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
@@ -28,6 +29,7 @@ class SwitchedRatioTest(eqx_specdec.AbstractRatioTest):
     """The standard test, with Python fields steering Python control flow: a `str`
     mode, a `bool` flag and an `int` (a tuple of positions to force-reject)."""
 
+    exact: ClassVar[bool] = False  # its forced rejections are lossy
     mode: str = "ratio"  # "ratio": u q < p; "division": u < p / q
     strict: bool = True
     rejected_positions: tuple[int, ...] = ()
@@ -51,14 +53,18 @@ class SwitchedRatioTest(eqx_specdec.AbstractRatioTest):
 class ArgminPrefixCounter(eqx_specdec.AbstractPrefixCounter):
     """The first failure found with `argmin`, rather than a cumulative product."""
 
+    counts: ClassVar[str] = "first failure"
+
     def __call__(self, passed: Bool[Array, " G"]) -> Int[Array, ""]:
         first_failure = jnp.argmin(passed).astype(jnp.int32)
         return jnp.where(jnp.all(passed), passed.shape[0], first_failure)
 
 
 class SearchsortedSampler(eqx_specdec.AbstractResidualSampler):
-    """The standard residual, normalised, searched with `jnp.searchsorted`."""
+    """The residual $(c_n p_n - q_n)_+$ (with the verdict's scale $c_n$), normalised,
+    searched with `jnp.searchsorted`."""
 
+    draws: ClassVar[str] = "residual"
     randomness: ClassVar[str] = "uniform"
     log_space: ClassVar[bool] = False
 
@@ -75,7 +81,8 @@ class SearchsortedSampler(eqx_specdec.AbstractResidualSampler):
         n = num_accepted
         p = target_probs[n]
         q = draft_probs[jnp.minimum(n, gamma - 1)]
-        residual = jnp.where(n < gamma, jnp.maximum(p - q, 0), p)
+        scale = verdict.residual_scale[jnp.minimum(n, gamma - 1)].astype(p.dtype)
+        residual = jnp.where(n < gamma, jnp.maximum(scale * p - q, 0), p)
         cdf = jnp.cumsum(residual / residual.sum())
         token = jnp.searchsorted(cdf, sample_uniform.astype(cdf.dtype), side="right")
         return jnp.minimum(token, p.shape[0] - 1).astype(jnp.int32)
@@ -85,6 +92,7 @@ class TopKArgmaxSampler(eqx_specdec.AbstractResidualSampler):
     """A deterministic correction through `jax.lax.top_k` with a Python `int` field:
     the most likely of the target's top `k` tokens at row n (the argmax, for any k)."""
 
+    draws: ClassVar[str] = "argmax"
     k: int = 3
     randomness: ClassVar[str] = "none"
     log_space: ClassVar[None] = None
@@ -116,6 +124,7 @@ class ScatterTokenAssembler(eqx_specdec.AbstractTokenAssembler):
 class UserIIDCandidates(eqx_specdec.AbstractNodeRule):
     """SpecInfer's i.i.d. rule written out, with its drafting and threshold capability."""
 
+    exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
     def test(self, residual, mass, draft, token, uniform, child):
@@ -140,6 +149,7 @@ class DraftlessIIDRule(eqx_specdec.AbstractNodeRule):
     """The i.i.d. rule's test and update, without the drafting (`candidate_law`) and
     exact-evaluation (`pass_threshold`) capabilities."""
 
+    exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
     def test(self, residual, mass, draft, token, uniform, child):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int, Key
 
+from .._exactness import refuse_inexact
 from .._models.cached import check_model, initial_states, is_cached, prefill
 from .._proposal.abstract_proposal import AbstractProposal, ModelOutputs, Models
 from .._proposal.chain import Chain
@@ -386,6 +387,7 @@ def speculative_decode(
     logprobs: bool = False,
     stop_tokens: Sequence[int] = (),
     max_lengths: Int[Array, " B"] | None = None,
+    exact_only: bool = False,
 ) -> DecodeResult:
     """Generates `num_tokens` tokens for each of a batch of prompts by speculative
     decoding, in one compiled `jax.lax.while_loop`.
@@ -463,6 +465,10 @@ def speculative_decode(
         its steps end there. Default none.
     - `max_lengths`: integer of shape `(B,)`, each row's most generated tokens, in
         `[1, num_tokens]`; `None` (the default) for `num_tokens` each.
+    - `exact_only`: `True` to refuse a verifier whose `exact` is False (a lossy rule,
+        or stages built with `allow_mismatch=True`), for generation that must follow
+        the target exactly (evaluation, reinforcement-learning rollouts). Default
+        `False`.
 
     Each row's generated length and why it finished are in `DecodeResult.lengths` and
     `DecodeResult.finish_reasons`; its tokens after its length are -1.
@@ -477,6 +483,7 @@ def speculative_decode(
                 f"speculative_decode(`{name}`=...) must be a Python bool, got {flag!r}."
             )
     proposal = resolve_proposal(proposal, verifier)
+    refuse_inexact("speculative_decode", verifier, exact_only)
     proposal.check_models(draft_model, target_model)
     prompt_lengths = check_decode_arguments(
         prompt_tokens, prompt_lengths, num_tokens, outputs

@@ -7,8 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._capabilities import require
-from .._errors import MissingCapabilityError
+from .._capabilities import has_capability, require
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
 from .._verify.dispatch import FilterJit
 from .._verify.verifier import Verifier
@@ -82,11 +81,17 @@ def _check_cost(rows: int, gamma: int, vocab: int):
         )
 
 
-def stage_breakpoints(verifier: Verifier, draft_probs, target_probs) -> dict:
+def stage_breakpoints(
+    verifier: Verifier, draft_probs, target_probs, given: bool = False
+) -> dict:
     """The breakpoints the verifier's ratio test and sampler declare (their
-    `quadrature_breakpoints` capability), merged."""
+    `quadrature_breakpoints` capability), merged. A stage without the capability is an
+    error, unless the caller `given` breakpoints of their own (which then stand for
+    that stage's; the other stage's are still merged)."""
     found = {"accept_breakpoints": [], "sample_breakpoints": []}
     for stage in (verifier.ratio_test, verifier.residual_sampler):
+        if given and not has_capability(stage, "quadrature_breakpoints"):
+            continue
         require(
             stage,
             "quadrature_breakpoints",
@@ -182,16 +187,12 @@ def emission_by_quadrature(
     _check_cost(math.prod(int(np.count_nonzero(row > 0)) for row in law), gamma, vocab)
     if log_inputs is None:
         log_inputs = _reads_logs(verifier)
-    try:
-        declared = stage_breakpoints(
-            verifier,
-            None if draft_probs is None else np.asarray(draft_probs, np.float64),
-            np.asarray(target_probs, np.float64),
-        )
-    except MissingCapabilityError:
-        if accept_breakpoints is None and sample_breakpoints is None:
-            raise
-        declared = dict(accept_breakpoints=None, sample_breakpoints=None)
+    declared = stage_breakpoints(
+        verifier,
+        None if draft_probs is None else np.asarray(draft_probs, np.float64),
+        np.asarray(target_probs, np.float64),
+        given=accept_breakpoints is not None or sample_breakpoints is not None,
+    )
     accept_breakpoints = _merge(accept_breakpoints, declared["accept_breakpoints"], 1)
     sample_breakpoints = _merge(sample_breakpoints, declared["sample_breakpoints"], 0)
     sequences = [

@@ -66,6 +66,32 @@ def block_h(cum, z):
     return jnp.concatenate([h, cum[gamma:]])
 
 
+PassRow = Float[Array, " G"]
+
+
+class LastSuccessCounter(AbstractPrefixCounter):
+    """Block verification's count: the position of the **last** pass,
+
+    $$n = \\max\\{k : \\text{passed}_{k-1}\\} \\quad (0 \\text{ if none}),$$
+
+    so that passes after a failure still count. Paired with
+    [`eqx_specdec.BlockRatioTest`][]. (With the standard test this would not be lossless;
+    with the block test, the first-failure count would not be.)
+    """
+
+    counts: ClassVar[str] = "last success"
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(self, passed: PassedRow) -> IntScalar:
+        positions = jnp.arange(1, passed.shape[0] + 1, dtype=jnp.int32)
+        return jnp.max(jnp.where(passed, positions, 0)).astype(jnp.int32)
+
+    def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
+        """$P(n \\ge k) = 1 - \\prod_{i \\ge k - 1} (1 - a_i)$: some test from position
+        $k - 1$ on passes."""
+        return 1 - jax.lax.cumprod(1 - pass_probs, reverse=True)
+
+
 class BlockRatioTest(AbstractRatioTest):
     """Block verification (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh;
     ICLR 2025): the test that, with [`eqx_specdec.LastSuccessCounter`][] and the standard
@@ -93,6 +119,8 @@ class BlockRatioTest(AbstractRatioTest):
     - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
+    exact: ClassVar[bool] = True
+    counter: ClassVar[AbstractPrefixCounter] = LastSuccessCounter()
     uses_uniforms: ClassVar[bool] = True
     theory: ClassVar[Literal["exact", "lower bound"]] = "lower bound"
     log_space: bool = eqx.field(static=True, default=False)
@@ -191,27 +219,3 @@ class BlockRatioTest(AbstractRatioTest):
         # Z_k as the sum over shards of each shard's part.
         cum, h = self._cumulative_and_h(p_x, q_x, draft_probs, target_probs, shard.sum)
         return Verdict(accept_uniforms.astype(h.dtype) < h, cum[:-1])
-
-
-PassRow = Float[Array, " G"]
-
-
-class LastSuccessCounter(AbstractPrefixCounter):
-    """Block verification's count: the position of the **last** pass,
-
-    $$n = \\max\\{k : \\text{passed}_{k-1}\\} \\quad (0 \\text{ if none}),$$
-
-    so that passes after a failure still count. Paired with
-    [`eqx_specdec.BlockRatioTest`][]. (With the standard test this would not be lossless;
-    with the block test, the first-failure count would not be.)
-    """
-
-    @jaxtyped(typechecker=beartype)
-    def __call__(self, passed: PassedRow) -> IntScalar:
-        positions = jnp.arange(1, passed.shape[0] + 1, dtype=jnp.int32)
-        return jnp.max(jnp.where(passed, positions, 0)).astype(jnp.int32)
-
-    def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
-        """$P(n \\ge k) = 1 - \\prod_{i \\ge k - 1} (1 - a_i)$: some test from position
-        $k - 1$ on passes."""
-        return 1 - jax.lax.cumprod(1 - pass_probs, reverse=True)

@@ -26,6 +26,49 @@ from .residual_sampler import (
 from .verdict import Verdict
 
 
+class ArgmaxSampler(AbstractResidualSampler):
+    """The greedy correction: $y = \\arg\\max_v p_n(v)$ (ties: the lowest id), the
+    target's most likely token at the first rejected position (or the bonus position).
+
+    Deterministic (`randomness = "none"`); reads only row $n$ of `target_probs`. Works on
+    probabilities and log-probabilities alike. With [`eqx_specdec.GreedyRatioTest`][] it
+    gives greedy verification; with [`eqx_specdec.TypicalRatioTest`][], Medusa's typical
+    acceptance.
+    """
+
+    randomness: ClassVar[Randomness] = "none"
+    draws: ClassVar[str] = "argmax"
+    reads: ClassVar[Reads] = "row n"
+    log_space: ClassVar[None] = None
+
+    @jaxtyped(typechecker=beartype)
+    def __call__(
+        self,
+        num_accepted: IntScalar,
+        verdict: Verdict,
+        draft_tokens: DraftTokensRow,
+        draft_probs: DraftProbsRow | None,
+        target_probs: TargetProbsRow,
+        sample_uniform: SampleRandomness,
+    ) -> IntScalar:
+        return jnp.argmax(target_probs[num_accepted]).astype(jnp.int32)
+
+    def quadrature_breakpoints(self, draft_probs, target_probs):
+        return {}
+
+    def vocab_parallel(
+        self,
+        shard,
+        num_accepted,
+        verdict,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        sample_uniform,
+    ):
+        return shard.argmax(target_probs[num_accepted])
+
+
 class GreedyRatioTest(AbstractRatioTest):
     """Greedy verification (temperature 0): $x_i$ passes when it is the target's most
     likely token, $x_i = \\arg\\max_v p_i(v)$ (ties: the lowest id).
@@ -36,6 +79,8 @@ class GreedyRatioTest(AbstractRatioTest):
     (`log_space = None`). Implements every capability.
     """
 
+    exact: ClassVar[bool] = True
+    sampler: ClassVar[AbstractResidualSampler] = ArgmaxSampler()
     uses_uniforms: ClassVar[bool] = False
     log_space: ClassVar[None] = None
 
@@ -66,45 +111,3 @@ class GreedyRatioTest(AbstractRatioTest):
     ):
         best = shard.argmax(target_probs[:-1])
         return Verdict(best == draft_tokens.astype(jnp.int32))
-
-
-class ArgmaxSampler(AbstractResidualSampler):
-    """The greedy correction: $y = \\arg\\max_v p_n(v)$ (ties: the lowest id), the
-    target's most likely token at the first rejected position (or the bonus position).
-
-    Deterministic (`randomness = "none"`); reads only row $n$ of `target_probs`. Works on
-    probabilities and log-probabilities alike. With [`eqx_specdec.GreedyRatioTest`][] it
-    gives greedy verification; with [`eqx_specdec.TypicalRatioTest`][], Medusa's typical
-    acceptance.
-    """
-
-    randomness: ClassVar[Randomness] = "none"
-    reads: ClassVar[Reads] = "row n"
-    log_space: ClassVar[None] = None
-
-    @jaxtyped(typechecker=beartype)
-    def __call__(
-        self,
-        num_accepted: IntScalar,
-        verdict: Verdict,
-        draft_tokens: DraftTokensRow,
-        draft_probs: DraftProbsRow | None,
-        target_probs: TargetProbsRow,
-        sample_uniform: SampleRandomness,
-    ) -> IntScalar:
-        return jnp.argmax(target_probs[num_accepted]).astype(jnp.int32)
-
-    def quadrature_breakpoints(self, draft_probs, target_probs):
-        return {}
-
-    def vocab_parallel(
-        self,
-        shard,
-        num_accepted,
-        verdict,
-        draft_tokens,
-        draft_probs,
-        target_probs,
-        sample_uniform,
-    ):
-        return shard.argmax(target_probs[num_accepted])

@@ -45,6 +45,7 @@ class GumbelSampler(AbstractResidualSampler):
     """
 
     randomness: ClassVar[Randomness] = "key"
+    draws: ClassVar[str] = "residual"
     reads: ClassVar[Reads] = "row n"
     log_space: bool = eqx.field(static=True, default=False)
 

@@ -2,10 +2,12 @@
 accepted) and the standard count."""
 
 import abc
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
 from beartype import beartype
+from equinox import AbstractClassVar
 from jaxtyping import Array, Float, jaxtyped
 
 from .._capabilities import capability
@@ -20,7 +22,17 @@ class AbstractPrefixCounter(eqx.Module):
     draft tokens $n \\in \\{0, \\dots, G\\}$ of one row.
 
     The count is a traced value: implementations must not branch on it in Python.
+
+    **Declared by every subclass:**
+
+    - `counts` (class attribute, str): which count it performs, `"first failure"` (the
+        standard count) or `"last success"` (block verification's), or a name of your
+        own. A ratio test fits the counters whose `counts` equals its own counter's
+        (see [`eqx_specdec.AbstractRatioTest`][]'s `counter`); a
+        [`eqx_specdec.Verifier`][] refuses a counter that does not fit an exact test.
     """
+
+    counts: AbstractClassVar[str]
 
     @abc.abstractmethod
     def __call__(self, passed: PassedRow) -> IntScalar:
@@ -62,6 +74,8 @@ class PrefixCounter(AbstractPrefixCounter):
 
     or $G$ when every test passes. Outcomes after the first failure do not matter.
     """
+
+    counts: ClassVar[str] = "first failure"
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, passed: PassedRow) -> IntScalar:

@@ -23,6 +23,8 @@ from .._custom_types import (
 from .._errors import missing_capability
 from .._misc import check_hyperparameter
 from .gather import gather_draft_probs
+from .prefix_counter import AbstractPrefixCounter, PrefixCounter
+from .residual_sampler import AbstractResidualSampler, ResidualSampler
 from .verdict import Verdict
 from .vocab_shard import VocabShard
 
@@ -48,6 +50,12 @@ class AbstractRatioTest(eqx.Module):
 
     **Declared by every subclass:**
 
+    - `exact` (class attribute, bool): whether the rule is exact: with the counter and
+        sampler it names below, the emitted tokens follow `emission_target` (the target
+        itself, for every sampling rule) exactly. `False` for a lossy rule (lenient,
+        typical, relaxed). A [`eqx_specdec.Verifier`][] is exact when its test is and
+        its other stages fit the test (`verifier.exact`); the exactness tools check
+        this claim ([`eqx_specdec.emission_by_quadrature`][]).
     - `uses_uniforms` (class attribute, bool): whether the test reads `accept_uniforms`.
         If `False`, `accept_uniforms` may be `None` at the entry points.
     - `log_space` (a field or class attribute, `bool | None`): `False` if the test reads
@@ -64,6 +72,13 @@ class AbstractRatioTest(eqx.Module):
 
     **Declared with a default:**
 
+    - `counter` and `sampler` (class attributes, default
+        [`eqx_specdec.PrefixCounter`][]`()` and [`eqx_specdec.ResidualSampler`][]`()`):
+        the stages the rule's law needs. A [`eqx_specdec.Verifier`][] built with the test
+        alone uses them (block verification brings its
+        [`eqx_specdec.LastSuccessCounter`][]), and refuses, for an exact test, a counter
+        or sampler that does not fit them: one whose `counts` (or `draws`) differs from
+        theirs.
     - `reads` (class attribute): which values of the distributions the test reads, so
         that the entry points' default checks (`check_inputs="read"`) validate exactly
         those: `"draft tokens"` ($p_i(x_i)$ and $q_i(x_i)$ only, as the standard test)
@@ -80,8 +95,11 @@ class AbstractRatioTest(eqx.Module):
         own slice; `in_decoding_loop` may fill them each step.
     """
 
+    exact: AbstractClassVar[bool]
     uses_uniforms: AbstractClassVar[bool]
     log_space: AbstractVar[bool | None]
+    counter: ClassVar[AbstractPrefixCounter] = PrefixCounter()
+    sampler: ClassVar[AbstractResidualSampler] = ResidualSampler()
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "whole rows"
     row_fields: ClassVar[dict[str, int]] = {}
     theory: ClassVar[TheoryKind] = "exact"
@@ -284,6 +302,7 @@ class RatioTest(AbstractRatioTest):
         underflow (what [`eqx_specdec.speculative_accept_logits`][] uses).
     """
 
+    exact: ClassVar[bool] = True
     uses_uniforms: ClassVar[bool] = True
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
     log_space: bool = eqx.field(static=True, default=False)
@@ -332,6 +351,7 @@ class LenientRatioTest(AbstractRatioTest):
     - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
+    exact: ClassVar[bool] = False
     uses_uniforms: ClassVar[bool] = True
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
     lenience: Float[Array, ""] | float = 1.0

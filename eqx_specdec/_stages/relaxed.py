@@ -56,6 +56,7 @@ class TopNRelaxedRatioTest(AbstractRatioTest):
         (by row and position, a reasoning span say). Default `True`.
     """
 
+    exact: ClassVar[bool] = False
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
     row_fields: ClassVar[dict[str, int]] = {"relaxed": 1}
@@ -135,6 +136,7 @@ class FLyRatioTest(AbstractRatioTest):
         $G \\le 6$ is verified as by the standard test).
     """
 
+    exact: ClassVar[bool] = False
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
     theory: ClassVar[Literal["exact", "lower bound"]] = "lower bound"
@@ -181,39 +183,40 @@ class FLyRatioTest(AbstractRatioTest):
 
 @no_type_check
 class ScheduledRatioTest(AbstractRatioTest):
-    """A schedule of two ratio tests by generated position: `exact` for the first
-    `exact_tokens` tokens of a response, `relaxed` after (exact verification while a
+    """A schedule of two ratio tests by generated position: `strict` for the first
+    `strict_tokens` tokens of a response, `relaxed` after (exact verification while a
     response sets its course, a relaxed rule once it is under way). Draft position $i$
     of a row that has generated $g$ tokens is the response's token $g + i$.
 
     In [`eqx_specdec.speculative_decode`][] the loop sets $g$ for every row at every
     step (`in_decoding_loop`). For one step, give it as `generated`. Lossless where
-    `exact` runs, if `exact` is; each position takes the verdict of its test (residual
+    `strict` runs, if `strict` is; each position takes the verdict of its test (residual
     scales must be both absent or both present). Probabilities only.
 
     **Arguments:**
 
-    - `exact`: the test for the first tokens. Default [`eqx_specdec.RatioTest`][].
+    - `strict`: the test for the first tokens. Default [`eqx_specdec.RatioTest`][].
     - `relaxed`: the test after. Default [`eqx_specdec.TopNRelaxedRatioTest`][].
-    - `exact_tokens`: $L \\ge 0$, an int or a scalar array. Default 0.
+    - `strict_tokens`: $L \\ge 0$, an int or a scalar array. Default 0.
     - `generated`: $g$, an int, or an integer array of shape `(B,)` (one per row).
         Default 0.
     """
 
-    exact: AbstractRatioTest = RatioTest()
+    strict: AbstractRatioTest = RatioTest()
     relaxed: AbstractRatioTest = TopNRelaxedRatioTest()
-    exact_tokens: Int[Array, ""] | int = 0
+    strict_tokens: Int[Array, ""] | int = 0
     generated: Int[Array, "*B"] | int = 0
+    exact: ClassVar[bool] = False
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[bool] = False
     row_fields: ClassVar[dict[str, int]] = {"generated": 0}
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
-        name: (("exact", name), ("relaxed", name))
+        name: (("strict", name), ("relaxed", name))
         for name in ("pass_probabilities", "quadrature_breakpoints")
     }
 
     def __check_init__(self):
-        for name in ("exact", "relaxed"):
+        for name in ("strict", "relaxed"):
             test = getattr(self, name)
             if not isinstance(test, AbstractRatioTest):
                 raise TypeError(
@@ -231,14 +234,14 @@ class ScheduledRatioTest(AbstractRatioTest):
                     "the schedule's tests shared by the batch (without the batch axis)."
                 )
         check_hyperparameter(
-            "exact_tokens", self.exact_tokens, 0.0, float("inf"), low_open=False
+            "strict_tokens", self.strict_tokens, 0.0, float("inf"), low_open=False
         )
 
-    def _exact_here(self, gamma):
+    def _strict_here(self, gamma):
         first = jnp.asarray(self.generated, jnp.int32) + jnp.arange(
             gamma, dtype=jnp.int32
         )
-        return first < jnp.asarray(self.exact_tokens, jnp.int32)
+        return first < jnp.asarray(self.strict_tokens, jnp.int32)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -249,8 +252,8 @@ class ScheduledRatioTest(AbstractRatioTest):
         accept_uniforms: AcceptUniformsRow,
     ) -> Verdict:
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        exact, relaxed = self.exact(*inputs), self.relaxed(*inputs)
-        here = self._exact_here(draft_tokens.shape[0])
+        exact, relaxed = self.strict(*inputs), self.relaxed(*inputs)
+        here = self._strict_here(draft_tokens.shape[0])
         if (exact.residual_scale is None) != (relaxed.residual_scale is None):
             raise ValueError(
                 "ScheduledRatioTest: one test returns a residual scale and the other "
@@ -265,18 +268,18 @@ class ScheduledRatioTest(AbstractRatioTest):
     def theory(self) -> Literal["exact", "lower bound"]:
         """Exact when both tests' pass probabilities are (static: read from their
         classes)."""
-        both = (self.exact.theory, self.relaxed.theory)
+        both = (self.strict.theory, self.relaxed.theory)
         return "exact" if both == ("exact", "exact") else "lower bound"
 
     def pass_probabilities(self, draft_law, target_probs):
-        exact = self.exact.pass_probabilities(draft_law, target_probs)
+        exact = self.strict.pass_probabilities(draft_law, target_probs)
         relaxed = self.relaxed.pass_probabilities(draft_law, target_probs)
-        here = self._exact_here(draft_law.shape[0])[:, None]
+        here = self._strict_here(draft_law.shape[0])[:, None]
         return jnp.where(here, exact, relaxed)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         merged = {}
-        for test in (self.exact, self.relaxed):
+        for test in (self.strict, self.relaxed):
             for key, value in test.quadrature_breakpoints(
                 draft_probs, target_probs
             ).items():

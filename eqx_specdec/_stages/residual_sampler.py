@@ -109,6 +109,12 @@ class AbstractResidualSampler(eqx.Module):
         sampler is deterministic; the entry points then accept `sample_uniforms=None`).
     - `log_space` (a field or class attribute, `bool | None`): as for
         [`eqx_specdec.AbstractRatioTest`][].
+    - `draws` (class attribute, str): which law the token follows, `"residual"` (an
+        exact sample of the residual above: the standard and Gumbel samplers),
+        `"argmax"` (its most likely token: greedy decoding), or a name of your own
+        (`"typical"`). A ratio test fits the samplers whose `draws` equals its own
+        sampler's (see [`eqx_specdec.AbstractRatioTest`][]'s `sampler`); a
+        [`eqx_specdec.Verifier`][] refuses a sampler that does not fit an exact test.
 
     **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
     `quadrature_breakpoints` (exact evaluation), `vocab_parallel` (vocabulary sharding).
@@ -122,6 +128,7 @@ class AbstractResidualSampler(eqx.Module):
 
     randomness: AbstractClassVar[Randomness]
     log_space: AbstractVar[bool | None]
+    draws: AbstractClassVar[str]
     reads: ClassVar[Reads] = "whole rows"
 
     @abc.abstractmethod
@@ -249,6 +256,7 @@ class ResidualSampler(AbstractResidualSampler):
 
     randomness: ClassVar[Randomness] = "uniform"
     reads: ClassVar[Reads] = "row n"
+    draws: ClassVar[str] = "residual"
     log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)

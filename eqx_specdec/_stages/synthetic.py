@@ -37,6 +37,7 @@ class SyntheticRatioTest(AbstractRatioTest):
         without recompiling.
     """
 
+    exact: ClassVar[bool] = False
     uses_uniforms: ClassVar[bool] = True
     log_space: ClassVar[None] = None
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"

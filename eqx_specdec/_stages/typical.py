@@ -18,6 +18,7 @@ from .._custom_types import (
 )
 from .._misc import check_hyperparameter, compute_dtype
 from .._search import has_mass, inverse_cdf
+from .greedy import ArgmaxSampler
 from .ratio_test import AbstractRatioTest
 from .residual_sampler import AbstractResidualSampler
 from .verdict import Verdict
@@ -50,8 +51,9 @@ class TypicalRatioTest(AbstractRatioTest):
     H(p) = -\\sum_v p(v) \\log(p(v) + 10^{-5}).$$
 
     **Lossy**: tokens the target finds typical enough are kept whatever their exact
-    probability. Needs no $q$ and no uniforms; reads the whole rows $p_i$. Pair with
-    [`eqx_specdec.ArgmaxSampler`][] (the Medusa default) or
+    probability. Needs no $q$ and no uniforms; reads the whole rows $p_i$. Pairs with
+    [`eqx_specdec.ArgmaxSampler`][] (the Medusa default, what a
+    [`eqx_specdec.Verifier`][] built with the test alone uses) or
     [`eqx_specdec.TypicalSampler`][]. Has no vocabulary-parallel form (the entropy
     needs whole rows).
 
@@ -62,6 +64,8 @@ class TypicalRatioTest(AbstractRatioTest):
     - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
+    exact: ClassVar[bool] = False
+    sampler: ClassVar[AbstractResidualSampler] = ArgmaxSampler()
     uses_uniforms: ClassVar[bool] = False
     epsilon: Float[Array, ""] | float = 0.09
     delta: Float[Array, ""] | float = 0.3
@@ -109,6 +113,7 @@ class TypicalSampler(AbstractResidualSampler):
     """
 
     randomness: ClassVar[str] = "uniform"
+    draws: ClassVar[str] = "typical"
     reads: ClassVar[str] = "row n"
     epsilon: Float[Array, ""] | float = 0.09
     delta: Float[Array, ""] | float = 0.3

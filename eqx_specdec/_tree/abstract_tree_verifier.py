@@ -35,7 +35,8 @@ class AbstractTreeVerifier(eqx.Module):
     the one after node `i`; `draft_probs` likewise (the law the node's children were drawn
     from; `None` where the drafting rule reads no draft).
 
-    **Declared by every subclass:** `row`, `drafting_rule`, and the field `tree`: the
+    **Declared by every subclass:** `row`, `drafting_rule`, `exact` (a property: whether
+    the verifier is exact, a Python bool), and the field `tree`: the
     shape of the trees it verifies in [`eqx_specdec.speculative_decode`][] and the
     evaluation tools, the parent of each node in depth-first order as a tuple of Python
     ints (validated when the verifier is built), or `None`
@@ -49,6 +50,13 @@ class AbstractTreeVerifier(eqx.Module):
 
     tree: eqx.AbstractVar[tuple[int, ...] | None]
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
+
+    @property
+    @abc.abstractmethod
+    def exact(self) -> bool:
+        """Whether the verifier is exact: with children drafted by its `drafting_rule`,
+        the emitted tokens follow the target exactly. A Python bool, known before
+        tracing."""
 
     def __check_init__(self):
         if self.tree is not None:

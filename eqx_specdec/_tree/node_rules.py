@@ -29,8 +29,10 @@ class AbstractNodeRule(eqx.Module):
     The evolving target is kept unnormalised, as `residual` with total `mass`:
     $p^{(k)} = \\text{residual} / \\text{mass}$.
 
-    **Declared by every subclass:** `uses_draft_probs` (class attribute): whether the
-    rule reads the draft distributions (if not, `draft_probs` may be `None`).
+    **Declared by every subclass:** `exact` (class attribute): whether the rule is
+    exact (the emitted tokens follow the target exactly when children are drafted from
+    its `candidate_law`); `uses_draft_probs` (class attribute): whether the rule reads
+    the draft distributions (if not, `draft_probs` may be `None`).
 
     **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
     `candidate_law` (how the decoding loop and the evaluation tools draft a node's
@@ -44,6 +46,7 @@ class AbstractNodeRule(eqx.Module):
     children one by one against it.
     """
 
+    exact: AbstractClassVar[bool]
     uses_draft_probs: AbstractClassVar[bool]
 
     @abc.abstractmethod
@@ -181,6 +184,7 @@ class IIDCandidates(AbstractNodeRule):
     2024): accept $c_k$ if $u_k < p^{(k)}(c_k) / q(c_k)$; else
     $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - q)_+)$. Lossless."""
 
+    exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
     def candidate_law(self, draft, drafted):
@@ -205,6 +209,7 @@ class WithoutReplacementCandidates(AbstractNodeRule):
     [`eqx_specdec.IIDCandidates`][], with the draft updated after each rejection,
     $q^{(k+1)}(v) = q^{(k)}(v)\\,[v \\ne c_k] / (1 - q^{(k)}(c_k))$. Lossless."""
 
+    exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
     def candidate_law(self, draft, drafted):
@@ -241,6 +246,7 @@ class DeterministicCandidates(AbstractNodeRule):
     that some child is accepted is $\\sum_k p(c_k)$. Lossless. Its children are the draft's
     most likely tokens, in order (`candidate_law` is one-hot)."""
 
+    exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = False
 
     def candidate_law(self, draft, drafted):
@@ -289,6 +295,7 @@ class _TopPlusOne(AbstractNodeRule):
     [`eqx_specdec.DeterministicCandidates`][] tests its children. The first phase is
     marked by the evolving draft, zeroed after it."""
 
+    exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
     @abc.abstractmethod

@@ -16,6 +16,7 @@ from .._custom_types import (
     TreeOutputs,
     TreeProbsRow,
 )
+from .._exactness import refuse_inexact
 from .._misc import compute_dtype
 from .._search import inverse_cdf
 from .._verify.abstract_verifier import malformed_tokens
@@ -66,6 +67,11 @@ class TreeVerifier(AbstractTreeVerifier):
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
         "forced_walk": (("node_rule", "pass_threshold"),)
     }
+
+    @property
+    def exact(self) -> bool:
+        """Whether the node rule is exact (its `exact` declaration)."""
+        return self.node_rule.exact
 
     def drafting_rule(self) -> AbstractNodeRule:
         return self.node_rule
@@ -241,6 +247,7 @@ def tree_accept(
     logprobs: LogProbs | None = None,
     allowed: Array | None = None,
     draft_allowed: bool = True,
+    exact_only: bool = False,
 ) -> dict[str, Array]:
     """Verifies a batch of draft trees (see [`eqx_specdec.AbstractTreeVerifier`][] for
     the layout).
@@ -268,6 +275,8 @@ def tree_accept(
     - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][];
         both `"read"` and `"all"` check every row (the walk reads them all),
         plus the depth-first order of `parents`.
+    - `exact_only`: `True` to refuse a verifier whose `exact` is False, as for
+        [`eqx_specdec.speculative_accept`][].
 
     **Returns:**
 
@@ -280,6 +289,7 @@ def tree_accept(
             "`verifier` must be an eqx_specdec.AbstractTreeVerifier (TreeVerifier or "
             f"TraversalVerifier); got {type(verifier).__name__}."
         )
+    refuse_inexact("tree_accept", verifier, exact_only)
     node_tokens = jnp.asarray(node_tokens)
     if parents is None:
         tree = tree_of(verifier, "tree_accept with `parents=None`")

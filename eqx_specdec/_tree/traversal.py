@@ -86,6 +86,11 @@ class TraversalVerifier(AbstractTreeVerifier):
                 f"largest depth of the trees) or None; got {self.max_depth!r}."
             )
 
+    @property
+    def exact(self) -> bool:
+        """Always: traversal verification is exact."""
+        return True
+
     def drafting_rule(self) -> AbstractNodeRule:
         return WithoutReplacementCandidates()
 

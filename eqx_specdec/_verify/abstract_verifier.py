@@ -76,6 +76,17 @@ class AbstractVerifier(eqx.Module):
     residual_sampler: AbstractVar[AbstractResidualSampler]
     token_assembler: AbstractVar[AbstractTokenAssembler]
 
+    @property
+    def exact(self) -> bool:
+        """Whether the verifier is exact: its emitted tokens follow the ratio test's
+        `emission_target` (the target, for every sampling rule) exactly. True when the
+        ratio test declares `exact = True` and the counter and sampler fit it (their
+        `counts` and `draws` equal those of the test's own `counter` and `sampler`).
+        A Python bool, known before tracing."""
+        return self.ratio_test.exact and not stage_mismatches(
+            self.ratio_test, self.prefix_counter, self.residual_sampler
+        )
+
     @abc.abstractmethod
     def __call__(
         self,
@@ -111,6 +122,29 @@ class AbstractVerifier(eqx.Module):
             draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
         )
         return outputs, RowReport()
+
+
+def stage_mismatches(
+    ratio_test: AbstractRatioTest,
+    prefix_counter: AbstractPrefixCounter,
+    residual_sampler: AbstractResidualSampler,
+) -> list[str]:
+    """What does not fit `ratio_test` among the other stages: for each of the counter
+    and sampler whose declaration (`counts`, `draws`) differs from that of the test's
+    own `counter` and `sampler`, a sentence naming both stages."""
+    test = type(ratio_test).__name__
+    found = []
+    for role, stage, needed, key in (
+        ("prefix_counter", prefix_counter, ratio_test.counter, "counts"),
+        ("residual_sampler", residual_sampler, ratio_test.sampler, "draws"),
+    ):
+        have, want = getattr(stage, key), getattr(needed, key)
+        if have != want:
+            found.append(
+                f"`{role}` {type(stage).__name__} ({key} {have!r}) does not fit "
+                f"{test}, whose law needs {type(needed).__name__} ({key} {want!r})"
+            )
+    return found
 
 
 def check_stages(owner: str, stages: dict):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
 from .._custom_types import DraftProbs, DraftTokens, TargetProbs
+from .._exactness import refuse_inexact
 from .abstract_verifier import AbstractVerifier
 from .checks import CheckLevel
 from .dispatch import entry_point
@@ -70,6 +71,7 @@ def speculative_accept_from_key(
     verifier: AbstractVerifier = Verifier(),
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
+    exact_only: bool = False,
 ) -> dict[str, Array]:
     """[`eqx_specdec.speculative_accept`][] with its randomness drawn from a key, by
     [`eqx_specdec.uniforms_from_key`][]: the same key and inputs always give the same
@@ -79,12 +81,13 @@ def speculative_accept_from_key(
 
     - `key`: a `jax.random` key.
     - `draft_tokens`, `draft_probs`, `target_probs`, `verifier`, `check_inputs`,
-        `logprobs`: as for [`eqx_specdec.speculative_accept`][].
+        `logprobs`, `exact_only`: as for [`eqx_specdec.speculative_accept`][].
 
     **Returns:**
 
     As [`eqx_specdec.speculative_accept`][].
     """
+    refuse_inexact("speculative_accept_from_key", verifier, exact_only)
     batch, gamma = jnp.shape(draft_tokens)
     accept, sample = uniforms_from_key(key, batch, gamma, verifier=verifier)
     # The undecorated function, traced inline: its checks' status reaches this entry
@@ -98,4 +101,5 @@ def speculative_accept_from_key(
         verifier=verifier,
         check_inputs=check_inputs,
         logprobs=logprobs,
+        exact_only=exact_only,
     )

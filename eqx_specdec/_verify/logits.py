@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
+from .._exactness import refuse_inexact
 from .._misc import compute_dtype
 from .._stages.prefix_counter import PrefixCounter
 from .._stages.ratio_test import RatioTest
@@ -132,6 +133,7 @@ def speculative_accept_logits(
     history: Int[Array, "B length"] | None = None,
     allowed: Array | None = None,
     draft_allowed: bool = True,
+    exact_only: bool = False,
 ) -> dict[str, Array]:
     """Runs one verification step on logits, with a logit bias, temperature, top-k, top-p
     and min-p.
@@ -175,6 +177,7 @@ def speculative_accept_logits(
         [`eqx_specdec.speculative_accept`][]: the disallowed logits become $-\\infty$
         before the warps (of the target, and of the draft when it sampled under the
         mask).
+    - `exact_only`: as for [`eqx_specdec.speculative_accept`][].
     - `logprobs`: `None` (the default), or an [`eqx_specdec.LogProbs`][]: the
         log-probabilities of the emitted tokens under the warped target $\\tilde p$
         (and, with `raw=True`, under `log_softmax(target_logits)`).
@@ -184,6 +187,7 @@ def speculative_accept_logits(
     As [`eqx_specdec.speculative_accept`][].
     """
     level = check_level(check_inputs)
+    refuse_inexact("speculative_accept_logits", verifier, exact_only)
     logprobs = check_logprobs(logprobs, "speculative_accept_logits", raw_available=True)
     inputs = prepare_inputs(
         "speculative_accept_logits",

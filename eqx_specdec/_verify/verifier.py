@@ -21,13 +21,20 @@ from .._custom_types import (
     TargetProbs,
     TargetProbsRow,
 )
+from .._exactness import refuse_inexact
 from .._misc import no_type_check
-from .._stages.prefix_counter import AbstractPrefixCounter, PrefixCounter
+from .._stages.prefix_counter import AbstractPrefixCounter
 from .._stages.ratio_test import AbstractRatioTest, RatioTest
-from .._stages.residual_sampler import AbstractResidualSampler, ResidualSampler
+from .._stages.residual_sampler import AbstractResidualSampler
 from .._stages.row_fields import per_row_values, with_row_values
 from .._stages.token_assembler import AbstractTokenAssembler, TokenAssembler
-from .abstract_verifier import AbstractVerifier, check_stages, RowReport, verify_row
+from .abstract_verifier import (
+    AbstractVerifier,
+    check_stages,
+    RowReport,
+    stage_mismatches,
+    verify_row,
+)
 from .checks import check_level, checked, CheckLevel
 from .dispatch import entry_point
 from .inputs import prepare_inputs
@@ -57,10 +64,12 @@ class Verifier(AbstractVerifier):
 
     - `ratio_test`: an [`eqx_specdec.AbstractRatioTest`][]. Default
         [`eqx_specdec.RatioTest`][].
-    - `prefix_counter`: an [`eqx_specdec.AbstractPrefixCounter`][]. Default
-        [`eqx_specdec.PrefixCounter`][].
-    - `residual_sampler`: an [`eqx_specdec.AbstractResidualSampler`][]. Default
-        [`eqx_specdec.ResidualSampler`][].
+    - `prefix_counter`: an [`eqx_specdec.AbstractPrefixCounter`][]. Default: the one
+        the ratio test's law needs (its `counter`: [`eqx_specdec.PrefixCounter`][],
+        or [`eqx_specdec.LastSuccessCounter`][] for block verification).
+    - `residual_sampler`: an [`eqx_specdec.AbstractResidualSampler`][]. Default: the
+        ratio test's `sampler` ([`eqx_specdec.ResidualSampler`][], or
+        [`eqx_specdec.ArgmaxSampler`][] for greedy and typical acceptance).
     - `token_assembler`: an [`eqx_specdec.AbstractTokenAssembler`][]. Default
         [`eqx_specdec.TokenAssembler`][].
     - `batching`: how `__call__` maps `row` over the batch: `"vmap"` (`jax.vmap`),
@@ -69,13 +78,46 @@ class Verifier(AbstractVerifier):
         results (tested). On XLA CPU, `vmap` turns the read of row $n$ of each
         sequence into a gather that runs 4x slower than the contiguous slice each
         iteration of `lax.map` reads; on accelerators, `vmap` is the fast one.
+    - `allow_mismatch`: build a composition whose counter or sampler does not fit an
+        exact ratio test (their `counts` or `draws` differ from those of the test's own
+        stages), which is refused otherwise with a `ValueError` naming both stages.
+        Such a verifier is lossy (`exact` is False): for lossy controls in tests.
+        Default `False`.
+
+    **Attributes:**
+
+    - `exact`: whether the verifier is exact (a Python bool, before tracing): its ratio
+        test declares `exact = True` and its counter and sampler fit the test. Lossy
+        rules (lenient, typical, relaxed, synthetic) are not.
     """
 
-    ratio_test: AbstractRatioTest = RatioTest()
-    prefix_counter: AbstractPrefixCounter = PrefixCounter()
-    residual_sampler: AbstractResidualSampler = ResidualSampler()
-    token_assembler: AbstractTokenAssembler = TokenAssembler()
-    batching: Literal["auto", "vmap", "map"] = eqx.field(static=True, default="auto")
+    ratio_test: AbstractRatioTest
+    prefix_counter: AbstractPrefixCounter
+    residual_sampler: AbstractResidualSampler
+    token_assembler: AbstractTokenAssembler
+    batching: Literal["auto", "vmap", "map"] = eqx.field(static=True)
+    allow_mismatch: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        ratio_test: AbstractRatioTest = RatioTest(),
+        prefix_counter: AbstractPrefixCounter | None = None,
+        residual_sampler: AbstractResidualSampler | None = None,
+        token_assembler: AbstractTokenAssembler = TokenAssembler(),
+        batching: Literal["auto", "vmap", "map"] = "auto",
+        allow_mismatch: bool = False,
+    ):
+        self.ratio_test = ratio_test
+        if isinstance(ratio_test, AbstractRatioTest):
+            if prefix_counter is None:
+                prefix_counter = ratio_test.counter
+            if residual_sampler is None:
+                residual_sampler = ratio_test.sampler
+        self.prefix_counter = prefix_counter
+        self.residual_sampler = residual_sampler
+        self.token_assembler = token_assembler
+        self.batching = batching
+        self.allow_mismatch = allow_mismatch
 
     def __check_init__(self):
         if self.batching not in ("auto", "vmap", "map"):
@@ -83,7 +125,23 @@ class Verifier(AbstractVerifier):
                 f'Verifier(`batching`=...) must be "auto", "vmap" or "map", got '
                 f"{self.batching!r}."
             )
+        if not isinstance(self.allow_mismatch, bool):
+            raise TypeError(
+                "Verifier(`allow_mismatch`=...) must be a Python bool, got "
+                f"{type(self.allow_mismatch).__name__}."
+            )
         check_stages("Verifier", vars(self))
+        mismatches = stage_mismatches(
+            self.ratio_test, self.prefix_counter, self.residual_sampler
+        )
+        if mismatches and self.ratio_test.exact and not self.allow_mismatch:
+            test = type(self.ratio_test).__name__
+            raise ValueError(
+                f"Verifier: {'; '.join(mismatches)}. The composition would not be "
+                f"exact, though {test} is. Leave the stage out to get the one {test} "
+                "needs, or pass `allow_mismatch=True` to build it anyway (a lossy "
+                "control: its `exact` is then False)."
+            )
 
     @jaxtyped(typechecker=beartype)
     def row(
@@ -194,6 +252,7 @@ def speculative_accept(
     logprobs: LogProbs | None = None,
     allowed: Array | None = None,
     draft_allowed: bool = True,
+    exact_only: bool = False,
 ) -> dict[str, Array]:
     """Runs one verification step of speculative decoding on a batch.
 
@@ -255,6 +314,10 @@ def speculative_accept(
         target probability 0 and is rejected.
     - `draft_allowed`: whether the draft sampled under the same mask (default `True`):
         its rows are then masked and renormalised too, as the law it drew from.
+    - `exact_only`: `True` to refuse (a `ValueError`, before tracing) a verifier that is
+        not exact (`verifier.exact` is False: a lossy rule, or stages built with
+        `allow_mismatch=True`): for users who must not change the distribution. Default
+        `False`.
 
     **Returns:**
 
@@ -276,6 +339,7 @@ def speculative_accept(
         when an output is read.
     """
     level = check_level(check_inputs)
+    refuse_inexact("speculative_accept", verifier, exact_only)
     logprobs = check_logprobs(logprobs, "speculative_accept", raw_available=False)
     inputs = prepare_inputs(
         "speculative_accept",
