@@ -1,6 +1,6 @@
 """Speculative decoding in wall-clock time: `python benchmarks/bench_decoding.py`.
 
-Decodes with the built-in transformer target (`eqx_specdec.builtin_transformers`: three
+Decodes with the built-in transformer target (`eqx_specdec.demo.builtin_transformers`: three
 layers of width 320, a key-value cache) and, as drafts, the built-in character n-gram
 models and the built-in small transformer (one layer of width 64, cached), against plain
 autoregressive decoding of the same target with the same cache, the runs interleaved.
@@ -20,7 +20,8 @@ from eqx_specdec._decoding.speedup import measure_speedup, speedup_table
 
 def prompts(batch: int):
     rows = [
-        es.encode(es.BUILTIN_PROMPTS[i % len(es.BUILTIN_PROMPTS)]) for i in range(batch)
+        es.demo.encode(es.demo.BUILTIN_PROMPTS[i % len(es.demo.BUILTIN_PROMPTS)])
+        for i in range(batch)
     ]
     tokens = np.zeros((batch, max(map(len, rows))), np.int32)
     for i, row in enumerate(rows):
@@ -29,9 +30,9 @@ def prompts(batch: int):
 
 
 def drafts():
-    draft_transformer, _ = es.builtin_transformers()
-    bigram, fourgram = es.builtin_models(2, 4)
-    _, trigram = es.builtin_models(2, 3)
+    draft_transformer, _ = es.demo.builtin_transformers()
+    bigram, fourgram = es.demo.builtin_models(2, 4)
+    _, trigram = es.demo.builtin_models(2, 3)
     return {
         "3-gram": (trigram, "probs"),
         "4-gram": (fourgram, "probs"),
@@ -47,7 +48,7 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    _, target = es.builtin_transformers()
+    _, target = es.demo.builtin_transformers()
     print(f"JAX {jax.__version__} on {jax.default_backend()}")
     for batch in args.batch:
         tokens, lengths = prompts(batch)

@@ -28,24 +28,6 @@ from ._evaluation.objectives import (
     expected_accepted_length_logits as expected_accepted_length_logits,
 )
 from ._models.cached import AbstractCachedModel as AbstractCachedModel
-from ._models.corpus import (
-    builtin_corpus as builtin_corpus,
-    BUILTIN_PROMPTS as BUILTIN_PROMPTS,
-    decode as decode,
-    encode as encode,
-    VOCABULARY as VOCABULARY,
-)
-from ._models.ngram import (
-    builtin_models as builtin_models,
-    fit_ngram as fit_ngram,
-    NGramModel as NGramModel,
-)
-from ._models.training import (
-    builtin_transformers as builtin_transformers,
-    train_transformer as train_transformer,
-    write_builtin_transformers as write_builtin_transformers,
-)
-from ._models.transformer import Transformer as Transformer
 from ._proposal.abstract_proposal import AbstractProposal as AbstractProposal
 from ._proposal.chain import Chain as Chain
 from ._proposal.draft_length import (
@@ -124,3 +106,11 @@ from ._verify.warp import Warp as Warp
 
 
 __version__ = importlib.metadata.version("eqx_specdec")
+
+
+def __getattr__(name: str):
+    # `eqx_specdec.demo` on first use: the demo's models and data are not imported with
+    # the library.
+    if name == "demo":
+        return importlib.import_module(".demo", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,8 +12,10 @@ import eqx_specdec as es
 
 
 GAMMA, STEPS, LEARNING_RATE = 4, 1000, 0.05
-mle_draft, target = es.builtin_models()  # bigram draft (maximum likelihood), 4-gram
-corpus = jnp.asarray(es.builtin_corpus())
+mle_draft, target = (
+    es.demo.builtin_models()
+)  # bigram draft (maximum likelihood), 4-gram
+corpus = jnp.asarray(es.demo.builtin_corpus())
 vocab = mle_draft.vocab_size
 
 # The objective's rows, teacher-forced along the text: at every position t of the
@@ -46,10 +48,12 @@ params = jnp.log(mle_draft.probs)  # start from the maximum-likelihood table
 moments = (jnp.zeros_like(params), jnp.zeros_like(params))
 for step in range(1, STEPS + 1):
     params, moments, value = adam_step(params, moments, step)
-trained_draft = es.NGramModel(jax.nn.softmax(params, axis=-1), order=2)
+trained_draft = es.demo.NGramModel(jax.nn.softmax(params, axis=-1), order=2)
 seconds = time.perf_counter() - start
 
-prompts = [es.encode(text) for text in es.BUILTIN_PROMPTS] * 8  # 8 rows per prompt
+prompts = [
+    es.demo.encode(text) for text in es.demo.BUILTIN_PROMPTS
+] * 8  # 8 rows per prompt
 lengths = np.array([len(p) for p in prompts])
 buffer = np.zeros((len(prompts), lengths.max()), np.int32)
 for row, prompt in enumerate(prompts):

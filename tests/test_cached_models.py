@@ -22,7 +22,7 @@ class CachedNGram(es.AbstractCachedModel):
     distributions exactly when every position it reads holds the committed token, and
     other distributions after a stale read."""
 
-    ngram: es.NGramModel
+    ngram: es.demo.NGramModel
 
     def init_state(self, max_length):
         return jnp.full((max_length,), -1, jnp.int32)
@@ -39,8 +39,8 @@ def _tiny_models(vocab=4, seed=0):
     target = np.maximum(rng.dirichlet(np.ones(vocab), (vocab**2,)), 0.05)
     draft = 0.5 * rng.dirichlet(np.ones(vocab), (vocab**2,)) + 0.5 / vocab
     return (
-        es.NGramModel(jnp.asarray(draft, jnp.float32), 3),
-        es.NGramModel(
+        es.demo.NGramModel(jnp.asarray(draft, jnp.float32), 3),
+        es.demo.NGramModel(
             jnp.asarray(target / target.sum(-1, keepdims=True), jnp.float32), 3
         ),
     )
@@ -107,7 +107,7 @@ def test_the_stale_read_control_is_caught(monkeypatch):
 
 
 def _small_transformer(vocab, seed=0, sharpness=4.0, context=16):
-    model = es.Transformer.init(
+    model = es.demo.Transformer.init(
         jax.random.key(seed),
         vocab_size=vocab,
         dim=16,
@@ -227,11 +227,11 @@ def test_bad_cached_models_are_named():
 
 
 def test_a_transformer_trains_on_the_builtin_text():
-    corpus = es.builtin_corpus()
-    model, losses = es.train_transformer(
+    corpus = es.demo.builtin_corpus()
+    model, losses = es.demo.train_transformer(
         corpus,
         jax.random.key(0),
-        vocab_size=len(es.VOCABULARY),
+        vocab_size=len(es.demo.VOCABULARY),
         dim=32,
         depth=1,
         heads=2,
@@ -247,7 +247,7 @@ def test_a_transformer_trains_on_the_builtin_text():
         frequencies[frequencies > 0] * np.log(frequencies[frequencies > 0])
     )
     assert losses[-10:].mean() < unigram - 0.3
-    assert isinstance(model, es.Transformer)
+    assert isinstance(model, es.demo.Transformer)
 
 
 def test_measure_speedup_reports_a_consistent_run():

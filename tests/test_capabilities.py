@@ -73,8 +73,8 @@ def test_vocabulary_sharded_verification_is_bit_for_bit(lenience):
 
 
 def test_decoding_loop_theory_is_bit_for_bit():
-    draft, target = es.builtin_models()
-    prompts = np.stack([es.encode("the "), es.encode("and ")])
+    draft, target = es.demo.builtin_models()
+    prompts = np.stack([es.demo.encode("the "), es.demo.encode("and ")])
     results = [
         es.speculative_decode(
             draft, target, prompts, None, 24, jax.random.key(1), verifier=v
@@ -110,9 +110,9 @@ class _DraftingOnlyRule(DraftlessIIDRule):
 
 
 def _decode_theory(verifier):
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     result = es.speculative_decode(
-        draft, target, es.encode("the ")[None], None, 8, jax.random.key(0),
+        draft, target, es.demo.encode("the ")[None], None, 8, jax.random.key(0),
         verifier=verifier,
     )  # fmt: skip
     assert result.theory == "none"
@@ -160,8 +160,8 @@ MISSING = [
     (
         "tree drafting in the loop",
         lambda: es.speculative_decode(
-            *es.builtin_models(),
-            es.encode("the ")[None],
+            *es.demo.builtin_models(),
+            es.demo.encode("the ")[None],
             None,
             8,
             jax.random.key(0),

@@ -22,8 +22,8 @@ def _tiny_models(vocab=3, seed=0):
     target = np.maximum(target, 0.05)
     target /= target.sum(-1, keepdims=True)
     return (
-        es.NGramModel(jnp.asarray(draft, jnp.float32), 2),
-        es.NGramModel(jnp.asarray(target, jnp.float32), 2),
+        es.demo.NGramModel(jnp.asarray(draft, jnp.float32), 2),
+        es.demo.NGramModel(jnp.asarray(target, jnp.float32), 2),
     )
 
 
@@ -190,7 +190,7 @@ def test_the_whole_loop_catches_a_lossy_verifier(verifier, options):
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 def test_greedy_speculative_decoding_is_greedy_decoding_of_the_target(gamma):
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     tokens, lengths = _prompts(8)
     greedy = es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler())
     result = es.speculative_decode(
@@ -213,11 +213,13 @@ def test_greedy_speculative_decoding_is_greedy_decoding_of_the_target(gamma):
 
 
 def _prompts(batch):
-    texts = [es.BUILTIN_PROMPTS[i % len(es.BUILTIN_PROMPTS)] for i in range(batch)]
+    texts = [
+        es.demo.BUILTIN_PROMPTS[i % len(es.demo.BUILTIN_PROMPTS)] for i in range(batch)
+    ]
     width = max(map(len, texts))
     tokens = np.zeros((batch, width), np.int32)
     for i, text in enumerate(texts):
-        tokens[i, : len(text)] = es.encode(text)
+        tokens[i, : len(text)] = es.demo.encode(text)
     return tokens, np.asarray([len(t) for t in texts], np.int32)
 
 
@@ -227,7 +229,7 @@ def _as_logits(model):
 
 @pytest.mark.parametrize("gamma", [2, 5])
 def test_logits_models_decode_greedily_like_the_probabilities(gamma):
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     tokens, lengths = _prompts(8)
     greedy = es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler())
     result = es.speculative_decode(
@@ -240,7 +242,7 @@ def test_logits_models_decode_greedily_like_the_probabilities(gamma):
 
 
 def test_statistics_are_consistent_and_match_the_theory():
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     tokens, lengths = _prompts(64)
     gamma, num_tokens = 4, 128
     result = es.speculative_decode(
@@ -284,7 +286,7 @@ def test_statistics_are_consistent_and_match_the_theory():
 def test_rows_do_not_depend_on_the_batch():
     """Row b draws from fold_in(key, b) only: the first rows of a batch come out the
     same alone, or next to other prompts."""
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     tokens, lengths = _prompts(8)
     key = jax.random.key(5)
     full = es.speculative_decode(draft, target, tokens, lengths, 40, key)
@@ -304,7 +306,7 @@ def test_rows_do_not_depend_on_the_batch():
 
 
 def test_the_loop_compiles_once_and_runs_under_jit():
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     traces = []
 
     def counting_target(tokens, positions):
@@ -333,7 +335,7 @@ def test_ngram_model_reads_its_context():
     rng = np.random.default_rng(0)
     vocab, order = 5, 3
     probs = rng.dirichlet(np.ones(vocab), size=vocab ** (order - 1))
-    model = es.NGramModel(jnp.asarray(probs, jnp.float32), order)
+    model = es.demo.NGramModel(jnp.asarray(probs, jnp.float32), order)
     tokens = rng.integers(0, vocab, size=20)
     out = np.asarray(model(jnp.asarray(tokens), jnp.arange(20)))
     for t in range(20):
@@ -347,22 +349,22 @@ def test_ngram_model_reads_its_context():
 def test_fit_ngram_estimates():
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 4, size=500)
-    unigram = es.fit_ngram(tokens, 4, 1)
+    unigram = es.demo.fit_ngram(tokens, 4, 1)
     counts = np.bincount(tokens, minlength=4)
     np.testing.assert_allclose(unigram.probs[0], (counts + 1) / (500 + 4), rtol=1e-6)
     for order in (2, 3):
-        model = es.fit_ngram(tokens, 4, order)
+        model = es.demo.fit_ngram(tokens, 4, order)
         probs = np.asarray(model.probs, np.float64)
         assert probs.shape == (4 ** (order - 1), 4)
         np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
         assert probs.min() > 0
     # A deterministic sequence is learnt: after "0 1" comes 2.
     cyclic = np.tile([0, 1, 2], 200)
-    model = es.fit_ngram(cyclic, 3, 3)
+    model = es.demo.fit_ngram(cyclic, 3, 3)
     assert float(model(jnp.asarray([0, 1]), jnp.asarray([1]))[0, 2]) > 0.99
     # The built-in pair: the target predicts the shipped text better than the draft.
-    draft, target = es.builtin_models()
-    text = jnp.asarray(es.builtin_corpus())
+    draft, target = es.demo.builtin_models()
+    text = jnp.asarray(es.demo.builtin_corpus())
     positions = jnp.arange(text.shape[0] - 1)
 
     def nats(model):
@@ -370,7 +372,7 @@ def test_fit_ngram_estimates():
         return float(-jnp.log(probs).mean())
 
     assert nats(target) < nats(draft) - 0.5
-    assert es.decode(es.encode("We hold, these!")) == "we hold, these "
+    assert es.demo.decode(es.demo.encode("We hold, these!")) == "we hold, these "
 
 
 @pytest.mark.parametrize(
@@ -417,7 +419,7 @@ def test_fit_ngram_estimates():
     ],
 )
 def test_bad_arguments_are_named(kwargs, error, match):
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     arguments = dict(
         draft_model=draft,
         target_model=target,
@@ -432,7 +434,7 @@ def test_bad_arguments_are_named(kwargs, error, match):
 
 
 def test_progress_is_reported_from_inside_the_loop():
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     tokens, lengths = _prompts(4)
     seen = []
     result = es.speculative_decode(
@@ -483,7 +485,7 @@ class _RuleWithoutDrafting(es.AbstractNodeRule):
     ],
 )  # fmt: skip
 def test_bad_tree_arguments_are_named(kwargs, error, match):
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     with pytest.raises(error, match=match):
         es.speculative_decode(
             draft,
@@ -514,7 +516,7 @@ def test_bad_proposals_are_named_when_built(make, error, match):
 
 
 def test_a_user_node_rule_drafts_with_its_candidate_law():
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     tokens, lengths = _prompts(4)
     tree = (-1, 0, -1, 2)
     expected = es.speculative_decode(

@@ -86,8 +86,8 @@ def test_no_tracer_outlives_a_callers_trace(entry, transform):
 
 
 def _tiny_models():
-    draft = es.NGramModel(jnp.full((1, V), 1.0 / V, jnp.float32), order=1)
-    target = es.NGramModel(jnp.asarray(P[0, :1], jnp.float32), order=1)
+    draft = es.demo.NGramModel(jnp.full((1, V), 1.0 / V, jnp.float32), order=1)
+    target = es.demo.NGramModel(jnp.asarray(P[0, :1], jnp.float32), order=1)
     return draft, target
 
 

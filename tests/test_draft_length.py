@@ -49,11 +49,11 @@ def test_stopping_rule_lengths_against_a_reference():
 
 
 def _run(gamma, draft_length, num_tokens=96):
-    draft, target = es.builtin_models()
-    texts = es.BUILTIN_PROMPTS[:8]
+    draft, target = es.demo.builtin_models()
+    texts = es.demo.BUILTIN_PROMPTS[:8]
     prompts = np.zeros((8, max(map(len, texts))), np.int32)
     for row, text in enumerate(texts):
-        prompts[row, : len(text)] = es.encode(text)
+        prompts[row, : len(text)] = es.demo.encode(text)
     lengths = np.array([len(t) for t in texts])
     return es.speculative_decode(
         draft,

@@ -182,7 +182,7 @@ def test_exact_only_refuses_every_lossy_verifier_on_every_entry_point():
             es.speculative_accept_from_key(
                 jax.random.key(0), tokens, q, p, verifier=verifier, exact_only=True
             )
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     prompts = np.zeros((1, 2), np.int32)
     with pytest.raises(ValueError, match="speculative_decode.*not exact"):
         es.speculative_decode(

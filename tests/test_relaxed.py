@@ -120,8 +120,8 @@ def test_schedule_by_generated_position():
 def test_schedule_in_the_decoding_loop():
     """The loop tells the schedule each row's position: the first `strict_tokens` tokens
     are those of the exact loop, bit for bit; later ones differ."""
-    draft, target = es.builtin_models()
-    prompts = np.tile(es.encode("the ")[None], (8, 1))
+    draft, target = es.demo.builtin_models()
+    prompts = np.tile(es.demo.encode("the ")[None], (8, 1))
 
     def run(test):
         return es.speculative_decode(

@@ -190,8 +190,8 @@ def _own_logprobs(target, prompt_tokens, generated, logits=False):
     ids=["chain", "tree"],
 )
 def test_decoding_returns_the_target_s_own_logprobs(verifier):
-    draft, target = es.builtin_models()
-    prompts = jnp.asarray(np.stack([es.encode("the "), es.encode("and ")]))
+    draft, target = es.demo.builtin_models()
+    prompts = jnp.asarray(np.stack([es.demo.encode("the "), es.demo.encode("and ")]))
     result = es.speculative_decode(
         draft,
         target,
@@ -212,16 +212,16 @@ def test_decoding_returns_the_target_s_own_logprobs(verifier):
 
 
 def test_decoding_logprobs_with_a_cached_transformer_target():
-    draft, _ = es.builtin_models()
-    target = es.Transformer.init(
+    draft, _ = es.demo.builtin_models()
+    target = es.demo.Transformer.init(
         jax.random.key(1),
-        vocab_size=len(es.VOCABULARY),
+        vocab_size=len(es.demo.VOCABULARY),
         dim=16,
         depth=1,
         heads=2,
         context=64,
     )
-    prompts = jnp.asarray(es.encode("we hold ")[None])
+    prompts = jnp.asarray(es.demo.encode("we hold ")[None])
     result = es.speculative_decode(
         draft,
         target,
@@ -241,14 +241,14 @@ def test_decoding_logprobs_with_a_cached_transformer_target():
 
 
 def test_rows_stop_at_their_first_stop_token_and_their_limit():
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     prompts = jnp.asarray(
-        np.stack([es.encode(p) for p in ("the ", "and ", "it w", "we h")])
+        np.stack([es.demo.encode(p) for p in ("the ", "and ", "it w", "we h")])
     )
     key = jax.random.key(2)
     free = es.speculative_decode(draft, target, prompts, None, 40, key)
     limits = np.asarray([40, 40, 1, 40], np.int32)
-    stop = es.encode(" ").tolist()  # a space ends a row: the first word
+    stop = es.demo.encode(" ").tolist()  # a space ends a row: the first word
     out = es.speculative_decode(
         draft,
         target,
@@ -287,7 +287,9 @@ def test_the_whole_loop_is_lossless_with_stop_tokens():
     target = np.maximum(rng.dirichlet(np.ones(vocab), vocab), 0.05)
     target /= target.sum(-1, keepdims=True)
     draft = 0.5 * rng.dirichlet(np.ones(vocab), vocab) + 0.5 / vocab
-    models = [es.NGramModel(jnp.asarray(m, jnp.float32), 2) for m in (draft, target)]
+    models = [
+        es.demo.NGramModel(jnp.asarray(m, jnp.float32), 2) for m in (draft, target)
+    ]
     out = es.speculative_decode(
         *models,
         jnp.ones((rows, 1), jnp.int32),
@@ -320,8 +322,8 @@ def test_the_whole_loop_is_lossless_with_stop_tokens():
 
 
 def test_stop_and_limit_errors_name_the_argument():
-    draft, target = es.builtin_models()
-    prompts = jnp.asarray(es.encode("the ")[None])
+    draft, target = es.demo.builtin_models()
+    prompts = jnp.asarray(es.demo.encode("the ")[None])
     key = jax.random.key(0)
     with pytest.raises(ValueError, match=r"`stop_tokens` must be ids of the models"):
         es.speculative_decode(draft, target, prompts, None, 4, key, stop_tokens=[99])
@@ -340,9 +342,9 @@ def test_stop_and_limit_errors_name_the_argument():
 
 
 def test_a_row_s_tokens_depend_on_its_own_seed_only():
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     texts = ["the ", "and ", "it w", "we h", "call", "four"]
-    prompts = jnp.asarray(np.stack([es.encode(t) for t in texts]))
+    prompts = jnp.asarray(np.stack([es.demo.encode(t) for t in texts]))
     keys = jax.random.split(jax.random.key(7), 6)
     run = functools.partial(es.speculative_decode, draft, target, num_tokens=24)
     together = np.asarray(run(prompts, None, key=keys).tokens)

@@ -174,11 +174,11 @@ def test_no_row_crosses_devices(mesh_name, check_inputs):
 def test_inside_the_decoding_loop():
     mesh, batch_axis, vocab_axis = _mesh("batch 2 x vocab 4")
     # The built-in text, over a vocabulary padded to 40 so that it splits over 4 shards.
-    draft = es.fit_ngram(es.builtin_corpus(), 40, 2)
-    target = es.fit_ngram(es.builtin_corpus(), 40, 3)
+    draft = es.demo.fit_ngram(es.demo.builtin_corpus(), 40, 2)
+    target = es.demo.fit_ngram(es.demo.builtin_corpus(), 40, 3)
     tokens = np.zeros((8, 4), np.int32)
-    for i, text in enumerate(es.BUILTIN_PROMPTS):
-        tokens[i] = es.encode(text[:4])
+    for i, text in enumerate(es.demo.BUILTIN_PROMPTS):
+        tokens[i] = es.demo.encode(text[:4])
     key = jax.random.key(0)
     for verifier, drafting in [
         (es.Verifier(), "sample"),

@@ -7,6 +7,7 @@ import collections
 import inspect
 import pathlib
 import re
+import subprocess
 import sys
 import warnings
 
@@ -14,17 +15,22 @@ import equinox as eqx
 import pytest
 
 import eqx_specdec
+import eqx_specdec.demo
 from eqx_specdec._capabilities import has_capability
 from eqx_specdec._verify.dispatch import FilterJit
 
 
-PUBLIC_CLASSES = [
-    obj
-    for name, obj in vars(eqx_specdec).items()
-    if inspect.isclass(obj)
-    and not name.startswith("_")
-    and not issubclass(obj, Exception)
-]
+def _public_classes(module):
+    return [
+        obj
+        for name, obj in vars(module).items()
+        if inspect.isclass(obj)
+        and not name.startswith("_")
+        and not issubclass(obj, Exception)
+    ]
+
+
+PUBLIC_CLASSES = _public_classes(eqx_specdec) + _public_classes(eqx_specdec.demo)
 PACKAGE = pathlib.Path(eqx_specdec.__file__).parent
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
@@ -34,7 +40,7 @@ def _is_abstract(cls) -> bool:
 
 
 def test_the_public_api_is_what_the_docs_list():
-    names = {cls.__name__ for cls in PUBLIC_CLASSES}
+    names = {cls.__name__ for cls in _public_classes(eqx_specdec)}
     assert names == {
         "AbstractRatioTest", "RatioTest",
         "AbstractPrefixCounter", "PrefixCounter",
@@ -46,13 +52,18 @@ def test_the_public_api_is_what_the_docs_list():
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",
         "AbstractTreeVerifier", "TraversalVerifier", "GreedyMultiDraft", "SpecHub",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
-        "DecodeResult", "NGramModel", "ShardedVerifier", "AbstractVerifier",
+        "DecodeResult", "ShardedVerifier", "AbstractVerifier",
         "VocabShard", "RowSums", "SyntheticRatioTest", "DraftVocabulary",
         "AbstractDraftLength", "FixedDraftLength", "StopWhenUnlikely",
         "TopNRelaxedRatioTest", "FLyRatioTest", "ScheduledRatioTest",
         "AbstractProposal", "Chain", "Tree",
-        "AbstractCachedModel", "Transformer", "Speedup", "LogProbs",
+        "AbstractCachedModel", "Speedup", "LogProbs",
     }  # fmt: skip
+    # The demo's models, corpus, codec and training live in their own submodule.
+    assert {cls.__name__ for cls in _public_classes(eqx_specdec.demo)} == {
+        "NGramModel",
+        "Transformer",
+    }
     assert issubclass(eqx_specdec.MissingCapabilityError, NotImplementedError)
     assert callable(eqx_specdec.speculative_accept)
     assert isinstance(eqx_specdec.__version__, str)
@@ -297,3 +308,15 @@ def test_docs_snippet_includes_are_well_formed():
                 marked = (root / path).read_text()
                 for end in ("start", "end"):
                     assert f"--8<-- [{end}:{section}]" in marked, (page, target)
+
+
+def test_the_library_does_not_import_the_demo():
+    """`import eqx_specdec` loads no demo model, corpus or weights; `eqx_specdec.demo`
+    imports the submodule on first use."""
+    code = (
+        "import sys, eqx_specdec; "
+        "assert not any(m.startswith('eqx_specdec.demo') for m in sys.modules); "
+        "assert eqx_specdec.demo.VOCABULARY[1] == 'a'; "
+        "assert 'eqx_specdec.demo' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

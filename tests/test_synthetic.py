@@ -35,7 +35,7 @@ def test_reach_probabilities_are_the_rates_products(rates):
 def test_the_decoding_loop_runs_at_the_chosen_acceptance_length():
     """Measured tokens per target call within 6 standard errors of 1 + E[n] (a fixed
     key: deterministic), for two rates that differ by far more than that."""
-    draft, target = eqx_specdec.builtin_models()
+    draft, target = eqx_specdec.demo.builtin_models()
     prompts = np.zeros((32, 4), np.int32)
     for rate in (0.5, 0.9):
         verifier = eqx_specdec.Verifier(

@@ -161,7 +161,7 @@ def test_errors_name_the_verifier_and_the_fix():
     with pytest.raises(ValueError, match="deeper than TraversalVerifier walks"):
         es.TraversalVerifier(max_depth=1, tree=(-1, 0, -1))
     shallow = es.TraversalVerifier(max_depth=1)
-    draft, target = es.builtin_models()
+    draft, target = es.demo.builtin_models()
     with pytest.raises(ValueError, match="raise its `max_depth` to at least 2"):
         es.speculative_decode(
             draft,

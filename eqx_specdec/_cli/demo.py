@@ -11,10 +11,14 @@ import numpy as np
 from .._decoding.autoregressive import autoregressive_decode
 from .._decoding.loop import speculative_decode
 from .._decoding.speedup import measure_speedup, speedup_table
-from .._models.corpus import BUILTIN_PROMPTS, decode, encode
-from .._models.ngram import builtin_models
-from .._models.training import builtin_transformers
 from .._proposal.chain import Chain
+from ..demo import (
+    builtin_models,
+    BUILTIN_PROMPTS,
+    builtin_transformers,
+    decode,
+    encode,
+)
 from .choices import draft_length, verifiers
 
 

@@ -19,9 +19,7 @@ from .._evaluation.evaluate import (
     synthetic_distributions,
     SYNTHETIC_KINDS,
 )
-from .._models.corpus import encode
-from .._models.ngram import builtin_models
-from .._models.training import write_builtin_transformers
+from ..demo import builtin_models, encode, write_builtin_transformers
 from .choices import (
     CHAIN_NAMES,
     DEMO_DEFAULT,

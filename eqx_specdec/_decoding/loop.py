@@ -405,10 +405,10 @@ def speculative_decode(
     A model is either **stateless**, any callable (an Equinox module, or a function)
     `model(tokens: int[T], positions: int[K]) -> float[K, V]` returning for one
     sequence the next-token distributions after `tokens[: position + 1]` for each
-    position ([`eqx_specdec.NGramModel`][] is one; slots of `tokens` after the current
+    position ([`eqx_specdec.demo.NGramModel`][] is one; slots of `tokens` after the current
     position hold scratch values a causal model never reads), or **cached**, an
     [`eqx_specdec.AbstractCachedModel`][] that owns its state (a key-value cache) and is
-    called on each step's new tokens only ([`eqx_specdec.Transformer`][] is one; chains
+    called on each step's new tokens only ([`eqx_specdec.demo.Transformer`][] is one; chains
     only). Either returns probabilities, or logits with `outputs="logits"`. See
     [Bring your own model](../your_own_model.md) for the contract.
 
@@ -447,7 +447,7 @@ def speculative_decode(
         `Tree(verifier.tree)` for a tree verifier.
     - `outputs`: `"probs"` (default) or `"logits"`: what the models return; or a
         `(draft, target)` pair of them, for models that differ (an n-gram draft
-        returning probabilities and a [`eqx_specdec.Transformer`][] target returning
+        returning probabilities and a [`eqx_specdec.demo.Transformer`][] target returning
         logits: `("probs", "logits")`).
     - `progress`: `None`, or a function `progress(done, total)` called from the host
         after every step with the number of tokens generated so far over the batch.

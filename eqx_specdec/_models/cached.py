@@ -14,7 +14,7 @@ from jaxtyping import Array, Float, Int, PyTree
 class AbstractCachedModel(eqx.Module):
     """A language model with state, for [`eqx_specdec.speculative_decode`][] and
     [`eqx_specdec.autoregressive_decode`][]: the extension point for models with a
-    key-value cache. [`eqx_specdec.Transformer`][] is one.
+    key-value cache. [`eqx_specdec.demo.Transformer`][] is one.
 
     The model is written for **one sequence**; the loops `vmap` it over the batch (each
     leaf of the state gets a leading batch axis). Its state is a PyTree of arrays holding

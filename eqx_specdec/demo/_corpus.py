@@ -26,7 +26,7 @@ BUILTIN_PROMPTS = (
 
 def encode(text: str) -> np.ndarray:
     """Maps text to token ids of the built-in vocabulary: lower case, and every character
-    outside [`eqx_specdec.VOCABULARY`][] (newlines included) becomes a space.
+    outside [`eqx_specdec.demo.VOCABULARY`][] (newlines included) becomes a space.
 
     **Arguments:**
 
@@ -64,6 +64,6 @@ def builtin_corpus() -> np.ndarray:
 
     An int32 NumPy array.
     """
-    files = importlib.resources.files("eqx_specdec") / "data" / "corpus.txt"
+    files = importlib.resources.files("eqx_specdec.demo") / "data" / "corpus.txt"
     text = " ".join(files.read_text(encoding="utf-8").split())
     return encode(text)

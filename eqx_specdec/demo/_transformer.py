@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._misc import no_type_check
-from .cached import AbstractCachedModel
+from .._models.cached import AbstractCachedModel
 
 
 KVCache = tuple[tuple[Float[Array, "heads length head_dim"], ...], ...]
@@ -58,7 +58,7 @@ class Transformer(AbstractCachedModel):
     Called through the [`eqx_specdec.AbstractCachedModel`][] interface (one sequence,
     `tokens[K]` at `positions[K]` and the cache), or without a cache on a whole sequence
     with `logits`. Build one with `Transformer.init`; train it with
-    [`eqx_specdec.train_transformer`][]; [`eqx_specdec.builtin_transformers`][] loads
+    [`eqx_specdec.demo.train_transformer`][]; [`eqx_specdec.demo.builtin_transformers`][] loads
     the pair that ships with the package.
 
     **Arguments:**

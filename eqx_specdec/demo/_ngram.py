@@ -9,7 +9,7 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, Float, Int, jaxtyped
 
-from .corpus import builtin_corpus, VOCABULARY
+from ._corpus import builtin_corpus, VOCABULARY
 
 
 class NGramModel(eqx.Module):
@@ -19,7 +19,7 @@ class NGramModel(eqx.Module):
     It follows the model interface of [`eqx_specdec.speculative_decode`][]: called on a
     token buffer and the positions to predict after, it returns one distribution per
     position. Positions before the start of the buffer read as token 0. Build one with
-    [`eqx_specdec.fit_ngram`][].
+    [`eqx_specdec.demo.fit_ngram`][].
 
     **Arguments:**
 
@@ -76,7 +76,7 @@ def fit_ngram(tokens, vocab_size: int, order: int) -> NGramModel:
     weight $c(h) / (c(h) + t(h))$ on the estimate, where $c(h)$ counts the context $h$ and
     $t(h)$ the distinct tokens seen after it; the unigram is add-one smoothed, so every
     token has positive probability after every context. Positions before the start read as
-    token 0, as in [`eqx_specdec.NGramModel`][].
+    token 0, as in [`eqx_specdec.demo.NGramModel`][].
 
     **Arguments:**
 
@@ -86,7 +86,7 @@ def fit_ngram(tokens, vocab_size: int, order: int) -> NGramModel:
 
     **Returns:**
 
-    An [`eqx_specdec.NGramModel`][].
+    An [`eqx_specdec.demo.NGramModel`][].
     """
     tokens = np.asarray(tokens, np.int64).ravel()
     if order < 1:
@@ -124,7 +124,7 @@ def builtin_models(
     draft_order: int = 2, target_order: int = 4
 ) -> tuple[NGramModel, NGramModel]:
     """The built-in model pair: character n-gram models of two orders fit on the same
-    shipped text ([`eqx_specdec.builtin_corpus`][]). The draft (a bigram model by
+    shipped text ([`eqx_specdec.demo.builtin_corpus`][]). The draft (a bigram model by
     default) is weaker than the target (a 4-gram model), and both are exact, so the target
     distribution of any continuation is known.
 
@@ -135,8 +135,8 @@ def builtin_models(
 
     **Returns:**
 
-    `(draft_model, target_model)`, two [`eqx_specdec.NGramModel`][]s over
-    [`eqx_specdec.VOCABULARY`][].
+    `(draft_model, target_model)`, two [`eqx_specdec.demo.NGramModel`][]s over
+    [`eqx_specdec.demo.VOCABULARY`][].
     """
     corpus = builtin_corpus()
     vocab = len(VOCABULARY)

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
-from .corpus import builtin_corpus, VOCABULARY
-from .transformer import Transformer
+from ._corpus import builtin_corpus, VOCABULARY
+from ._transformer import Transformer
 
 
 class _Builtin(typing.NamedTuple):
@@ -64,7 +64,7 @@ def train_transformer(
     window: int = 128,
     learning_rate: float = 3e-3,
 ) -> tuple[Transformer, np.ndarray]:
-    """Trains a [`eqx_specdec.Transformer`][] on a token sequence: next-token
+    """Trains a [`eqx_specdec.demo.Transformer`][] on a token sequence: next-token
     cross-entropy on random windows, Adam with a linear warm-up and cosine decay,
     gradients clipped to norm 1. Deterministic given `key` (on one backend).
 
@@ -145,7 +145,7 @@ def train_transformer(
 
 
 def _data_dir() -> pathlib.Path:
-    return pathlib.Path(str(importlib.resources.files("eqx_specdec") / "data"))
+    return pathlib.Path(str(importlib.resources.files("eqx_specdec.demo") / "data"))
 
 
 def _train_builtin(spec: _Builtin) -> Transformer:
@@ -191,7 +191,7 @@ def write_builtin_transformers(directory=None) -> list[pathlib.Path]:
 @functools.cache
 def builtin_transformers() -> tuple[Transformer, Transformer]:
     """The built-in transformer pair, trained on the built-in text
-    ([`eqx_specdec.builtin_corpus`][]) over [`eqx_specdec.VOCABULARY`][]: a draft of
+    ([`eqx_specdec.demo.builtin_corpus`][]) over [`eqx_specdec.demo.VOCABULARY`][]: a draft of
     one layer of width 64 (53 thousand weights) and a target of three layers of width
     320 (3.7 million), each holding 256 positions. Loaded from the weights shipped with the package (written by
     `python -m eqx_specdec train-transformers`), or trained on the spot if they are
@@ -199,7 +199,7 @@ def builtin_transformers() -> tuple[Transformer, Transformer]:
 
     **Returns:**
 
-    `(draft_model, target_model)`, two [`eqx_specdec.Transformer`][]s returning
+    `(draft_model, target_model)`, two [`eqx_specdec.demo.Transformer`][]s returning
     logits.
     """
     models = []
