@@ -91,17 +91,23 @@ from ._tree.top_down import tree_accept as tree_accept, TreeVerifier as TreeVeri
 from ._tree.traversal import TraversalVerifier as TraversalVerifier
 from ._verify.abstract_verifier import AbstractVerifier as AbstractVerifier
 from ._verify.draft_vocabulary import DraftVocabulary as DraftVocabulary
-from ._verify.example_inputs import example_inputs as example_inputs
-from ._verify.keys import (
-    speculative_accept_from_key as speculative_accept_from_key,
-    uniforms_from_key as uniforms_from_key,
-)
-from ._verify.logits import speculative_accept_logits as speculative_accept_logits
-from ._verify.logprobs import LogProbs as LogProbs
-from ._verify.verifier import (
+from ._verify.entry import (
     speculative_accept as speculative_accept,
-    Verifier as Verifier,
+    speculative_accept_from_key as speculative_accept_from_key,
+    speculative_accept_logits as speculative_accept_logits,
+    verify as verify,
 )
+from ._verify.example_inputs import example_inputs as example_inputs
+from ._verify.keys import uniforms_from_key as uniforms_from_key
+from ._verify.logprobs import LogProbs as LogProbs
+from ._verify.typed_inputs import (
+    Draft as Draft,
+    Logits as Logits,
+    Probabilities as Probabilities,
+    Uniforms as Uniforms,
+)
+from ._verify.verification import Verification as Verification
+from ._verify.verifier import Verifier as Verifier
 from ._verify.warp import Warp as Warp
 
 

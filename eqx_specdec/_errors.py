@@ -1,6 +1,7 @@
 """The library's exceptions: a stage that lacks a capability a feature needs, and an
 invalid input value (or stage output) found at run time."""
 
+import equinox as eqx
 import jax
 
 
@@ -27,18 +28,30 @@ def missing_capability(
     return MissingCapabilityError(message + (f", or {instead}." if instead else "."))
 
 
-class InvalidInputError(jax.errors.JaxRuntimeError):
+class InvalidInputError(eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError):
     """Raised when a value given to an entry point is invalid (a probability that is
     NaN, negative or not normalised, a token id or uniform out of range), or a stage
     returned a value outside its contract.
 
     Its message starts with the argument (or the stage's class), the problem, the first
-    offending row and the fix. On the CPU, every call of an entry point from Python
-    raises it at the call, whether or not valid calls came before, for inputs of any
-    size: the entry point waits for its program's check before returning. On
-    accelerators, and inside your own `jax.jit` (or `eqx.filter_jit`, `jax.vmap`...),
-    the check stays in the program (nothing reaches the host on a valid call) and JAX
-    reports the error as its own `jax.errors.JaxRuntimeError`, raised when an output is
-    read; its message ends with the same text. This class subclasses `JaxRuntimeError`, so
-    `except jax.errors.JaxRuntimeError` catches the error on every path.
+    offending row and the fix. A call of an entry point from Python raises it at the
+    call, whether or not valid calls came before, for inputs of any size (the entry
+    point reads its program's check status, two integers, before returning).
+
+    Inside your own `eqx.filter_jit` (or under `jax.vmap`), the check is a branch of
+    your program taken only on a problem (nothing reaches the host on a valid call):
+
+    - with one device, Equinox's `eqx.branched_error_if`: Equinox raises its
+        `eqx.EquinoxRuntimeError` (this class's base) with the same message when the
+        outputs are computed, so that `except eqx.EquinoxRuntimeError` catches the
+        error on every path Equinox compiles;
+    - with several devices, a `jax.debug.callback` (an error raised inside a
+        multi-device program stops one device while the others wait: XLA aborts the
+        process): JAX raises `jax.errors.JaxRuntimeError` (this class's other base)
+        with the same message when the outputs are read.
+
+    Under a plain `jax.jit` on one device, JAX raises Equinox's failed callback itself,
+    as `jax.errors.JaxRuntimeError` (or `ValueError` on its fast dispatch path); its text
+    holds the same message. To handle invalid inputs without exceptions on any path,
+    pass `throw=False` to [`eqx_specdec.verify`][] and read `Verification.result`.
     """

@@ -4,8 +4,11 @@ random test cases."""
 import os
 import pathlib
 
+import equinox as eqx
 import jax
 import numpy as np
+
+import eqx_specdec
 
 
 TIE = 1e-4
@@ -118,3 +121,22 @@ def default_xla_environment() -> dict:
     root = str(pathlib.Path(__file__).parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
+
+
+def direct(f):
+    return f
+
+
+# The class of the check's error on each path: InvalidInputError at a call; inside a
+# caller's trace, with one device, Equinox's EquinoxRuntimeError (its base) under
+# eqx.filter_jit and what JAX raises for Equinox's failed callback under a plain jax.jit
+# (JaxRuntimeError, or ValueError through its fast path); with several devices (this
+# suite has eight), JAX's JaxRuntimeError (its other base) from a debug callback.
+ONE_DEVICE = jax.device_count() == 1
+PATH_ERRORS = {
+    direct: eqx_specdec.InvalidInputError,
+    eqx.filter_jit: eqx.EquinoxRuntimeError
+    if ONE_DEVICE
+    else jax.errors.JaxRuntimeError,
+    jax.jit: (jax.errors.JaxRuntimeError, ValueError),
+}

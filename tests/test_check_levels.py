@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_case
+from helpers import PATH_ERRORS, random_case
 
 import eqx_specdec as es
 
@@ -160,13 +160,18 @@ def test_inside_a_callers_jit_and_vmap():
     bad = x.copy()
     bad[2, 1] = V
     message = r"`draft_tokens` holds a token id outside \[0, V\) = \[0, 10\) in row 2"
-    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+    # A plain jax.jit: JAX's class for a failed callback (see test_errors.PATH_ERRORS).
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=message):
         jax.block_until_ready(run(bad, q, p, u, s))
-    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+    # Equinox's paths: with several devices (this suite has eight), JAX's
+    # JaxRuntimeError; with one, eqx.EquinoxRuntimeError (both bases of
+    # InvalidInputError; the one-device paths: test_errors.py).
+    error = PATH_ERRORS[eqx.filter_jit]
+    with pytest.raises(error, match=message):
         jax.block_until_ready(eqx.filter_jit(es.speculative_accept)(bad, q, p, u, s))
     stacked = [np.stack([a, a]) for a in (x, q, p, u, s)]
     stacked[0][1] = bad
-    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+    with pytest.raises(error, match=message):
         jax.block_until_ready(jax.vmap(es.speculative_accept)(*stacked))
 
 
@@ -186,7 +191,7 @@ def test_compile_work_does_not_grow_with_the_batch():
 
     def count(batch):
         x, q, p, u, s = random_case(0, batch, 2, 4)
-        jaxpr = jax.make_jaxpr(es.speculative_accept.__wrapped__)(x, q, p, u, s)
+        jaxpr = jax.make_jaxpr(es.speculative_accept)(x, q, p, u, s)
         return equations(jaxpr.jaxpr)
 
     assert count(1_000) == count(200_000)

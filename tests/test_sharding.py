@@ -16,6 +16,7 @@ from user_stages import (
 
 import eqx_specdec as es
 from benchmarks.bench_sharding import collectives, gathering_verifier
+from eqx_specdec._verify.verifier import probability_step
 
 
 pytestmark = pytest.mark.skipif(
@@ -144,12 +145,10 @@ def test_no_row_crosses_devices(mesh_name, check_inputs):
     x, q, p, u, s = _case(9, batch, gamma, vocab, np.float32)
     placed = _place(mesh, batch_axis, vocab_axis, (x, q, p, u, s))
 
-    # The compiled program of the entry point (its own jit; `__wrapped__` is the
-    # function it compiles).
+    # The program of the entry point: its step on probabilities, which `verify`
+    # compiles.
     def body(*a):
-        out = es.speculative_accept.__wrapped__(
-            *a, verifier=sharded, check_inputs=check_inputs
-        )
+        out = probability_step(*a, verifier=sharded, check_inputs=check_inputs)
         return getattr(out, "outputs", out)  # a deferred check's outputs
 
     run = jax.jit(body)

@@ -4,17 +4,17 @@ reproduce in distribution."""
 import typing
 from collections.abc import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, Key
 
 from .._models.cached import call_rows, initial_states, prefill
 from .._proposal.abstract_proposal import as_probs, ModelOutputs
-from .._verify.dispatch import FilterJit
 from .loop import check_decode_arguments, check_key, row_keys, token_buffer
 
 
-@FilterJit
+@eqx.filter_jit
 def _autoregressive(
     model, prompt_tokens, prompt_lengths, key, num_tokens, greedy, outputs, calls=1
 ):

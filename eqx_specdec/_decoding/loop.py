@@ -19,12 +19,11 @@ from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
 from .._verify.abstract_verifier import AbstractVerifier
 from .._verify.checks import (
     Checked,
-    checked_with_status,
     MODEL_MESSAGES,
     model_problems,
     problem_status,
+    resolved,
 )
-from .._verify.dispatch import FilterJit
 from .._verify.verifier import Verifier
 from .result import DecodeResult, FINISH_LENGTH, FINISH_STOP
 
@@ -360,10 +359,10 @@ class _DecodeLoop(eqx.Module):
         )
         if not self.check_models:
             return result
-        return checked_with_status(result, end.status, MODEL_MESSAGES)
+        return Checked(result, end.status, MODEL_MESSAGES)
 
 
-@FilterJit
+@eqx.filter_jit
 def _run(
     loop: _DecodeLoop, prompt_tokens, prompt_lengths, key, max_lengths
 ) -> DecodeResult | Checked:
@@ -503,4 +502,6 @@ def speculative_decode(
         logprobs,
         stop_tokens,
     )
-    return _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key, max_lengths)
+    return resolved(
+        _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key, max_lengths)
+    )

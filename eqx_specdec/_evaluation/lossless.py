@@ -3,13 +3,13 @@
 import itertools
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._capabilities import has_capability, require
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
-from .._verify.dispatch import FilterJit
 from .._verify.verifier import Verifier
 from .emission import accumulate, cells, EmissionEstimate, padded_size
 from .tree_evaluation import tree_emission_by_monte_carlo, tree_emission_by_quadrature
@@ -375,7 +375,7 @@ def emission_by_monte_carlo(
     return EmissionEstimate(emitted, reached, num_draws)
 
 
-@FilterJit
+@eqx.filter_jit
 def _monte_carlo_chunk(verifier, q, p, law_cdf, key, chunk_size: int):
     """The tokens of `chunk_size` random steps. Compiled once per verifier configuration
     and shapes (the distributions are arguments, not constants), so that measurements of
@@ -397,7 +397,7 @@ def _monte_carlo_chunk(verifier, q, p, law_cdf, key, chunk_size: int):
     return rows(xs, q, p, u, s)["tokens"]
 
 
-@FilterJit
+@eqx.filter_jit
 def verify_rows(verifier, draft_tokens, draft_probs, target_probs, accept, sample):
     """`verifier.row` over rows of draft tokens and uniforms, for one fixed row of
     distributions. Compiled once per verifier configuration and shapes."""

@@ -3,6 +3,7 @@ nodes, cells cut at every reachable pass threshold) and Monte Carlo."""
 
 import itertools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +11,6 @@ import numpy as np
 from .._capabilities import require
 from .._errors import MissingCapabilityError
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_depths, tree_of
-from .._verify.dispatch import FilterJit
 from .emission import cells, EmissionEstimate, padded_size
 from .validation import check_distributions
 
@@ -207,12 +207,12 @@ def tree_quadrature_problem(verifier, vocab: int):
     return None
 
 
-@FilterJit
+@eqx.filter_jit
 def _all_draft_laws(rule, tree, q, assignments):
     return jax.vmap(lambda x: _draft_laws(rule, tree, q, x))(assignments)
 
 
-@FilterJit
+@eqx.filter_jit
 def _all_forced_walks(verifier, tree, q, p, assignments, outcomes):
     parents = jnp.asarray(tree, jnp.int32)
     draft = q if verifier.drafting_rule().uses_draft_probs else None
@@ -224,13 +224,13 @@ def _all_forced_walks(verifier, tree, q, p, assignments, outcomes):
     return jax.vmap(jax.vmap(walk, (None, 0)), (0, None))(assignments, outcomes)
 
 
-@FilterJit
+@eqx.filter_jit
 def _tree_rows(verifier, node_tokens, parents, draft, p, accept, sample):
     rows = jax.vmap(verifier.row, in_axes=(0, None, None, None, 0, 0))
     return rows(node_tokens, parents, draft, p, accept, sample)
 
 
-@FilterJit
+@eqx.filter_jit
 def _tree_draws(verifier, tree, q, p, keys):
     """One random step per key: the tree drafted with the rule's `candidate_law`, then
     verified."""

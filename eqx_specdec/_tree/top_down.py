@@ -22,6 +22,7 @@ from .._search import inverse_cdf
 from .._verify.abstract_verifier import malformed_tokens
 from .._verify.checks import (
     check_level,
+    Checked,
     checked,
     CheckLevel,
     distribution_problems,
@@ -29,9 +30,10 @@ from .._verify.checks import (
     token_problems,
     uniform_problems,
 )
-from .._verify.dispatch import entry_point
+from .._verify.entry import run_step, StepOptions, verification_step
 from .._verify.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
 from .._verify.masks import allowed_tokens, mask_problems, masked_probs
+from .._verify.typed_inputs import as_array, Draft, Probabilities, Uniforms
 from .abstract_tree_verifier import (
     AbstractTreeVerifier,
     tree_field,
@@ -232,7 +234,110 @@ def _tree_problems(verifier, parents):
     return problems
 
 
-@entry_point
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def tree_step(
+    node_tokens: Integer[Array, "B nodes"],
+    parents: Integer[Array, "B nodes"] | None,
+    draft_probs: Float[Array, "B nodes+1 V"] | None,
+    target_probs: Float[Array, "B nodes+1 V"],
+    accept_uniforms: Float[Array, "B nodes"],
+    sample_uniforms: Float[Array, " B"],
+    *,
+    verifier: AbstractTreeVerifier,
+    check_inputs: CheckLevel = "read",
+    logprobs: LogProbs | None = None,
+    allowed: Array | None = None,
+    draft_allowed: bool = True,
+    entry: str = "tree_accept",
+) -> dict[str, Array] | Checked:
+    """The step of a tree verifier on probabilities, traced inside
+    [`eqx_specdec.verify`][]'s program: arguments as [`eqx_specdec.tree_accept`][]
+    has them (`entry` names the entry point in messages). Returns the outputs' dict,
+    or a [`Checked`][eqx_specdec._verify.checks.Checked] holding it."""
+    node_tokens = jnp.asarray(node_tokens)
+    if parents is None:
+        tree = tree_of(verifier, f"{entry} with `parents=None`")
+        if node_tokens.ndim != 2 or node_tokens.shape[1] != len(tree):
+            raise ValueError(
+                f"`node_tokens` must have shape (B, N) with N = {len(tree)}, the nodes "
+                f"of the verifier's `tree`; got {tuple(node_tokens.shape)}."
+            )
+        parents = jnp.broadcast_to(jnp.asarray(tree, jnp.int32), node_tokens.shape)
+    parents, target_probs, accept_uniforms, sample_uniforms = (
+        jnp.asarray(a)
+        for a in (parents, target_probs, accept_uniforms, sample_uniforms)
+    )
+    if draft_probs is not None:
+        draft_probs = jnp.asarray(draft_probs)
+    batch, nodes = node_tokens.shape
+    vocab = target_probs.shape[-1]
+    shapes = {
+        "parents": (parents, (batch, nodes)),
+        "target_probs": (target_probs, (batch, nodes + 1, vocab)),
+        "draft_probs": (draft_probs, (batch, nodes + 1, vocab)),
+        "accept_uniforms": (accept_uniforms, (batch, nodes)),
+        "sample_uniforms": (sample_uniforms, (batch,)),
+    }
+    for name, (array, shape) in shapes.items():
+        if array is not None and tuple(array.shape) != shape:
+            raise ValueError(
+                f"`{name}` must have shape {shape} for `node_tokens` of shape "
+                f"{(batch, nodes)} and vocabulary {vocab}; got {tuple(array.shape)}."
+            )
+    rule = verifier.drafting_rule()
+    if draft_probs is None and rule.uses_draft_probs:
+        raise TypeError(
+            f"{type(verifier).__name__} (its trees drafted by {type(rule).__name__}) "
+            "reads the draft distributions: pass "
+            "`draft_probs`, float (B, N + 1, V) (only rules with "
+            "`uses_draft_probs = False`, such as DeterministicCandidates, take None)."
+        )
+    level = check_level(check_inputs)
+    logprobs = check_logprobs(logprobs, entry, raw_available=False)
+    if allowed is not None:
+        mask = allowed_tokens(allowed, target_probs.shape)
+        target_probs = masked_probs(target_probs, mask)
+        if draft_probs is not None and draft_allowed:
+            draft_probs = masked_probs(draft_probs, mask)
+    outputs = verifier(
+        node_tokens,
+        parents,
+        draft_probs,
+        target_probs,
+        accept_uniforms,
+        sample_uniforms,
+    )
+    if logprobs is not None:
+        rows = tree_rows(outputs["path"])
+        processed = jnp.take_along_axis(target_probs, rows[..., None], axis=1)
+        outputs = with_logprobs(outputs, logprobs, processed, log_space=False)
+    if level is None:
+        return outputs
+    # The top-down walk reads every row (each node's context row is selected under a
+    # mask), so every level checks every row.
+    problems = token_problems(node_tokens, vocab, "node_tokens", valid=parents >= -1)
+    if allowed is not None:
+        problems = mask_problems(mask, target_probs, log_space=False) + problems
+    problems += _tree_problems(verifier, parents)
+    if draft_probs is not None:
+        problems += distribution_problems("draft_probs", draft_probs)
+    problems += distribution_problems("target_probs", target_probs)
+    problems += uniform_problems("accept_uniforms", accept_uniforms)
+    problems += uniform_problems("sample_uniforms", sample_uniforms)
+    n = outputs["num_accepted"]
+    problems.append(
+        stage_problem(
+            verifier,
+            "tree verifier",
+            malformed_tokens(outputs["tokens"], n, vocab) | (n < 0) | (n > nodes),
+            "tokens not laid out as the contract says",
+            "its `row` must return the layout of AbstractTreeVerifier.row (for a "
+            "TreeVerifier: its node rule's residual must stay a distribution).",
+        )
+    )
+    return checked(outputs, problems)
+
+
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def tree_accept(
     node_tokens: Integer[Array, "B nodes"],
@@ -283,92 +388,75 @@ def tree_accept(
     A dict with `"num_accepted"` int32 `(B,)`, `"tokens"` int32 `(B, N + 1)` and
     `"path"` int32 `(B, N)`: the accepted nodes' indices, for keeping their KV-cache
     entries.
+
+    The tree form of [`eqx_specdec.verify`][]: `verify(Probabilities(target_probs),
+    Draft(node_tokens, Probabilities(draft_probs), parents), Uniforms(accept_uniforms,
+    sample_uniforms), verifier=verifier, ...).as_dict()`.
     """
+    entry = "tree_accept"
+    check_level(check_inputs)
     if not isinstance(verifier, AbstractTreeVerifier):
         raise TypeError(
             "`verifier` must be an eqx_specdec.AbstractTreeVerifier (TreeVerifier or "
             f"TraversalVerifier); got {type(verifier).__name__}."
         )
-    refuse_inexact("tree_accept", verifier, exact_only)
-    node_tokens = jnp.asarray(node_tokens)
-    if parents is None:
-        tree = tree_of(verifier, "tree_accept with `parents=None`")
-        if node_tokens.ndim != 2 or node_tokens.shape[1] != len(tree):
-            raise ValueError(
-                f"`node_tokens` must have shape (B, N) with N = {len(tree)}, the nodes "
-                f"of the verifier's `tree`; got {tuple(node_tokens.shape)}."
-            )
-        parents = jnp.broadcast_to(jnp.asarray(tree, jnp.int32), node_tokens.shape)
-    parents, target_probs, accept_uniforms, sample_uniforms = (
-        jnp.asarray(a)
-        for a in (parents, target_probs, accept_uniforms, sample_uniforms)
+    refuse_inexact(entry, verifier, exact_only)
+    options = StepOptions(
+        logprobs, as_array(allowed), draft_allowed, None, check_inputs, entry
     )
-    if draft_probs is not None:
-        draft_probs = jnp.asarray(draft_probs)
-    batch, nodes = node_tokens.shape
-    vocab = target_probs.shape[-1]
-    shapes = {
-        "parents": (parents, (batch, nodes)),
-        "target_probs": (target_probs, (batch, nodes + 1, vocab)),
-        "draft_probs": (draft_probs, (batch, nodes + 1, vocab)),
-        "accept_uniforms": (accept_uniforms, (batch, nodes)),
-        "sample_uniforms": (sample_uniforms, (batch,)),
-    }
-    for name, (array, shape) in shapes.items():
-        if array is not None and tuple(array.shape) != shape:
-            raise ValueError(
-                f"`{name}` must have shape {shape} for `node_tokens` of shape "
-                f"{(batch, nodes)} and vocabulary {vocab}; got {tuple(array.shape)}."
-            )
-    rule = verifier.drafting_rule()
-    if draft_probs is None and rule.uses_draft_probs:
-        raise TypeError(
-            f"{type(verifier).__name__} (its trees drafted by {type(rule).__name__}) "
-            "reads the draft distributions: pass "
-            "`draft_probs`, float (B, N + 1, V) (only rules with "
-            "`uses_draft_probs = False`, such as DeterministicCandidates, take None)."
-        )
-    level = check_level(check_inputs)
-    logprobs = check_logprobs(logprobs, "tree_accept", raw_available=False)
-    if allowed is not None:
-        mask = allowed_tokens(allowed, target_probs.shape)
-        target_probs = masked_probs(target_probs, mask)
-        if draft_probs is not None and draft_allowed:
-            draft_probs = masked_probs(draft_probs, mask)
-    outputs = verifier(
+    draft = Draft(
         node_tokens,
+        None if draft_probs is None else Probabilities(draft_probs),
         parents,
-        draft_probs,
-        target_probs,
-        accept_uniforms,
-        sample_uniforms,
     )
-    if logprobs is not None:
-        rows = tree_rows(outputs["path"])
-        processed = jnp.take_along_axis(target_probs, rows[..., None], axis=1)
-        outputs = with_logprobs(outputs, logprobs, processed, log_space=False)
-    if level is None:
-        return outputs
-    # The top-down walk reads every row (each node's context row is selected under a
-    # mask), so every level checks every row.
-    problems = token_problems(node_tokens, vocab, "node_tokens", valid=parents >= -1)
-    if allowed is not None:
-        problems = mask_problems(mask, target_probs, log_space=False) + problems
-    problems += _tree_problems(verifier, parents)
-    if draft_probs is not None:
-        problems += distribution_problems("draft_probs", draft_probs)
-    problems += distribution_problems("target_probs", target_probs)
-    problems += uniform_problems("accept_uniforms", accept_uniforms)
-    problems += uniform_problems("sample_uniforms", sample_uniforms)
-    n = outputs["num_accepted"]
-    problems.append(
-        stage_problem(
-            verifier,
-            "tree verifier",
-            malformed_tokens(outputs["tokens"], n, vocab) | (n < 0) | (n > nodes),
-            "tokens not laid out as the contract says",
-            "its `row` must return the layout of AbstractTreeVerifier.row (for a "
-            "TreeVerifier: its node rule's residual must stay a distribution).",
+    randomness = Uniforms(accept_uniforms, sample_uniforms)
+    target = Probabilities(target_probs)
+    return run_step(entry, target, draft, randomness, verifier, options, True).as_dict()
+
+
+def _tree_uniforms(randomness, shape: tuple[int, int]):
+    if isinstance(randomness, Uniforms):
+        return randomness.accept, randomness.sample
+    batch, nodes = shape
+    keys = jax.vmap(lambda b: jax.random.fold_in(randomness, b))(
+        jnp.arange(batch, dtype=jnp.uint32)
+    )
+    split = jax.vmap(jax.random.split)(keys)
+    accept = jax.vmap(lambda k: jax.random.uniform(k, (nodes,), jnp.float32))(
+        split[:, 0]
+    )
+    sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(split[:, 1])
+    return accept, sample
+
+
+@verification_step.register
+def _tree_verification_step(
+    verifier: AbstractTreeVerifier, target, draft, randomness, options: StepOptions
+):
+    if not isinstance(target, Probabilities):
+        raise TypeError(
+            f"{options.entry}: tree verifiers take the target as "
+            "eqx_specdec.Probabilities; got Logits. Warp them first: "
+            "`Probabilities(jnp.exp(warp(logits)))`."
         )
+    if options.history is not None:
+        raise ValueError(
+            f"{options.entry}: `history` is for the penalties of logits; tree "
+            "verifiers take probabilities, already processed."
+        )
+    accept, sample = _tree_uniforms(randomness, jnp.shape(draft.tokens))
+    q = draft.distribution
+    return tree_step(
+        draft.tokens,
+        draft.parents,
+        None if q is None else q.probs,
+        target.probs,
+        accept,
+        sample,
+        verifier=verifier,
+        check_inputs=options.check_inputs,
+        logprobs=options.logprobs,
+        allowed=options.allowed,
+        draft_allowed=options.draft_allowed,
+        entry=options.entry,
     )
-    return checked(outputs, problems)

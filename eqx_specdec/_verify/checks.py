@@ -9,6 +9,7 @@ raises [`eqx_specdec.InvalidInputError`][] from them.
 """
 
 import functools
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import equinox as eqx
@@ -180,55 +181,87 @@ class Checked(eqx.Module):
     def resolve(self) -> Any:
         """The outputs, or [`eqx_specdec.InvalidInputError`][] for the first problem.
 
-        Outside any trace (on the CPU), waits for the status, so that the error is
-        raised at the call, never later, never lost. Inside a trace (a caller's
-        `jax.jit` or `jax.vmap`, or the entry point's own program on an accelerator),
-        the check becomes a callback in the branch the program takes on a problem:
-        nothing reaches the host on a valid call, and JAX raises the error when the
-        program's outputs are read."""
-        if isinstance(self.status, jax.core.Tracer):
-            # The callback only in the branch taken on a problem: a valid call costs
-            # one scalar comparison, and no transfer to the host.
-            jax.lax.cond(
-                self.status[0] >= 0,
-                lambda status: jax.debug.callback(
-                    functools.partial(_raise_first, self.messages), status
-                ),
-                lambda status: None,
-                self.status,
-            )
+        With a concrete status (the entry point called from Python: its program has
+        run), raised here, at the call. With a traced one (inside a caller's
+        `eqx.filter_jit`, `jax.jit` or `jax.vmap`), the check joins the caller's
+        program as a branch taken only on a problem: a valid call costs one scalar
+        comparison and no transfer.
+
+        - When JAX has one device, the branch is Equinox's own
+            `eqx.branched_error_if`, threaded through the outputs: an invalid call
+            fails when its outputs are computed, with the same message (row included),
+            as `eqx.EquinoxRuntimeError` under `eqx.filter_jit` and `jax.vmap`.
+        - When JAX has several, a callback that raises inside a program stops its
+            device while the others wait at their next collective (XLA aborts the
+            process after 40 s; `eqx.error_if` does this too). The branch is then a
+            `jax.debug.callback`, whose failure JAX reports as
+            `jax.errors.JaxRuntimeError` when the outputs are read (and once more at
+            the next `jax.effects_barrier()`), and the program runs to its end."""
+        if not isinstance(self.status, jax.core.Tracer):
+            raise_first(self.messages, self.status)
             return self.outputs
-        _raise_first(self.messages, self.status)
+        if jax.device_count() == 1:
+            return eqx.branched_error_if(
+                self.outputs,
+                self.status[0] >= 0,
+                self.status[0] * _ROWS + self.status[1],
+                RowMessages(self.messages),
+            )
+        jax.lax.cond(
+            self.status[0] >= 0,
+            lambda status: jax.debug.callback(
+                functools.partial(raise_first, self.messages), status
+            ),
+            lambda status: None,
+            self.status,
+        )
         return self.outputs
 
 
-def _raise_first(messages, status):
+# The rows a traced check's message can name: Equinox's messages are chosen by one
+# integer, here the problem's index times this plus its row.
+_ROWS = 1 << 24
+
+
+class RowMessages(Sequence):
+    """The messages of `eqx.branched_error_if` for `templates` (with a `{row}` field):
+    message `i` is template `i // _ROWS` naming row `i % _ROWS`. Immutable and hashable
+    (Equinox holds it as a static argument); formatted only when an error is raised."""
+
+    def __init__(self, templates: tuple[str, ...]):
+        self._templates = tuple(templates)
+
+    def __len__(self) -> int:
+        return len(self._templates) * _ROWS
+
+    def __getitem__(self, index):
+        problem, row = divmod(int(index), _ROWS)
+        return self._templates[problem].format(row=row)
+
+    def __hash__(self) -> int:
+        return hash(self._templates)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RowMessages) and other._templates == self._templates
+
+
+def raise_first(messages, status):
+    """Raises [`eqx_specdec.InvalidInputError`][] for the first problem of `status`
+    (of any leading batch shape), if any."""
     status = np.asarray(status).reshape(-1, 2)
     for problem, row in status:
         if problem >= 0:
             raise InvalidInputError(messages[int(problem)].format(row=int(row)))
 
 
-def raise_at_call() -> bool:
-    """Whether a direct call of an entry point raises at the call, waiting for its
-    check's status on the host (the CPU, where that costs no transfer), or carries the
-    check in its program (accelerators: no transfer to the host per call, the error
-    raised when the outputs are read). Read when a program is traced."""
-    return jax.default_backend() == "cpu"
-
-
-def checked(outputs, problems) -> Checked | dict:
+def checked(outputs, problems) -> Checked:
     """`outputs` with the status of `problems` (a list of `(flags (B,), message)`): the
-    first problem in the list that occurs, and its first offending row. Where the error
-    is raised when the outputs are read (see `raise_at_call`), the outputs alone, the
-    check's callback in the program.
+    first problem in the list that occurs, and its first offending row.
 
     Computed as each row's first problem (one elementwise pass, which XLA fuses), then
     the least of them and the first row holding it: a few kernels whatever the number of
     problems, where stacking the flags compiles a kernel per problem."""
-    return checked_with_status(
-        outputs, problem_status(problems), tuple(m for _, m in problems)
-    )
+    return Checked(outputs, problem_status(problems), tuple(m for _, m in problems))
 
 
 def problem_status(problems) -> Int[Array, "2"]:
@@ -243,10 +276,35 @@ def problem_status(problems) -> Int[Array, "2"]:
     return jnp.where(first < count, jnp.stack([first, row]), -1).astype(jnp.int32)
 
 
-def checked_with_status(outputs, status, messages) -> Checked | Any:
-    """`outputs` with a computed `status` and its `messages` (see `checked`)."""
-    result = Checked(outputs, status, messages)
-    return result if raise_at_call() else result.resolve()
+def resolved(outputs) -> Any:
+    """What a compiled entry point gives its caller: a [`Checked`][] program's outputs
+    (or its error, see `Checked.resolve`), other outputs as they are."""
+    return outputs.resolve() if isinstance(outputs, Checked) else outputs
+
+
+def compiled_entry_point(fn):
+    """`fn`, an entry point, compiled with `eqx.filter_jit` (its arguments' array
+    leaves traced, every other leaf static: a stage's Python fields, the check level),
+    after a plain Python check of `check_inputs` (so that a traced or misspelt value
+    gets a message saying how to fix it), its checks resolved by `resolved`."""
+    program = eqx.filter_jit(fn)
+
+    @functools.wraps(fn)
+    def entry(*args, check_inputs="read", **kwargs):
+        check_level(check_inputs)
+        try:
+            return resolved(program(*args, check_inputs=check_inputs, **kwargs))
+        except (TypeError, ValueError) as error:
+            if "hashable" not in str(error):
+                raise
+            raise TypeError(
+                f"{fn.__name__}: an argument holds a value that is neither an array "
+                "nor hashable. Non-array fields of stages and models are static "
+                "(compiled in): make it an array (traced) or a hashable value (a "
+                "tuple, not a list or dict inside a field)."
+            ) from error
+
+    return entry
 
 
 _MODEL_OUTPUT = (

@@ -6,13 +6,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
-from .._custom_types import DraftProbs, DraftTokens, TargetProbs
-from .._exactness import refuse_inexact
 from .abstract_verifier import AbstractVerifier
-from .checks import CheckLevel
-from .dispatch import entry_point
-from .logprobs import LogProbs
-from .verifier import speculative_accept, Verifier
+from .verifier import Verifier
 
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
@@ -58,48 +53,3 @@ def uniforms_from_key(
         return accept, sample_keys
     sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(sample_keys)
     return accept, sample
-
-
-@entry_point
-@typing.no_type_check  # validated by hand, with messages naming the argument
-def speculative_accept_from_key(
-    key: Key[Array, ""],
-    draft_tokens: DraftTokens,
-    draft_probs: DraftProbs | None,
-    target_probs: TargetProbs,
-    *,
-    verifier: AbstractVerifier = Verifier(),
-    check_inputs: CheckLevel = "read",
-    logprobs: LogProbs | None = None,
-    exact_only: bool = False,
-) -> dict[str, Array]:
-    """[`eqx_specdec.speculative_accept`][] with its randomness drawn from a key, by
-    [`eqx_specdec.uniforms_from_key`][]: the same key and inputs always give the same
-    tokens, and a row's tokens do not depend on the other rows or the batch size.
-
-    **Arguments:**
-
-    - `key`: a `jax.random` key.
-    - `draft_tokens`, `draft_probs`, `target_probs`, `verifier`, `check_inputs`,
-        `logprobs`, `exact_only`: as for [`eqx_specdec.speculative_accept`][].
-
-    **Returns:**
-
-    As [`eqx_specdec.speculative_accept`][].
-    """
-    refuse_inexact("speculative_accept_from_key", verifier, exact_only)
-    batch, gamma = jnp.shape(draft_tokens)
-    accept, sample = uniforms_from_key(key, batch, gamma, verifier=verifier)
-    # The undecorated function, traced inline: its checks' status reaches this entry
-    # point's own wrapper.
-    return speculative_accept.__wrapped__(
-        draft_tokens,
-        draft_probs,
-        target_probs,
-        accept,
-        sample,
-        verifier=verifier,
-        check_inputs=check_inputs,
-        logprobs=logprobs,
-        exact_only=exact_only,
-    )

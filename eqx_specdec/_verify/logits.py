@@ -8,15 +8,19 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
-from .._exactness import refuse_inexact
 from .._misc import compute_dtype
 from .._stages.prefix_counter import PrefixCounter
 from .._stages.ratio_test import RatioTest
 from .._stages.residual_sampler import ResidualSampler
 from .._stages.token_assembler import TokenAssembler
 from .abstract_verifier import AbstractVerifier
-from .checks import check_level, checked, CheckLevel, token_problems
-from .dispatch import entry_point
+from .checks import (
+    check_level,
+    Checked,
+    checked,
+    CheckLevel,
+    token_problems,
+)
 from .inputs import LOGIT_NAMES, prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .masks import allowed_tokens, mask_problems, masked_logits
@@ -116,9 +120,8 @@ LOGITS_VERIFIER = Verifier(
 )
 
 
-@entry_point
 @typing.no_type_check  # validated by hand, with messages naming the argument
-def speculative_accept_logits(
+def logits_step(
     draft_tokens: DraftTokens,
     draft_logits: Float[Array, "B G V"] | None,
     target_logits: Float[Array, "B G+1 V"],
@@ -127,70 +130,22 @@ def speculative_accept_logits(
     *,
     target_warp: Warp = Warp(),
     draft_warp: Warp = Warp(),
-    verifier: AbstractVerifier = LOGITS_VERIFIER,
+    verifier: AbstractVerifier,
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
     history: Int[Array, "B length"] | None = None,
     allowed: Array | None = None,
     draft_allowed: bool = True,
-    exact_only: bool = False,
-) -> dict[str, Array]:
-    """Runs one verification step on logits, with a logit bias, temperature, top-k, top-p
-    and min-p.
-
-    Both sides are warped to log-probabilities, $\\log \\tilde p = $ `target_warp`(target
-    logits) and $\\log \\tilde q = $ `draft_warp`(draft logits), and verified in log space:
-    draft token $x_i$ passes when $\\log u_i < \\log \\tilde p_i(x_i) - \\log \\tilde q_i(x_i)$
-    (stable: logits of $10^4$ do not overflow, and tiny probabilities do not underflow to
-    a wrong verdict); the correction is drawn from
-    $\\operatorname{norm}((\\tilde p_n - \\tilde q_n)_+)$, the bonus token from $\\tilde p_G$.
-    The emitted tokens follow the warped target $\\tilde p$ exactly, provided the draft
-    tokens were sampled from $\\tilde q$.
-
-    Rows with target temperature 0 are greedy: their $\\tilde p$ is one-hot at the argmax,
-    so a draft token passes exactly when it is the target's argmax, and the correction is
-    the argmax. Greedy and sampled rows mix freely in one batch.
-
-    **Arguments:**
-
-    - `draft_tokens`: integer of shape `(B, G)`.
-    - `draft_logits`: float of shape `(B, G, V)`, the draft's logits; `None` for one-hot
-        drafts.
-    - `target_logits`: float of shape `(B, G + 1, V)`.
-    - `accept_uniforms`, `sample_uniforms`: as for [`eqx_specdec.speculative_accept`][].
-    - `target_warp`: the [`eqx_specdec.Warp`][] defining the distribution to sample from.
-    - `draft_warp`: the [`eqx_specdec.Warp`][] the draft tokens were sampled with.
-    - `verifier`: a [`eqx_specdec.Verifier`][] whose stages read log-probabilities.
-        Default: the standard rule in log space.
-    - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][]; both
-        `"read"` and `"all"` check every logit (the warp reads them all): no
-        NaN or $+\\infty$ logit, no distribution with every logit $-\\infty$, token ids
-        and uniforms in range, temperatures $\\ge 0$, `top_p` in $(0, 1]$, `top_k`
-        $\\ge 0$, `min_p` in $[0, 1]$, no NaN or $+\\infty$ logit bias and none that bans
-        every token of a distribution.
-    - `history`: integer of shape `(B, H)`, each row's tokens that the warps'
-        penalties count (the generated tokens, and the prompt's if your convention
-        counts them), -1 for padding; required when a warp has a penalty. At draft
-        position $i$ the history is this and the draft tokens before $i$: the target
-        and the draft are penalised as each position's true prefix says.
-    - `allowed`, `draft_allowed`: each position's allowed tokens, as for
-        [`eqx_specdec.speculative_accept`][]: the disallowed logits become $-\\infty$
-        before the warps (of the target, and of the draft when it sampled under the
-        mask).
-    - `exact_only`: as for [`eqx_specdec.speculative_accept`][].
-    - `logprobs`: `None` (the default), or an [`eqx_specdec.LogProbs`][]: the
-        log-probabilities of the emitted tokens under the warped target $\\tilde p$
-        (and, with `raw=True`, under `log_softmax(target_logits)`).
-
-    **Returns:**
-
-    As [`eqx_specdec.speculative_accept`][].
-    """
+    entry: str = "speculative_accept_logits",
+) -> dict[str, Array] | Checked:
+    """The step on logits (chains), traced inside [`eqx_specdec.verify`][]'s program:
+    arguments as [`eqx_specdec.speculative_accept_logits`][] has them (`entry` names the
+    entry point in messages). Returns the outputs' dict, or a
+    [`Checked`][eqx_specdec._verify.checks.Checked] holding it."""
     level = check_level(check_inputs)
-    refuse_inexact("speculative_accept_logits", verifier, exact_only)
-    logprobs = check_logprobs(logprobs, "speculative_accept_logits", raw_available=True)
+    logprobs = check_logprobs(logprobs, entry, raw_available=True)
     inputs = prepare_inputs(
-        "speculative_accept_logits",
+        entry,
         verifier,
         (draft_tokens, draft_logits, target_logits, accept_uniforms, sample_uniforms),
         log_space=True,

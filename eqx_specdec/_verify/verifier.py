@@ -21,7 +21,6 @@ from .._custom_types import (
     TargetProbs,
     TargetProbsRow,
 )
-from .._exactness import refuse_inexact
 from .._misc import no_type_check
 from .._stages.prefix_counter import AbstractPrefixCounter
 from .._stages.ratio_test import AbstractRatioTest, RatioTest
@@ -35,8 +34,7 @@ from .abstract_verifier import (
     stage_mismatches,
     verify_row,
 )
-from .checks import check_level, checked, CheckLevel
-from .dispatch import entry_point
+from .checks import check_level, Checked, checked, CheckLevel
 from .inputs import prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .masks import allowed_tokens, mask_problems, masked_probs
@@ -238,111 +236,29 @@ class Verifier(AbstractVerifier):
         return jax.lax.map(lambda arrays: one(*arrays), (rows,) + inputs)
 
 
-@entry_point
 @typing.no_type_check  # validated by hand, with messages naming the argument
-def speculative_accept(
+def probability_step(
     draft_tokens: DraftTokens,
     draft_probs: DraftProbs | None,
     target_probs: TargetProbs,
     accept_uniforms: AcceptUniforms | None,
     sample_uniforms: SampleRandomnessBatch | None,
     *,
-    verifier: AbstractVerifier = Verifier(),
+    verifier: AbstractVerifier,
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
     allowed: Array | None = None,
     draft_allowed: bool = True,
-    exact_only: bool = False,
-) -> dict[str, Array]:
-    """Runs one verification step of speculative decoding on a batch.
-
-    For each row $b$, draft token $x_i$ passes when $u_i\\, q_i(x_i) < p_i(x_i)$; the
-    number accepted $n$ counts the passes before the first failure; the correction token
-    $y$ is drawn by inverse CDF with uniform $s$ from
-    $\\operatorname{norm}((p_n - q_n)_+)$ (or from $p_G$ when $n = G$). Those are the
-    default stages; `verifier` swaps them.
-
-    Compiled on first use with Equinox's filter semantics (as `eqx.filter_jit` does):
-    every array, the arrays inside `verifier`'s stages included, is traced; every other
-    value (a stage's Python `bool`, `int`, `float`, `str` or tuple fields) is static, so
-    stages may use such fields in Python control flow, and each new value compiles
-    once. Works as well inside `jax.jit`, `eqx.filter_jit`, `jax.vmap` and
-    `eqx.filter_vmap` (over a stacked verifier, say). The only randomness is the
-    supplied uniforms: the same inputs give bit-identical outputs.
-
-    **Arguments:**
-
-    - `draft_tokens`: integer of shape `(B, G)`, the draft tokens $x_i$, in `[0, V)`.
-    - `draft_probs`: float of shape `(B, G, V)`, the distributions $q_i$ the draft tokens
-        were sampled from; `None` for one-hot drafts ($q_i = \\mathrm{onehot}(x_i)$:
-        n-gram, prompt-lookup and argmax drafters).
-    - `target_probs`: float of shape `(B, G + 1, V)`, the target's distributions $p_i$;
-        row `G` follows the last draft token.
-    - `accept_uniforms`: float of shape `(B, G)`, the uniforms $u_i \\in [0, 1)$. May be
-        `None` when the verifier's ratio test draws no randomness (greedy, typical).
-    - `sample_uniforms`: float of shape `(B,)`, the uniforms $s \\in [0, 1)$. For a
-        sampler driven by keys ([`eqx_specdec.GumbelSampler`][]), a `jax.random` key
-        array of shape `(B,)`; `None` for a deterministic sampler
-        ([`eqx_specdec.ArgmaxSampler`][]).
-    - `verifier`: the [`eqx_specdec.AbstractVerifier`][] to run (a
-        [`eqx_specdec.Verifier`][] or [`eqx_specdec.ShardedVerifier`][]). Default: the
-        standard rule.
-    - `check_inputs`: the run-time check level, a Python string (see the Correctness
-        page for what each guarantees and costs):
-        - `"read"` (the default): every value the verification reads: token ids in
-            `[0, V)`, uniforms in `[0, 1)`, $p_i(x_i)$ and $q_i(x_i)$ finite and in
-            `[0, 1]` at every position, the whole rows $n$ of `p` and `q` finite,
-            non-negative and summing to 1 within `1e-3` (`1e-2` for float16 and
-            bfloat16), and what each stage returned. Stages that read whole rows (their
-            `reads` attribute) get every row checked.
-        - `"all"`: every row of every distribution as well.
-        - `"off"`: nothing; the program is the verifier's own. The outputs are still
-            int32 arrays of the right shapes, their values unspecified for invalid
-            inputs.
-
-        Under `jax.jit`, mark it static: `jax.jit(speculative_accept,
-        static_argnames="check_inputs")` (`eqx.filter_jit` does so by itself).
-    - `logprobs`: `None` (the default: the outputs below only), or an
-        [`eqx_specdec.LogProbs`][]: the outputs also hold the log-probabilities of the
-        emitted tokens under the target rows given (and, with `top_k`, each emitted
-        position's most likely tokens).
-    - `allowed`: `None`, or each position's allowed tokens (structured output): bool
-        of shape `(B, G + 1, V)`, or uint32 bits `(B, G + 1, ceil(V / 32))` (token $v$
-        is bit `v % 32` of word `v // 32`). Every target row is restricted to its
-        allowed tokens and renormalised, the correction and bonus rows included, so the
-        emitted tokens follow the masked target; a draft token outside its mask has
-        target probability 0 and is rejected.
-    - `draft_allowed`: whether the draft sampled under the same mask (default `True`):
-        its rows are then masked and renormalised too, as the law it drew from.
-    - `exact_only`: `True` to refuse (a `ValueError`, before tracing) a verifier that is
-        not exact (`verifier.exact` is False: a lossy rule, or stages built with
-        `allow_mismatch=True`): for users who must not change the distribution. Default
-        `False`.
-
-    **Returns:**
-
-    A dict with `"num_accepted"`, int32 of shape `(B,)`, and `"tokens"`, int32 of shape
-    `(B, G + 1)`: the accepted draft tokens, the correction token, then `-1`.
-
-    **Raises:**
-
-    - `ValueError`: at trace time, when a rank or shape is wrong or the shapes disagree;
-        the message names the argument, the expected shape and the one received.
-    - `TypeError`: at trace time, when `draft_tokens` is not integer or a probability or
-        uniform array is not floating, or `verifier` is not a `Verifier`.
-    - [`eqx_specdec.InvalidInputError`][]: when a checked value is invalid or a stage
-        returned a value outside its contract; the message names the argument (or the
-        stage's class), the problem, the first offending row and the fix. On the CPU,
-        raised at the call (the call waits for the check). On accelerators, and inside
-        a `jax.jit` of yours, the check is a branch of the program that reaches the host
-        only on a problem, and JAX raises it as its `JaxRuntimeError` (the base class)
-        when an output is read.
-    """
+    entry: str = "speculative_accept",
+) -> dict[str, Array] | Checked:
+    """The step on probabilities (chains), traced inside [`eqx_specdec.verify`][]'s
+    program: arguments as [`eqx_specdec.speculative_accept`][] has them (`entry` names
+    the entry point in messages). Returns the outputs' dict, or a
+    [`Checked`][eqx_specdec._verify.checks.Checked] holding it."""
     level = check_level(check_inputs)
-    refuse_inexact("speculative_accept", verifier, exact_only)
-    logprobs = check_logprobs(logprobs, "speculative_accept", raw_available=False)
+    logprobs = check_logprobs(logprobs, entry, raw_available=False)
     inputs = prepare_inputs(
-        "speculative_accept",
+        entry,
         verifier,
         (draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms),
         log_space=False,

@@ -1,0 +1,555 @@
+"""The one compiled entry point, [`eqx_specdec.verify`][], over typed inputs, and the
+contract's conveniences over it."""
+
+import functools
+import typing
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int, Key
+
+from .._exactness import refuse_inexact
+from .abstract_verifier import AbstractVerifier
+from .checks import check_level, CheckLevel
+from .keys import uniforms_from_key
+from .logits import logits_step, LOGITS_VERIFIER
+from .logprobs import LogProbs
+from .typed_inputs import as_array, Draft, Logits, Probabilities, Uniforms
+from .verification import resolved_verification, Verification, verification_of
+from .verifier import probability_step, Verifier
+from .warp import Warp
+
+
+class StepOptions(NamedTuple):
+    """The options of one step besides its inputs (arrays traced, the rest static)."""
+
+    logprobs: LogProbs | None
+    allowed: Array | None
+    draft_allowed: bool
+    history: Int[Array, "B H"] | None
+    check_inputs: CheckLevel
+    entry: str
+
+
+@functools.singledispatch
+def verification_step(verifier, target, draft, randomness, options: StepOptions):
+    """One verification step of `verifier` on typed inputs, traced inside
+    [`eqx_specdec.verify`][]'s program: the outputs' dict, or a
+    [`Checked`][eqx_specdec._verify.checks.Checked] holding it with the run-time
+    checks' status. Each verifier family registers its own (chains here, trees in
+    their package); a family of your own registers with
+    `verification_step.register`."""
+    raise TypeError(
+        "`verifier` must be an eqx_specdec.AbstractVerifier (Verifier, "
+        "ShardedVerifier) or an eqx_specdec.AbstractTreeVerifier (TreeVerifier, "
+        f"TraversalVerifier); got {type(verifier).__name__}."
+    )
+
+
+def is_key(value) -> bool:
+    return hasattr(value, "dtype") and jax.dtypes.issubdtype(
+        value.dtype, jax.dtypes.prng_key
+    )
+
+
+def as_key(value):
+    """A typed `jax.random` key for a typed key or a legacy one (`jax.random.PRNGKey`,
+    uint32 `(2,)`); `None` for anything else."""
+    if is_key(value):
+        return value
+    if (
+        hasattr(value, "dtype")
+        and jnp.dtype(value.dtype) == jnp.uint32
+        and jnp.shape(value) == (2,)
+    ):
+        return jax.random.wrap_key_data(value)
+    return None
+
+
+def _chain_uniforms(randomness, verifier, tokens):
+    if isinstance(randomness, Uniforms):
+        return randomness.accept, randomness.sample
+    batch, gamma = jnp.shape(tokens)
+    return uniforms_from_key(randomness, batch, gamma, verifier=verifier)
+
+
+@verification_step.register
+def _chain_step(
+    verifier: AbstractVerifier, target, draft, randomness, options: StepOptions
+):
+    if draft.parents is not None:
+        raise ValueError(
+            f"{options.entry}: `draft` has `parents`, the shape of a tree, but "
+            f"`verifier` ({type(verifier).__name__}) verifies chains. Pass a tree "
+            "verifier (TreeVerifier, TraversalVerifier), or `Draft(tokens, "
+            "distribution)` without parents."
+        )
+    accept, sample = _chain_uniforms(randomness, verifier, draft.tokens)
+    shared = dict(
+        verifier=verifier,
+        check_inputs=options.check_inputs,
+        logprobs=options.logprobs,
+        allowed=options.allowed,
+        draft_allowed=options.draft_allowed,
+        entry=options.entry,
+    )
+    q = draft.distribution
+    if isinstance(target, Probabilities):
+        if options.history is not None:
+            raise ValueError(
+                f"{options.entry}: `history` counts tokens for a warp's penalties, and "
+                "the target is given as Probabilities (no warp): give it as Logits "
+                "with a penalising Warp, or leave `history` out."
+            )
+        return probability_step(
+            draft.tokens,
+            None if q is None else q.probs,
+            target.probs,
+            accept,
+            sample,
+            **shared,
+        )
+    return logits_step(
+        draft.tokens,
+        None if q is None else q.logits,
+        target.logits,
+        accept,
+        sample,
+        target_warp=target.warp,
+        draft_warp=Warp() if q is None else q.warp,
+        history=options.history,
+        **shared,
+    )
+
+
+@eqx.filter_jit
+def _program(target, draft, randomness, verifier, options: StepOptions):
+    step = verification_step(verifier, target, draft, randomness, options)
+    return verification_of(step)
+
+
+def _check_kinds(entry, target, draft, randomness):
+    if not isinstance(target, (Probabilities, Logits)):
+        raise TypeError(
+            f"{entry}(`target`=...) must be an eqx_specdec.Probabilities or "
+            f"eqx_specdec.Logits; got {type(target).__name__}. Wrap the array: "
+            "`Probabilities(target_probs)` or `Logits(target_logits, Warp(...))`."
+        )
+    if not isinstance(draft, Draft):
+        raise TypeError(
+            f"{entry}(`draft`=...) must be an eqx_specdec.Draft; got "
+            f"{type(draft).__name__}. Wrap the tokens: `Draft(draft_tokens, "
+            "Probabilities(draft_probs))`."
+        )
+    q = draft.distribution
+    if q is not None and type(q) is not type(target):
+        raise TypeError(
+            f"{entry}: the target is given as {type(target).__name__} and the draft's "
+            f"distribution as {type(q).__name__}; give both the same way (both "
+            "Probabilities, or both Logits with their warps)."
+        )
+    if not (isinstance(randomness, Uniforms) or as_key(randomness) is not None):
+        raise TypeError(
+            f"{entry}(`randomness`=...) must be an eqx_specdec.Uniforms or a "
+            f"jax.random key (jax.random.key(seed)); got {type(randomness).__name__}."
+        )
+
+
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def verify(
+    target: Probabilities | Logits,
+    draft: Draft,
+    randomness: Uniforms | Key[Array, ""],
+    *,
+    verifier=None,
+    logprobs: LogProbs | None = None,
+    allowed: Array | None = None,
+    draft_allowed: bool = True,
+    history: Int[Array, "B H"] | None = None,
+    check_inputs: CheckLevel = "read",
+    throw: bool = True,
+    exact_only: bool = False,
+) -> Verification:
+    """Runs one verification step of speculative decoding on a batch: the library's one
+    compiled entry point, for chains and trees, probabilities and logits.
+
+    The inputs say what they are: the target as [`eqx_specdec.Probabilities`][] or
+    [`eqx_specdec.Logits`][] (with the [`eqx_specdec.Warp`][] sampled with), the
+    draft as a [`eqx_specdec.Draft`][] (its tokens, the law they were drawn from, and
+    for a tree its `parents`), the randomness as [`eqx_specdec.Uniforms`][] or a
+    `jax.random` key. The verifier says the rule and the proposal's shape: an
+    [`eqx_specdec.Verifier`][] (or [`eqx_specdec.ShardedVerifier`][]) verifies chains,
+    a tree verifier ([`eqx_specdec.TreeVerifier`][],
+    [`eqx_specdec.TraversalVerifier`][]) trees.
+
+    Compiled with `eqx.filter_jit`: every array of the inputs and of the verifier's
+    stages is traced, every other value (a stage's Python fields, `check_inputs`,
+    `throw`) is static. Works as well inside `eqx.filter_jit`, `jax.jit` and
+    `jax.vmap`. The only randomness is `randomness`: the same inputs give
+    bit-identical outputs.
+
+    **Arguments:**
+
+    - `target`: the target's distributions $p$, `(B, G + 1, V)` for a chain (row `G`
+        follows the last draft token), `(B, N + 1, V)` per context for a tree
+        (probabilities only).
+    - `draft`: the [`eqx_specdec.Draft`][].
+    - `randomness`: [`eqx_specdec.Uniforms`][] (as the contract has them), or a
+        `jax.random` key: for a chain, drawn as [`eqx_specdec.uniforms_from_key`][]
+        says; for a tree, row $b$'s uniforms from `fold_in(key, b)`.
+    - `verifier`: the rule. Default: the standard rule for chains,
+        [`eqx_specdec.Verifier`][]`()` (on logits, its log-space form); a tree needs
+        its tree verifier.
+    - `logprobs`: `None`, or an [`eqx_specdec.LogProbs`][]: the emitted tokens'
+        log-probabilities, in the result's fields.
+    - `allowed`, `draft_allowed`: each position's allowed tokens and whether the draft
+        sampled under them, as for [`eqx_specdec.speculative_accept`][].
+    - `history`: integer `(B, H)`, the tokens a warp's penalties count (logits only),
+        as for [`eqx_specdec.speculative_accept_logits`][].
+    - `check_inputs`: the run-time check level, `"read"` (the default), `"all"` or
+        `"off"`, as for [`eqx_specdec.speculative_accept`][].
+    - `throw`: `True` (the default) to raise [`eqx_specdec.InvalidInputError`][] for
+        the first invalid value (inside your own `eqx.filter_jit`, Equinox's
+        `eqx.EquinoxRuntimeError`, its base); `False` to return the result code
+        instead (`Verification.result`, 0 when valid), as Optimistix's `throw=False`
+        does.
+    - `exact_only`: `True` to refuse a verifier whose `exact` is False.
+
+    **Returns:**
+
+    A [`eqx_specdec.Verification`][].
+
+    **Raises:**
+
+    - `TypeError`, `ValueError`: at trace time, for inputs of the wrong kind, shape or
+        dtype, naming the argument.
+    - [`eqx_specdec.InvalidInputError`][]: with `throw=True`, for an invalid value.
+    """
+    entry = "verify"
+    level = check_level(check_inputs)
+    del level
+    _check_kinds(entry, target, draft, randomness)
+    if not isinstance(throw, bool):
+        raise TypeError(f"verify(`throw`=...) must be a Python bool, got {throw!r}.")
+    if verifier is None:
+        if draft.parents is not None:
+            raise TypeError(
+                "verify: `draft` has `parents`: pass the tree verifier to run "
+                "(`verifier=TreeVerifier()`, or TraversalVerifier())."
+            )
+        verifier = LOGITS_VERIFIER if isinstance(target, Logits) else Verifier()
+    refuse_inexact(entry, verifier, exact_only)
+    if not isinstance(randomness, Uniforms):
+        randomness = as_key(randomness)
+    return run_step(
+        entry,
+        target,
+        draft,
+        randomness,
+        verifier,
+        StepOptions(
+            logprobs,
+            as_array(allowed),
+            draft_allowed,
+            as_array(history),
+            check_inputs,
+            entry,
+        ),
+        throw,
+    )
+
+
+def run_step(entry, target, draft, randomness, verifier, options, throw):
+    """Runs `verify`'s program, its checks resolved as `throw` says (the conveniences
+    call this with their own name in `options.entry`)."""
+    try:
+        verification = _program(target, draft, randomness, verifier, options)
+    except (TypeError, ValueError) as error:
+        if "hashable" not in str(error):
+            raise
+        raise TypeError(
+            f"{entry}: an argument holds a value that is neither an array nor "
+            "hashable. Non-array fields of stages and models are static (compiled "
+            "in): make it an array (traced) or a hashable value (a tuple, not a list "
+            "or dict inside a field)."
+        ) from error
+    return resolved_verification(verification, throw)
+
+
+def _require_chain_verifier(entry, verifier):
+    if not isinstance(verifier, AbstractVerifier):
+        raise TypeError(
+            f"`verifier` must be an eqx_specdec.Verifier or ShardedVerifier (an "
+            f"eqx_specdec.AbstractVerifier) for {entry}, got "
+            f"{type(verifier).__name__}."
+        )
+
+
+def _options(entry, check_inputs, logprobs, allowed, draft_allowed, history=None):
+    check_level(check_inputs)
+    return StepOptions(
+        logprobs,
+        as_array(allowed),
+        draft_allowed,
+        as_array(history),
+        check_inputs,
+        entry,
+    )
+
+
+def _draft(tokens, distribution, kind):
+    return Draft(tokens, None if distribution is None else kind(distribution))
+
+
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def speculative_accept(
+    draft_tokens,
+    draft_probs,
+    target_probs,
+    accept_uniforms,
+    sample_uniforms,
+    *,
+    verifier: AbstractVerifier = Verifier(),
+    check_inputs: CheckLevel = "read",
+    logprobs: LogProbs | None = None,
+    allowed: Array | None = None,
+    draft_allowed: bool = True,
+    exact_only: bool = False,
+) -> dict[str, Array]:
+    """Runs one verification step of speculative decoding on a batch.
+
+    For each row $b$, draft token $x_i$ passes when $u_i\\, q_i(x_i) < p_i(x_i)$; the
+    number accepted $n$ counts the passes before the first failure; the correction token
+    $y$ is drawn by inverse CDF with uniform $s$ from
+    $\\operatorname{norm}((p_n - q_n)_+)$ (or from $p_G$ when $n = G$). Those are the
+    default stages; `verifier` swaps them.
+
+    Compiled on first use with Equinox's filter semantics (as `eqx.filter_jit` does):
+    every array, the arrays inside `verifier`'s stages included, is traced; every other
+    value (a stage's Python `bool`, `int`, `float`, `str` or tuple fields) is static, so
+    stages may use such fields in Python control flow, and each new value compiles
+    once. Works as well inside `jax.jit`, `eqx.filter_jit`, `jax.vmap` and
+    `eqx.filter_vmap` (over a stacked verifier, say). The only randomness is the
+    supplied uniforms: the same inputs give bit-identical outputs.
+
+    **Arguments:**
+
+    - `draft_tokens`: integer of shape `(B, G)`, the draft tokens $x_i$, in `[0, V)`.
+    - `draft_probs`: float of shape `(B, G, V)`, the distributions $q_i$ the draft tokens
+        were sampled from; `None` for one-hot drafts ($q_i = \\mathrm{onehot}(x_i)$:
+        n-gram, prompt-lookup and argmax drafters).
+    - `target_probs`: float of shape `(B, G + 1, V)`, the target's distributions $p_i$;
+        row `G` follows the last draft token.
+    - `accept_uniforms`: float of shape `(B, G)`, the uniforms $u_i \\in [0, 1)$. May be
+        `None` when the verifier's ratio test draws no randomness (greedy, typical).
+    - `sample_uniforms`: float of shape `(B,)`, the uniforms $s \\in [0, 1)$. For a
+        sampler driven by keys ([`eqx_specdec.GumbelSampler`][]), a `jax.random` key
+        array of shape `(B,)`; `None` for a deterministic sampler
+        ([`eqx_specdec.ArgmaxSampler`][]).
+    - `verifier`: the [`eqx_specdec.AbstractVerifier`][] to run (a
+        [`eqx_specdec.Verifier`][] or [`eqx_specdec.ShardedVerifier`][]). Default: the
+        standard rule.
+    - `check_inputs`: the run-time check level, a Python string (see the Correctness
+        page for what each guarantees and costs):
+        - `"read"` (the default): every value the verification reads: token ids in
+            `[0, V)`, uniforms in `[0, 1)`, $p_i(x_i)$ and $q_i(x_i)$ finite and in
+            `[0, 1]` at every position, the whole rows $n$ of `p` and `q` finite,
+            non-negative and summing to 1 within `1e-3` (`1e-2` for float16 and
+            bfloat16), and what each stage returned. Stages that read whole rows (their
+            `reads` attribute) get every row checked.
+        - `"all"`: every row of every distribution as well.
+        - `"off"`: nothing; the program is the verifier's own. The outputs are still
+            int32 arrays of the right shapes, their values unspecified for invalid
+            inputs.
+
+        Under `jax.jit`, mark it static: `jax.jit(speculative_accept,
+        static_argnames="check_inputs")` (`eqx.filter_jit` does so by itself).
+    - `logprobs`: `None` (the default: the outputs below only), or an
+        [`eqx_specdec.LogProbs`][]: the outputs also hold the log-probabilities of the
+        emitted tokens under the target rows given (and, with `top_k`, each emitted
+        position's most likely tokens).
+    - `allowed`: `None`, or each position's allowed tokens (structured output): bool
+        of shape `(B, G + 1, V)`, or uint32 bits `(B, G + 1, ceil(V / 32))` (token $v$
+        is bit `v % 32` of word `v // 32`). Every target row is restricted to its
+        allowed tokens and renormalised, the correction and bonus rows included, so the
+        emitted tokens follow the masked target; a draft token outside its mask has
+        target probability 0 and is rejected.
+    - `draft_allowed`: whether the draft sampled under the same mask (default `True`):
+        its rows are then masked and renormalised too, as the law it drew from.
+    - `exact_only`: `True` to refuse (a `ValueError`, before tracing) a verifier that is
+        not exact (`verifier.exact` is False: a lossy rule, or stages built with
+        `allow_mismatch=True`): for users who must not change the distribution. Default
+        `False`.
+
+    **Returns:**
+
+    A dict with `"num_accepted"`, int32 of shape `(B,)`, and `"tokens"`, int32 of shape
+    `(B, G + 1)`: the accepted draft tokens, the correction token, then `-1`.
+
+    **Raises:**
+
+    - `ValueError`: at trace time, when a rank or shape is wrong or the shapes disagree;
+        the message names the argument, the expected shape and the one received.
+    - `TypeError`: at trace time, when `draft_tokens` is not integer or a probability or
+        uniform array is not floating, or `verifier` is not a `Verifier`.
+    - [`eqx_specdec.InvalidInputError`][]: when a checked value is invalid or a stage
+        returned a value outside its contract; the message names the argument (or the
+        stage's class), the problem, the first offending row and the fix. On the CPU,
+        raised at the call (the call waits for the check). On accelerators, and inside
+        a `jax.jit` of yours, the check is a branch of the program that reaches the host
+        only on a problem, and JAX raises it as its `JaxRuntimeError` (the base class)
+        when an output is read.
+
+    The contract's form of [`eqx_specdec.verify`][]: `verify(Probabilities(target_probs),
+    Draft(draft_tokens, Probabilities(draft_probs)), Uniforms(accept_uniforms,
+    sample_uniforms), ...).as_dict()`.
+    """
+    entry = "speculative_accept"
+    options = _options(entry, check_inputs, logprobs, allowed, draft_allowed)
+    _require_chain_verifier(entry, verifier)
+    refuse_inexact(entry, verifier, exact_only)
+    target = Probabilities(target_probs)
+    draft = _draft(draft_tokens, draft_probs, Probabilities)
+    randomness = Uniforms(accept_uniforms, sample_uniforms)
+    return run_step(entry, target, draft, randomness, verifier, options, True).as_dict()
+
+
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def speculative_accept_logits(
+    draft_tokens,
+    draft_logits,
+    target_logits,
+    accept_uniforms,
+    sample_uniforms,
+    *,
+    target_warp: Warp = Warp(),
+    draft_warp: Warp = Warp(),
+    verifier: AbstractVerifier = LOGITS_VERIFIER,
+    check_inputs: CheckLevel = "read",
+    logprobs: LogProbs | None = None,
+    history: Int[Array, "B length"] | None = None,
+    allowed: Array | None = None,
+    draft_allowed: bool = True,
+    exact_only: bool = False,
+) -> dict[str, Array]:
+    """Runs one verification step on logits, with a logit bias, temperature, top-k, top-p
+    and min-p.
+
+    Both sides are warped to log-probabilities, $\\log \\tilde p = $ `target_warp`(target
+    logits) and $\\log \\tilde q = $ `draft_warp`(draft logits), and verified in log space:
+    draft token $x_i$ passes when $\\log u_i < \\log \\tilde p_i(x_i) - \\log \\tilde q_i(x_i)$
+    (stable: logits of $10^4$ do not overflow, and tiny probabilities do not underflow to
+    a wrong verdict); the correction is drawn from
+    $\\operatorname{norm}((\\tilde p_n - \\tilde q_n)_+)$, the bonus token from $\\tilde p_G$.
+    The emitted tokens follow the warped target $\\tilde p$ exactly, provided the draft
+    tokens were sampled from $\\tilde q$.
+
+    Rows with target temperature 0 are greedy: their $\\tilde p$ is one-hot at the argmax,
+    so a draft token passes exactly when it is the target's argmax, and the correction is
+    the argmax. Greedy and sampled rows mix freely in one batch.
+
+    **Arguments:**
+
+    - `draft_tokens`: integer of shape `(B, G)`.
+    - `draft_logits`: float of shape `(B, G, V)`, the draft's logits; `None` for one-hot
+        drafts.
+    - `target_logits`: float of shape `(B, G + 1, V)`.
+    - `accept_uniforms`, `sample_uniforms`: as for [`eqx_specdec.speculative_accept`][].
+    - `target_warp`: the [`eqx_specdec.Warp`][] defining the distribution to sample from.
+    - `draft_warp`: the [`eqx_specdec.Warp`][] the draft tokens were sampled with.
+    - `verifier`: a [`eqx_specdec.Verifier`][] whose stages read log-probabilities.
+        Default: the standard rule in log space.
+    - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][]; both
+        `"read"` and `"all"` check every logit (the warp reads them all): no
+        NaN or $+\\infty$ logit, no distribution with every logit $-\\infty$, token ids
+        and uniforms in range, temperatures $\\ge 0$, `top_p` in $(0, 1]$, `top_k`
+        $\\ge 0$, `min_p` in $[0, 1]$, no NaN or $+\\infty$ logit bias and none that bans
+        every token of a distribution.
+    - `history`: integer of shape `(B, H)`, each row's tokens that the warps'
+        penalties count (the generated tokens, and the prompt's if your convention
+        counts them), -1 for padding; required when a warp has a penalty. At draft
+        position $i$ the history is this and the draft tokens before $i$: the target
+        and the draft are penalised as each position's true prefix says.
+    - `allowed`, `draft_allowed`: each position's allowed tokens, as for
+        [`eqx_specdec.speculative_accept`][]: the disallowed logits become $-\\infty$
+        before the warps (of the target, and of the draft when it sampled under the
+        mask).
+    - `exact_only`: as for [`eqx_specdec.speculative_accept`][].
+    - `logprobs`: `None` (the default), or an [`eqx_specdec.LogProbs`][]: the
+        log-probabilities of the emitted tokens under the warped target $\\tilde p$
+        (and, with `raw=True`, under `log_softmax(target_logits)`).
+
+    **Returns:**
+
+    As [`eqx_specdec.speculative_accept`][].
+
+    The contract's form of [`eqx_specdec.verify`][] on logits: `verify(Logits(target_logits,
+    target_warp), Draft(draft_tokens, Logits(draft_logits, draft_warp)), Uniforms(...),
+    ...).as_dict()`.
+    """
+    entry = "speculative_accept_logits"
+    options = _options(entry, check_inputs, logprobs, allowed, draft_allowed, history)
+    _require_chain_verifier(entry, verifier)
+    refuse_inexact(entry, verifier, exact_only)
+    _check_warp("target_warp", target_warp)
+    _check_warp("draft_warp", draft_warp)
+    target = Logits(target_logits, target_warp)
+    draft = Draft(
+        draft_tokens, None if draft_logits is None else Logits(draft_logits, draft_warp)
+    )
+    randomness = Uniforms(accept_uniforms, sample_uniforms)
+    return run_step(entry, target, draft, randomness, verifier, options, True).as_dict()
+
+
+def _check_warp(name, warp):
+    if not isinstance(warp, Warp):
+        raise TypeError(
+            f"`{name}` must be an eqx_specdec.Warp (for example `Warp(temperature=0.7, "
+            f"top_k=50)`), got {type(warp).__name__}."
+        )
+
+
+@typing.no_type_check  # validated by hand, with messages naming the argument
+def speculative_accept_from_key(
+    key,
+    draft_tokens,
+    draft_probs,
+    target_probs,
+    *,
+    verifier: AbstractVerifier = Verifier(),
+    check_inputs: CheckLevel = "read",
+    logprobs: LogProbs | None = None,
+    exact_only: bool = False,
+) -> dict[str, Array]:
+    """[`eqx_specdec.speculative_accept`][] with its randomness drawn from a key, by
+    [`eqx_specdec.uniforms_from_key`][]: the same key and inputs always give the same
+    tokens, and a row's tokens do not depend on the other rows or the batch size.
+
+    **Arguments:**
+
+    - `key`: a `jax.random` key.
+    - `draft_tokens`, `draft_probs`, `target_probs`, `verifier`, `check_inputs`,
+        `logprobs`, `exact_only`: as for [`eqx_specdec.speculative_accept`][].
+
+    **Returns:**
+
+    As [`eqx_specdec.speculative_accept`][].
+
+    The contract's form of [`eqx_specdec.verify`][] with a key: `verify(...,
+    randomness=key).as_dict()`.
+    """
+    entry = "speculative_accept_from_key"
+    options = _options(entry, check_inputs, logprobs, None, True)
+    _require_chain_verifier(entry, verifier)
+    refuse_inexact(entry, verifier, exact_only)
+    typed = as_key(key)
+    if typed is None:
+        raise TypeError(
+            "`key` must be a jax.random key (jax.random.key(seed)), got "
+            f"{type(key).__name__}."
+        )
+    target = Probabilities(target_probs)
+    draft = _draft(draft_tokens, draft_probs, Probabilities)
+    return run_step(entry, target, draft, typed, verifier, options, True).as_dict()
