@@ -123,3 +123,24 @@ def test_bad_tree_arguments_are_named():
         ValueError, match=r"`target_probs` must have shape \(N \+ 1, V\)"
     ):
         es.emission_by_quadrature(es.TreeVerifier(tree=(-1, 0)), q, p[:2])
+
+
+def test_tree_evaluation_refuses_the_arguments_it_does_not_use():
+    """Every evaluation argument is honoured for trees or refused by name, never
+    silently ignored."""
+    verifier = es.TreeVerifier(tree=(-1, 0))
+    p = np.full((3, 3), 1 / 3)
+    for name, value in [
+        ("draft_law", p[:2]),
+        ("log_inputs", True),
+        ("accept_breakpoints", np.zeros((2, 1))),
+        ("sample_breakpoints", np.zeros(1)),
+        ("subdivisions", 3),
+    ]:
+        with pytest.raises(ValueError, match=f"does not use `{name}`"):
+            es.emission_by_quadrature(verifier, p, p, **{name: value})
+    for name, value in [("draft_law", p[:2]), ("log_inputs", False)]:
+        with pytest.raises(ValueError, match=f"does not use `{name}`"):
+            es.emission_by_monte_carlo(
+                verifier, p, p, jax.random.key(0), 10, **{name: value}
+            )

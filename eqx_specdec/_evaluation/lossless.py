@@ -70,6 +70,23 @@ def _residual_cdfs(target, draft_rows):
 MAX_QUADRATURE_ROWS = 50_000_000
 
 
+def _refuse_for_trees(tool: str, verifier, **given) -> None:
+    """A `ValueError` naming the arguments given that a tree's evaluation does not use:
+    a tree's children are drawn by its node rule's `candidate_law` (not `draft_law`),
+    its rule reads probabilities (not `log_inputs`), and its quadrature cuts the
+    uniforms where the rule's `pass_threshold` says, exactly (no breakpoints or
+    subdivisions to give)."""
+    ignored = [name for name, value in given.items() if value is not None]
+    if ignored:
+        names = ", ".join(f"`{name}`" for name in ignored)
+        raise ValueError(
+            f"{tool}: {type(verifier).__name__} is a tree verifier, whose evaluation "
+            f"does not use {names}: its children are drawn by its node rule's "
+            "`candidate_law`, it reads probabilities, and its cells are cut exactly "
+            "where the rule's `pass_threshold` says. Leave them out."
+        )
+
+
 def _check_cost(rows: int, gamma: int, vocab: int):
     """Refuses, before any work, a quadrature of more than `MAX_QUADRATURE_ROWS` rows."""
     if rows > MAX_QUADRATURE_ROWS:
@@ -127,7 +144,7 @@ def emission_by_quadrature(
     log_inputs: bool | None = None,
     accept_breakpoints=None,
     sample_breakpoints=None,
-    subdivisions: int = 2,
+    subdivisions: int | None = None,
     chunk_size: int = 1 << 16,
 ) -> EmissionEstimate:
     """Computes, by deterministic quadrature over the uniforms, how often `verifier`
@@ -149,7 +166,9 @@ def emission_by_quadrature(
     assignment of tokens to its nodes is enumerated (drawn by the node rule's
     `candidate_law`), and the cells are cut at the node rule's `pass_threshold` at every
     reachable state and at the cumulative sums of every final residual; positions are
-    then the tree's contexts (see [`eqx_specdec.EmissionEstimate`][]).
+    then the tree's contexts (see [`eqx_specdec.EmissionEstimate`][]). A tree's
+    evaluation takes none of `draft_law`, `log_inputs`, the breakpoints and
+    `subdivisions` (a `ValueError` names any given).
 
     Cost: $V^G \\cdot (\\#u\\text{ cells})^G \\cdot \\#s\\text{ cells}$ verifier rows, so for
     small cases ($V \\le 8$, $G \\le 3$; trees of a few nodes over $V \\le 4$).
@@ -171,7 +190,7 @@ def emission_by_quadrature(
         outcome may change, beyond those its stages declare.
     - `sample_breakpoints`: `(K,)`, further values of $s$ where the sampled token may
         change.
-    - `subdivisions`: grid points per cell and axis.
+    - `subdivisions`: grid points per cell and axis. Default 2.
     - `chunk_size`: verifier rows per compiled call.
 
     **Returns:**
@@ -179,9 +198,20 @@ def emission_by_quadrature(
     An [`eqx_specdec.EmissionEstimate`][] of probabilities.
     """
     if isinstance(verifier, AbstractTreeVerifier):
+        _refuse_for_trees(
+            "emission_by_quadrature",
+            verifier,
+            draft_law=draft_law,
+            log_inputs=log_inputs,
+            accept_breakpoints=accept_breakpoints,
+            sample_breakpoints=sample_breakpoints,
+            subdivisions=subdivisions,
+        )
         return tree_emission_by_quadrature(
             verifier, draft_probs, target_probs, chunk_size=chunk_size
         )
+    if subdivisions is None:
+        subdivisions = 2
     draft, target, law = _checked(draft_probs, target_probs, draft_law)
     gamma, vocab = law.shape
     _check_cost(math.prod(int(np.count_nonzero(row > 0)) for row in law), gamma, vocab)
@@ -354,6 +384,12 @@ def emission_by_monte_carlo(
     An [`eqx_specdec.EmissionEstimate`][] of counts.
     """
     if isinstance(verifier, AbstractTreeVerifier):
+        _refuse_for_trees(
+            "emission_by_monte_carlo",
+            verifier,
+            draft_law=draft_law,
+            log_inputs=log_inputs,
+        )
         return tree_emission_by_monte_carlo(
             verifier, draft_probs, target_probs, key, num_draws, chunk_size
         )

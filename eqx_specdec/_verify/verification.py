@@ -2,11 +2,12 @@
 them, and a result code."""
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from .checks import Checked
+from .checks import Checked, raise_first
 
 
 _OPTIONAL = ("path", "logprobs", "raw_logprobs", "top_logprobs", "top_tokens")
@@ -88,5 +89,10 @@ def resolved_verification(verification: Verification, throw: bool) -> Verificati
     [`Checked.resolve`][eqx_specdec._verify.checks.Checked.resolve])."""
     if not throw or not verification.messages:
         return verification
-    status = jnp.stack([verification.result - 1, verification.failed_row])
-    return Checked(verification, status, verification.messages).resolve()
+    if isinstance(verification.result, jax.core.Tracer):
+        status = jnp.stack([verification.result - 1, verification.failed_row])
+        return Checked(verification, status, verification.messages).resolve()
+    # Called from Python: one transfer of the two integers, no further operation.
+    result, row = jax.device_get((verification.result, verification.failed_row))
+    raise_first(verification.messages, np.asarray([result - 1, row]))
+    return verification
