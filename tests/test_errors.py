@@ -355,6 +355,7 @@ def test_a_callers_jit_sends_nothing_to_the_host_on_a_valid_call(monkeypatch):
         return raise_first(messages, status)
 
     monkeypatch.setattr(eqx_specdec._verify.checks, "raise_first", counted)
+    monkeypatch.setattr(eqx_specdec._verify.verification, "raise_first", counted)
     x, q, p, u, s = (jnp.asarray(a) for a in random_case(7, 11, G, V))  # new shapes
     parents = jnp.tile(jnp.arange(-1, G - 1, dtype=jnp.int32), (11, 1))
     tree = (x, parents, jnp.concatenate([q, q[:, :1]], 1), p, u, s)

@@ -16,7 +16,6 @@ from .._custom_types import (
     TreeOutputs,
     TreeProbsRow,
 )
-from .._exactness import refuse_inexact
 from .._misc import compute_dtype
 from .._search import inverse_cdf
 from .._verify.abstract_verifier import malformed_tokens
@@ -30,7 +29,7 @@ from .._verify.checks import (
     token_problems,
     uniform_problems,
 )
-from .._verify.entry import run_step, StepOptions, verification_step
+from .._verify.entry import contract_call, StepOptions, verification_step
 from .._verify.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
 from .._verify.masks import allowed_tokens, mask_problems, masked_probs
 from .._verify.typed_inputs import as_array, Draft, Probabilities, Uniforms
@@ -400,7 +399,6 @@ def tree_accept(
             "`verifier` must be an eqx_specdec.AbstractTreeVerifier (TreeVerifier or "
             f"TraversalVerifier); got {type(verifier).__name__}."
         )
-    refuse_inexact(entry, verifier, exact_only)
     options = StepOptions(
         logprobs, as_array(allowed), draft_allowed, None, check_inputs, entry
     )
@@ -411,7 +409,9 @@ def tree_accept(
     )
     randomness = Uniforms(accept_uniforms, sample_uniforms)
     target = Probabilities(target_probs)
-    return run_step(entry, target, draft, randomness, verifier, options, True).as_dict()
+    return contract_call(
+        entry, verifier, exact_only, target, draft, randomness, options
+    )
 
 
 def _tree_uniforms(randomness, shape: tuple[int, int]):

@@ -282,31 +282,6 @@ def resolved(outputs) -> Any:
     return outputs.resolve() if isinstance(outputs, Checked) else outputs
 
 
-def compiled_entry_point(fn):
-    """`fn`, an entry point, compiled with `eqx.filter_jit` (its arguments' array
-    leaves traced, every other leaf static: a stage's Python fields, the check level),
-    after a plain Python check of `check_inputs` (so that a traced or misspelt value
-    gets a message saying how to fix it), its checks resolved by `resolved`."""
-    program = eqx.filter_jit(fn)
-
-    @functools.wraps(fn)
-    def entry(*args, check_inputs="read", **kwargs):
-        check_level(check_inputs)
-        try:
-            return resolved(program(*args, check_inputs=check_inputs, **kwargs))
-        except (TypeError, ValueError) as error:
-            if "hashable" not in str(error):
-                raise
-            raise TypeError(
-                f"{fn.__name__}: an argument holds a value that is neither an array "
-                "nor hashable. Non-array fields of stages and models are static "
-                "(compiled in): make it an array (traced) or a hashable value (a "
-                "tuple, not a list or dict inside a field)."
-            ) from error
-
-    return entry
-
-
 _MODEL_OUTPUT = (
     "`{name}` returned a distribution that is not one (a NaN or infinite value, a "
     "negative probability, or a sum not within {tol:g} of 1) for row {{row}} (the first "

@@ -303,6 +303,14 @@ def _draft(tokens, distribution, kind):
     return Draft(tokens, None if distribution is None else kind(distribution))
 
 
+def contract_call(entry, verifier, exact_only, target, draft, randomness, options):
+    """What the contract's conveniences share: refuse a verifier that is not exact when
+    asked, run `verify`'s program, and return the contract's dict."""
+    refuse_inexact(entry, verifier, exact_only)
+    verification = run_step(entry, target, draft, randomness, verifier, options, True)
+    return verification.as_dict()
+
+
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def speculative_accept(
     draft_tokens,
@@ -409,11 +417,12 @@ def speculative_accept(
     entry = "speculative_accept"
     options = _options(entry, check_inputs, logprobs, allowed, draft_allowed)
     _require_chain_verifier(entry, verifier)
-    refuse_inexact(entry, verifier, exact_only)
     target = Probabilities(target_probs)
     draft = _draft(draft_tokens, draft_probs, Probabilities)
     randomness = Uniforms(accept_uniforms, sample_uniforms)
-    return run_step(entry, target, draft, randomness, verifier, options, True).as_dict()
+    return contract_call(
+        entry, verifier, exact_only, target, draft, randomness, options
+    )
 
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
@@ -492,7 +501,6 @@ def speculative_accept_logits(
     entry = "speculative_accept_logits"
     options = _options(entry, check_inputs, logprobs, allowed, draft_allowed, history)
     _require_chain_verifier(entry, verifier)
-    refuse_inexact(entry, verifier, exact_only)
     _check_warp("target_warp", target_warp)
     _check_warp("draft_warp", draft_warp)
     target = Logits(target_logits, target_warp)
@@ -500,7 +508,9 @@ def speculative_accept_logits(
         draft_tokens, None if draft_logits is None else Logits(draft_logits, draft_warp)
     )
     randomness = Uniforms(accept_uniforms, sample_uniforms)
-    return run_step(entry, target, draft, randomness, verifier, options, True).as_dict()
+    return contract_call(
+        entry, verifier, exact_only, target, draft, randomness, options
+    )
 
 
 def _check_warp(name, warp):
@@ -543,7 +553,6 @@ def speculative_accept_from_key(
     entry = "speculative_accept_from_key"
     options = _options(entry, check_inputs, logprobs, None, True)
     _require_chain_verifier(entry, verifier)
-    refuse_inexact(entry, verifier, exact_only)
     typed = as_key(key)
     if typed is None:
         raise TypeError(
@@ -552,4 +561,4 @@ def speculative_accept_from_key(
         )
     target = Probabilities(target_probs)
     draft = _draft(draft_tokens, draft_probs, Probabilities)
-    return run_step(entry, target, draft, typed, verifier, options, True).as_dict()
+    return contract_call(entry, verifier, exact_only, target, draft, typed, options)
