@@ -12,10 +12,13 @@ from jaxtyping import Array, Bool, Int, Key
 
 from .._exactness import refuse_inexact
 from .._models.cached import check_model, initial_states, is_cached, prefill
-from .._proposal.abstract_proposal import AbstractProposal, ModelOutputs, Models
-from .._proposal.chain import Chain
-from .._proposal.tree import Tree
-from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
+from .._proposal.abstract_proposal import (
+    AbstractProposal,
+    default_proposal,
+    ModelOutputs,
+    Models,
+)
+from .._tree.abstract_tree_verifier import AbstractTreeVerifier
 from .._verify.abstract_verifier import AbstractVerifier
 from .._verify.checks import (
     Checked,
@@ -70,18 +73,11 @@ def check_key(key, batch: int):
 
 
 def resolve_proposal(proposal, verifier) -> AbstractProposal:
-    """The proposal the loop runs: `proposal`, or by default the verifier's own (its
-    `tree` for a tree verifier, `Chain()` otherwise), checked against the verifier."""
-    if not isinstance(verifier, (AbstractVerifier, AbstractTreeVerifier)):
-        raise TypeError(
-            "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier), or a tree "
-            f"verifier (TreeVerifier, TraversalVerifier); got {type(verifier).__name__}."
-        )
+    """The proposal the loop runs: `proposal`, or by default the verifier's own (see
+    `default_proposal`: its `tree` for a tree verifier, `Chain()` for a chain),
+    checked against the verifier."""
     if proposal is None:
-        if isinstance(verifier, AbstractTreeVerifier):
-            proposal = Tree(tree_of(verifier, "speculative_decode"))
-        else:
-            proposal = Chain()
+        proposal = default_proposal(verifier)
     if not isinstance(proposal, AbstractProposal):
         raise TypeError(
             "`proposal` must be an eqx_specdec.Chain (draft tokens in a chain) or "

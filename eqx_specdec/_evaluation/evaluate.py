@@ -7,20 +7,12 @@ from typing import Literal
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from .._capabilities import has_capability
-from .._errors import MissingCapabilityError
 from .._misc import numpy_softmax
-from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
+from .._tree.abstract_tree_verifier import AbstractTreeVerifier
 from .._verify.verifier import Verifier
-from .lossless import (
-    emission_by_monte_carlo,
-    emission_by_quadrature,
-    stage_breakpoints,
-)
-from .tree_evaluation import tree_quadrature_problem
+from .lossless import emission_by_monte_carlo, emission_by_quadrature, evaluation_family
 from .validation import check_distributions
 
 
@@ -107,39 +99,6 @@ def synthetic_distributions(kind: str, gamma: int, vocab: int, seed: int):
     p = _f32(p / p.sum(-1, keepdims=True))
     q = _f32(q / q.sum(-1, keepdims=True))
     return q, p, q
-
-
-def _quadrature_problem(verifier, q, p) -> Exception | None:
-    """Why exact quadrature does not apply (the error to raise), or None."""
-    vocab = p.shape[1]
-    if isinstance(verifier, AbstractTreeVerifier):
-        return tree_quadrature_problem(verifier, vocab)
-    gamma = p.shape[0] - 1
-    if vocab**gamma > 256:
-        return ValueError(
-            f'`method="quadrature"` does not apply here: V^G = {vocab}^{gamma} > 256.'
-        )
-    try:
-        stage_breakpoints(verifier, q, p)
-    except MissingCapabilityError as error:
-        return error
-    return None
-
-
-def _root_optimum(verifier, q, p, root_acceptance) -> dict:
-    """The measured acceptance at the root beside the optimum of the drafting rule's
-    draft law, where the rule can say it (and the root has children)."""
-    rule = verifier.drafting_rule()
-    children = sum(1 for parent in verifier.tree if parent == -1)
-    if not children:
-        return {}
-    if not has_capability(rule, "optimal_acceptance"):
-        return {"root_acceptance": root_acceptance}
-    draft = np.zeros_like(p[0]) if q is None else q[0]
-    optimum = rule.optimal_acceptance(
-        jnp.asarray(p[0], jnp.float32), jnp.asarray(draft, jnp.float32), children
-    )
-    return {"root_acceptance": root_acceptance, "optimal_acceptance": float(optimum)}
 
 
 def _floats(values) -> tuple:
@@ -328,9 +287,9 @@ def evaluate_verifier(
     p = np.asarray(target_probs, np.float64)
     q = None if draft_probs is None else np.asarray(draft_probs, np.float64)
     vocab = p.shape[1]
-    if isinstance(verifier, AbstractTreeVerifier):
-        tree_of(verifier, "evaluate_verifier")  # a clear error before any work
-    problem = _quadrature_problem(verifier, q, p)
+    family = evaluation_family(verifier)
+    family.check_shape("evaluate_verifier")
+    problem = family.quadrature_problem(q, p)
     if method == "quadrature" and problem is not None:
         raise problem
     if method == "auto":
@@ -344,10 +303,7 @@ def evaluate_verifier(
         )
     accepted_law = estimate.accepted_distribution()
     reached = accepted_law[::-1].cumsum()[::-1]  # P(n >= k)
-    if isinstance(verifier, AbstractTreeVerifier):
-        target, depth = p, len(accepted_law) - 1
-    else:
-        target, depth = verifier.ratio_test.emission_target(p), p.shape[0] - 1
+    target, depth = family.target(p, accepted_law)
     positions = estimate.reached > 0
     conditional = estimate.conditional()
     distances = [
@@ -382,8 +338,7 @@ def evaluate_verifier(
         reached=tuple(float(r) for r in reached),
         **extra,
     )
-    if isinstance(verifier, AbstractTreeVerifier):
-        fields.update(_root_optimum(verifier, q, p, float(reached[1])))
+    fields.update(family.extra_fields(q, p, float(reached[1])))
     if method == "monte-carlo":
         chi = estimate.chi_square(target)
         passed = np.all((chi["statistic"] < chi["threshold"])[positions])

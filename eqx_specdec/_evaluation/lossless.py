@@ -1,5 +1,6 @@
 """Tools that measure the distribution a verifier emits, to show it is lossless."""
 
+import functools
 import itertools
 import math
 
@@ -9,10 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._capabilities import has_capability, require
-from .._tree.abstract_tree_verifier import AbstractTreeVerifier
+from .._errors import MissingCapabilityError
+from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
+from .._verify.abstract_verifier import AbstractVerifier
 from .._verify.verifier import Verifier
 from .emission import accumulate, cells, EmissionEstimate, padded_size
-from .tree_evaluation import tree_emission_by_monte_carlo, tree_emission_by_quadrature
+from .tree_evaluation import (
+    tree_emission_by_monte_carlo,
+    tree_emission_by_quadrature,
+    tree_quadrature_problem,
+)
 from .validation import check_distributions
 
 
@@ -197,19 +204,31 @@ def emission_by_quadrature(
 
     An [`eqx_specdec.EmissionEstimate`][] of probabilities.
     """
-    if isinstance(verifier, AbstractTreeVerifier):
-        _refuse_for_trees(
-            "emission_by_quadrature",
-            verifier,
-            draft_law=draft_law,
-            log_inputs=log_inputs,
-            accept_breakpoints=accept_breakpoints,
-            sample_breakpoints=sample_breakpoints,
-            subdivisions=subdivisions,
-        )
-        return tree_emission_by_quadrature(
-            verifier, draft_probs, target_probs, chunk_size=chunk_size
-        )
+    return evaluation_family(verifier).quadrature(
+        draft_probs,
+        target_probs,
+        draft_law=draft_law,
+        log_inputs=log_inputs,
+        accept_breakpoints=accept_breakpoints,
+        sample_breakpoints=sample_breakpoints,
+        subdivisions=subdivisions,
+        chunk_size=chunk_size,
+    )
+
+
+def _chain_quadrature(
+    verifier,
+    draft_probs,
+    target_probs,
+    *,
+    draft_law,
+    log_inputs,
+    accept_breakpoints,
+    sample_breakpoints,
+    subdivisions,
+    chunk_size,
+) -> EmissionEstimate:
+    """`emission_by_quadrature` for a chain verifier."""
     if subdivisions is None:
         subdivisions = 2
     draft, target, law = _checked(draft_probs, target_probs, draft_law)
@@ -383,16 +402,29 @@ def emission_by_monte_carlo(
 
     An [`eqx_specdec.EmissionEstimate`][] of counts.
     """
-    if isinstance(verifier, AbstractTreeVerifier):
-        _refuse_for_trees(
-            "emission_by_monte_carlo",
-            verifier,
-            draft_law=draft_law,
-            log_inputs=log_inputs,
-        )
-        return tree_emission_by_monte_carlo(
-            verifier, draft_probs, target_probs, key, num_draws, chunk_size
-        )
+    return evaluation_family(verifier).monte_carlo(
+        draft_probs,
+        target_probs,
+        key,
+        num_draws,
+        draft_law=draft_law,
+        log_inputs=log_inputs,
+        chunk_size=chunk_size,
+    )
+
+
+def _chain_monte_carlo(
+    verifier,
+    draft_probs,
+    target_probs,
+    key,
+    num_draws,
+    *,
+    draft_law,
+    log_inputs,
+    chunk_size,
+) -> EmissionEstimate:
+    """`emission_by_monte_carlo` for a chain verifier."""
     if log_inputs is None:
         log_inputs = _reads_logs(verifier)
     draft, target, law = _checked(draft_probs, target_probs, draft_law)
@@ -439,3 +471,108 @@ def verify_rows(verifier, draft_tokens, draft_probs, target_probs, accept, sampl
     distributions. Compiled once per verifier configuration and shapes."""
     rows = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0))
     return rows(draft_tokens, draft_probs, target_probs, accept, sample)["tokens"]
+
+
+def _root_optimum(verifier, q, p, root_acceptance) -> dict:
+    """The measured acceptance at the root beside the optimum of the drafting rule's
+    draft law, where the rule can say it (and the root has children)."""
+    rule = verifier.drafting_rule()
+    children = sum(1 for parent in verifier.tree if parent == -1)
+    if not children:
+        return {}
+    if not has_capability(rule, "optimal_acceptance"):
+        return {"root_acceptance": root_acceptance}
+    draft = np.zeros_like(p[0]) if q is None else q[0]
+    optimum = rule.optimal_acceptance(
+        jnp.asarray(p[0], jnp.float32), jnp.asarray(draft, jnp.float32), children
+    )
+    return {"root_acceptance": root_acceptance, "optimal_acceptance": float(optimum)}
+
+
+class EvaluationFamily:
+    """What the evaluation tools do that depends on the verifier's family: how its
+    emission is measured, when exact quadrature applies, what its tokens are measured
+    against, what else is reported. One per family, chosen by `evaluation_family`."""
+
+    def __init__(self, verifier):
+        self.verifier = verifier
+
+
+class _ChainEvaluation(EvaluationFamily):
+    def quadrature(self, draft_probs, target_probs, **options):
+        return _chain_quadrature(self.verifier, draft_probs, target_probs, **options)
+
+    def monte_carlo(self, draft_probs, target_probs, key, num_draws, **options):
+        return _chain_monte_carlo(
+            self.verifier, draft_probs, target_probs, key, num_draws, **options
+        )
+
+    def check_shape(self, tool: str) -> None:
+        """Nothing to check: a chain's shape comes with its distributions."""
+
+    def quadrature_problem(self, q, p) -> Exception | None:
+        vocab, gamma = p.shape[1], p.shape[0] - 1
+        if vocab**gamma > 256:
+            return ValueError(
+                f'`method="quadrature"` does not apply here: V^G = {vocab}^{gamma} > '
+                "256."
+            )
+        try:
+            stage_breakpoints(self.verifier, q, p)
+        except MissingCapabilityError as error:
+            return error
+        return None
+
+    def target(self, p, accepted_law) -> tuple[np.ndarray, int]:
+        return self.verifier.ratio_test.emission_target(p), p.shape[0] - 1
+
+    def extra_fields(self, q, p, root_acceptance: float) -> dict:
+        return {}
+
+
+class _TreeEvaluation(EvaluationFamily):
+    def quadrature(self, draft_probs, target_probs, *, chunk_size, **given):
+        _refuse_for_trees("emission_by_quadrature", self.verifier, **given)
+        return tree_emission_by_quadrature(
+            self.verifier, draft_probs, target_probs, chunk_size=chunk_size
+        )
+
+    def monte_carlo(
+        self, draft_probs, target_probs, key, num_draws, *, chunk_size, **given
+    ):
+        _refuse_for_trees("emission_by_monte_carlo", self.verifier, **given)
+        return tree_emission_by_monte_carlo(
+            self.verifier, draft_probs, target_probs, key, num_draws, chunk_size
+        )
+
+    def check_shape(self, tool: str) -> None:
+        tree_of(self.verifier, tool)  # a clear error before any work
+
+    def quadrature_problem(self, q, p) -> Exception | None:
+        return tree_quadrature_problem(self.verifier, p.shape[1])
+
+    def target(self, p, accepted_law) -> tuple[np.ndarray, int]:
+        return p, len(accepted_law) - 1
+
+    def extra_fields(self, q, p, root_acceptance: float) -> dict:
+        return _root_optimum(self.verifier, q, p, root_acceptance)
+
+
+@functools.singledispatch
+def evaluation_family(verifier) -> EvaluationFamily:
+    """The [`EvaluationFamily`][] of `verifier`: chains and trees register theirs here;
+    a family of your own registers with `evaluation_family.register`."""
+    raise TypeError(
+        "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier), or a tree "
+        f"verifier (TreeVerifier, TraversalVerifier); got {type(verifier).__name__}."
+    )
+
+
+@evaluation_family.register
+def _chains(verifier: AbstractVerifier) -> EvaluationFamily:
+    return _ChainEvaluation(verifier)
+
+
+@evaluation_family.register
+def _trees(verifier: AbstractTreeVerifier) -> EvaluationFamily:
+    return _TreeEvaluation(verifier)

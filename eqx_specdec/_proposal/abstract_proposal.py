@@ -2,6 +2,7 @@
 the tree, and what one step hands back to the loop."""
 
 import abc
+import functools
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
@@ -169,3 +170,15 @@ def uniforms(keys, count: int, key_sampler: bool):
         return accept, keys[:, 2]
     sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys[:, 2])
     return accept, sample
+
+
+@functools.singledispatch
+def default_proposal(verifier) -> AbstractProposal:
+    """The proposal [`eqx_specdec.speculative_decode`][] runs for `verifier` when none
+    is given: each verifier family registers its own (`Chain()` for chains, the
+    verifier's `tree` for trees); a family of your own registers with
+    `default_proposal.register`."""
+    raise TypeError(
+        "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier), or a tree "
+        f"verifier (TreeVerifier, TraversalVerifier); got {type(verifier).__name__}."
+    )

@@ -18,6 +18,7 @@ from .abstract_proposal import (
     AbstractProposal,
     as_probs,
     checked_output,
+    default_proposal,
     Models,
     StepOutcome,
     Theory,
@@ -295,3 +296,8 @@ def reached_probabilities(passes, draft_law, draft_tokens):
     a_x = jnp.take_along_axis(passes, draft_tokens[:, None], axis=-1)[:, 0]
     before = jnp.concatenate([jnp.ones((1,), a_x.dtype), jnp.cumprod(a_x)[:-1]])
     return jnp.concatenate([jnp.ones((1,), beta.dtype), before * beta])
+
+
+@default_proposal.register
+def _chain_for(verifier: AbstractVerifier) -> Chain:
+    return Chain()

@@ -13,12 +13,14 @@ from .._tree.abstract_tree_verifier import (
     check_static_depth,
     check_tree_shape,
     tree_depths,
+    tree_of,
 )
 from .._tree.node_rules import AbstractNodeRule
 from .._verify.logprobs import emitted_logprobs, tree_rows
 from .abstract_proposal import (
     AbstractProposal,
     as_probs,
+    default_proposal,
     Models,
     StepOutcome,
     Theory,
@@ -168,3 +170,8 @@ def draft_tree(
         [laws.get(c, zeros).astype(p.dtype) for c in contexts]
     )
     return jnp.stack(node_tokens), q, p
+
+
+@default_proposal.register
+def _tree_for(verifier: AbstractTreeVerifier) -> Tree:
+    return Tree(tree_of(verifier, "speculative_decode"))
