@@ -320,3 +320,27 @@ def test_the_library_does_not_import_the_demo():
         "assert 'eqx_specdec.demo' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_tools_ask_no_verifier_its_kind():
+    """The evaluation tools and the decoding loop reach each verifier family through
+    one open dispatch (`evaluation_family`, `default_proposal`, `verification_step`):
+    no branch on `isinstance` of a verifier kind there (an argument check that raises
+    is not a branch), so a family of one's own registers and is as first-class as the
+    library's chains and trees."""
+    kinds = {"AbstractTreeVerifier", "AbstractVerifier", "TreeVerifier", "Verifier"}
+    for folder in ("_evaluation", "_decoding"):
+        for path in sorted((PACKAGE / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, (ast.If, ast.IfExp)):
+                    continue
+                if isinstance(node, ast.If) and isinstance(node.body[0], ast.Raise):
+                    continue
+                for call in ast.walk(node.test):
+                    if (
+                        isinstance(call, ast.Call)
+                        and getattr(call.func, "id", None) == "isinstance"
+                        and len(call.args) == 2
+                    ):
+                        named = {getattr(n, "id", None) for n in ast.walk(call.args[1])}
+                        assert not named & kinds, f"{path.name}:{node.lineno}"
