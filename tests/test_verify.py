@@ -188,3 +188,20 @@ def test_one_device_paths_raise_equinox_errors_that_do_not_linger():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_a_tree_draws_its_randomness_from_a_key_as_uniforms_from_key_says():
+    """With a key, row b of a tree uses `fold_in(key, b)` alone, drawn as
+    `uniforms_from_key` draws a chain's (one accept uniform per node)."""
+    key = jax.random.key(11)
+    tree = es.Draft(X, es.Probabilities(TREE_Q), PARENTS)
+    accept, sample = es.uniforms_from_key(key, B, X.shape[1])
+    _same(
+        es.verify(es.Probabilities(P[:, :4]), tree, key, verifier=es.TreeVerifier()),
+        es.verify(
+            es.Probabilities(P[:, :4]),
+            tree,
+            es.Uniforms(accept, sample),
+            verifier=es.TreeVerifier(),
+        ).as_dict(),
+    )

@@ -30,6 +30,7 @@ from .._verify.checks import (
     uniform_problems,
 )
 from .._verify.entry import contract_call, StepOptions, verification_step
+from .._verify.keys import row_uniforms
 from .._verify.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
 from .._verify.masks import allowed_tokens, mask_problems, masked_probs
 from .._verify.typed_inputs import as_array, Draft, Probabilities, Uniforms
@@ -417,16 +418,7 @@ def tree_accept(
 def _tree_uniforms(randomness, shape: tuple[int, int]):
     if isinstance(randomness, Uniforms):
         return randomness.accept, randomness.sample
-    batch, nodes = shape
-    keys = jax.vmap(lambda b: jax.random.fold_in(randomness, b))(
-        jnp.arange(batch, dtype=jnp.uint32)
-    )
-    split = jax.vmap(jax.random.split)(keys)
-    accept = jax.vmap(lambda k: jax.random.uniform(k, (nodes,), jnp.float32))(
-        split[:, 0]
-    )
-    sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(split[:, 1])
-    return accept, sample
+    return row_uniforms(randomness, *shape)
 
 
 @verification_step.register

@@ -13,6 +13,7 @@ from jaxtyping import Array, Int, Key
 from .._exactness import refuse_inexact
 from .abstract_verifier import AbstractVerifier
 from .checks import check_level, CheckLevel
+from .inputs import is_key
 from .keys import uniforms_from_key
 from .logits import logits_step, LOGITS_VERIFIER
 from .logprobs import LogProbs
@@ -45,12 +46,6 @@ def verification_step(verifier, target, draft, randomness, options: StepOptions)
         "`verifier` must be an eqx_specdec.AbstractVerifier (Verifier, "
         "ShardedVerifier) or an eqx_specdec.AbstractTreeVerifier (TreeVerifier, "
         f"TraversalVerifier); got {type(verifier).__name__}."
-    )
-
-
-def is_key(value) -> bool:
-    return hasattr(value, "dtype") and jax.dtypes.issubdtype(
-        value.dtype, jax.dtypes.prng_key
     )
 
 
@@ -228,8 +223,7 @@ def verify(
     - [`eqx_specdec.InvalidInputError`][]: with `throw=True`, for an invalid value.
     """
     entry = "verify"
-    level = check_level(check_inputs)
-    del level
+    options = _options(entry, check_inputs, logprobs, allowed, draft_allowed, history)
     _check_kinds(entry, target, draft, randomness)
     if not isinstance(throw, bool):
         raise TypeError(f"verify(`throw`=...) must be a Python bool, got {throw!r}.")
@@ -243,22 +237,7 @@ def verify(
     refuse_inexact(entry, verifier, exact_only)
     if not isinstance(randomness, Uniforms):
         randomness = as_key(randomness)
-    return run_step(
-        entry,
-        target,
-        draft,
-        randomness,
-        verifier,
-        StepOptions(
-            logprobs,
-            as_array(allowed),
-            draft_allowed,
-            as_array(history),
-            check_inputs,
-            entry,
-        ),
-        throw,
-    )
+    return run_step(entry, target, draft, randomness, verifier, options, throw)
 
 
 def run_step(entry, target, draft, randomness, verifier, options, throw):

@@ -25,8 +25,9 @@ def _shape(x) -> str:
     return "(" + ", ".join(str(d) for d in x.shape) + ")"
 
 
-def _is_key(x) -> bool:
-    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+def is_key(x) -> bool:
+    """Whether `x` is an array of typed `jax.random` keys."""
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 class StepArguments(NamedTuple):
@@ -221,7 +222,7 @@ def _validate(arrays: StepArguments, names: StepArguments):
         (arrays.target, names.target),
         (arrays.accept, names.accept),
     ]
-    if arrays.sample is not None and not _is_key(arrays.sample):
+    if arrays.sample is not None and not is_key(arrays.sample):
         floats.append((arrays.sample, names.sample))
     for x, name in floats:
         if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
@@ -288,9 +289,9 @@ def prepare_inputs(
                 f"uniforms: pass a float array of shape (B, G) = {(batch, gamma)}."
             )
         accept = jnp.zeros((batch, gamma), jnp.float32)
-    check_sample = sample is not None and not _is_key(sample)
+    check_sample = sample is not None and not is_key(sample)
     if sampler.randomness == "key":
-        if sample is None or not _is_key(sample):
+        if sample is None or not is_key(sample):
             raise TypeError(
                 f"{type(sampler).__name__} draws from one `jax.random` key per row: pass "
                 f"`{names.sample}=jax.random.split(key, {batch})`, or call "
@@ -304,7 +305,7 @@ def prepare_inputs(
                 f"uniform per row: pass a float array of shape (B,) = ({batch},)."
             )
         sample = jnp.zeros((batch,), jnp.float32)
-    elif _is_key(sample):
+    elif is_key(sample):
         raise TypeError(
             f"`{names.sample}` holds `jax.random` keys, but {type(sampler).__name__} "
             "takes a float uniform per row."

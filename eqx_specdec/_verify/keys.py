@@ -41,15 +41,23 @@ def uniforms_from_key(
     `(accept_uniforms, sample_uniforms)`: float32 of shape `(B, G)`, and float32 of shape
     `(B,)` or a key array of shape `(B,)`.
     """
+    sample_key = verifier.residual_sampler.randomness == "key"
+    return row_uniforms(key, batch, gamma, sample_key=sample_key)
+
+
+def row_uniforms(key, batch: int, width: int, *, sample_key: bool = False):
+    """`width` accept uniforms and a sampling uniform (or key, with `sample_key`) per
+    row, row $b$ drawn from `fold_in(key, b)` alone (see
+    [`eqx_specdec.uniforms_from_key`][]); for chains and trees alike."""
     row_keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(
         jnp.arange(batch, dtype=jnp.uint32)
     )
     split = jax.vmap(jax.random.split)(row_keys)
     accept_keys, sample_keys = split[:, 0], split[:, 1]
-    accept = jax.vmap(lambda k: jax.random.uniform(k, (gamma,), jnp.float32))(
+    accept = jax.vmap(lambda k: jax.random.uniform(k, (width,), jnp.float32))(
         accept_keys
     )
-    if verifier.residual_sampler.randomness == "key":
+    if sample_key:
         return accept, sample_keys
     sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(sample_keys)
     return accept, sample
