@@ -41,7 +41,6 @@ from ._stages.block import (
     BlockRatioTest as BlockRatioTest,
     LastSuccessCounter as LastSuccessCounter,
 )
-from ._stages.gather import gather_draft_probs as gather_draft_probs
 from ._stages.greedy import (
     ArgmaxSampler as ArgmaxSampler,
     GreedyRatioTest as GreedyRatioTest,
@@ -65,6 +64,7 @@ from ._stages.residual_sampler import (
     AbstractResidualSampler as AbstractResidualSampler,
     ResidualSampler as ResidualSampler,
 )
+from ._stages.row_context import RowContext as RowContext
 from ._stages.row_sums import row_sums as row_sums, RowSums as RowSums
 from ._stages.synthetic import SyntheticRatioTest as SyntheticRatioTest
 from ._stages.token_assembler import (

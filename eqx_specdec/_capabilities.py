@@ -3,7 +3,8 @@
 A capability is a method of an abstract base whose default is marked with
 [`capability`][eqx_specdec._capabilities.capability]: the default raises
 [`eqx_specdec.MissingCapabilityError`][]. A class has the capability when it overrides
-that method; a class that delegates a capability to its fields (a schedule of two
+that method (or, for a capability declared as a class attribute, such as
+`vocab_parallel`, when it sets it to `True`); a class that delegates a capability to its fields (a schedule of two
 ratio tests, a tree verifier and its node rule) says so in its class-level
 `capabilities_from` declaration, and then has it when each of those fields has theirs.
 The library asks [`has_capability`][eqx_specdec._capabilities.has_capability] before
@@ -35,7 +36,11 @@ def capability(method: Callable) -> Callable:
 def _missing(stage, name: str) -> Iterator[tuple[object, str]]:
     """The `(object, method)` pairs that `stage`'s capability `name` lacks."""
     method = getattr(type(stage), name, None)
-    if method is None or getattr(method, "__capability_default__", False):
+    if (
+        method is None
+        or method is False
+        or getattr(method, "__capability_default__", False)
+    ):
         yield stage, name
         return
     for field, part in getattr(type(stage), "capabilities_from", {}).get(name, ()):

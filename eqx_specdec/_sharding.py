@@ -22,6 +22,7 @@ from ._misc import no_type_check
 from ._stages.prefix_counter import AbstractPrefixCounter
 from ._stages.ratio_test import AbstractRatioTest
 from ._stages.residual_sampler import AbstractResidualSampler
+from ._stages.row_context import RowContext
 from ._stages.row_fields import per_row_values
 from ._stages.token_assembler import AbstractTokenAssembler
 from ._stages.vocab_shard import VocabShard
@@ -67,15 +68,15 @@ class ShardedVerifier(AbstractVerifier):
         the token comes back in one more `psum`. Per row, $O(G + D)$ scalars cross the
         devices, against $O(GV)$ for gathering the rows.
 
-    Vocabulary sharding runs each stage's `vocab_parallel` method
-    ([`eqx_specdec.AbstractRatioTest.vocab_parallel`][],
-    [`eqx_specdec.AbstractResidualSampler.vocab_parallel`][]), written with the
-    collectives of an [`eqx_specdec.VocabShard`][]. The library's standard, lenient,
-    greedy and block tests (block's lookahead masses $Z_k$ are per-shard partial sums)
-    and its residual and argmax samplers have one, with sampled or one-hot drafts, on
-    probabilities or log-probabilities; any prefix counter and token assembler work
-    (they see per-row values only). A stage without one (typical acceptance, Gumbel, a
-    user's stage that does not implement it) raises
+    Vocabulary sharding runs each stage's one `__call__` on its device's slice, given a
+    [`eqx_specdec.RowContext`][] holding the [`eqx_specdec.VocabShard`][]: a stage
+    whose `__call__` reduces over the vocabulary only through the context's
+    reductions declares `vocab_parallel = True`. The library's standard, lenient,
+    greedy, synthetic and block tests (block's lookahead masses $Z_k$ are per-shard
+    partial sums) and its residual and argmax samplers do, with sampled or one-hot
+    drafts, on probabilities or log-probabilities; any prefix counter and token
+    assembler work (they see per-row values only). A stage that does not (typical
+    acceptance, Gumbel, a user's stage that does not declare it) raises
     [`eqx_specdec.MissingCapabilityError`][] at construction.
 
     The tokens equal the single-device verifier's, except where the sampling uniform
@@ -155,12 +156,19 @@ class ShardedVerifier(AbstractVerifier):
         target_probs: TargetProbs,
         accept_uniforms: AcceptUniforms,
         sample_uniforms: SampleRandomnessBatch,
+        *,
+        log_space: bool = False,
     ) -> dict[str, Int[Array, "..."]]:
         """Verifies a sharded batch. Arguments and return value as for
         [`eqx_specdec.Verifier.__call__`][]; `B` must divide evenly over `batch_axis` and
         `V` over `vocab_axis`. Inputs not yet laid out that way are resharded first."""
         arrays = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        return self._run(arrays + (sample_uniforms,), report=False, values=False)
+        return self._run(
+            arrays + (sample_uniforms,),
+            report=False,
+            values=False,
+            log_space=log_space,
+        )
 
     def checked_call(
         self,
@@ -171,14 +179,20 @@ class ShardedVerifier(AbstractVerifier):
         sample_uniforms: SampleRandomnessBatch,
         *,
         values: bool,
+        log_space: bool = False,
     ) -> tuple[dict[str, Int[Array, "..."]], RowReport]:
         """As [`eqx_specdec.Verifier.checked_call`][], on each device's block: every
         check is per row, and over a vocabulary axis the sums of rows n are exchanged as
         two scalars per row."""
         arrays = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        return self._run(arrays + (sample_uniforms,), report=True, values=values)
+        return self._run(
+            arrays + (sample_uniforms,),
+            report=True,
+            values=values,
+            log_space=log_space,
+        )
 
-    def _run(self, arrays, *, report: bool, values: bool):
+    def _run(self, arrays, *, report: bool, values: bool, log_space: bool):
         target_probs = arrays[2]
         batch, vocab = target_probs.shape[0], target_probs.shape[-1]
         for what, size, axes in (
@@ -212,17 +226,23 @@ class ShardedVerifier(AbstractVerifier):
         if v is None and not report:
 
             def body(local):
-                return self.verifier(*(local.get(name) for name in names))
+                return self.verifier(
+                    *(local.get(name) for name in names), log_space=log_space
+                )
         elif v is None:
 
             def body(local):
                 return self.verifier.checked_call(
-                    *(local.get(name) for name in names), values=values
+                    *(local.get(name) for name in names),
+                    values=values,
+                    log_space=log_space,
                 )
         else:
 
             def body(local):
-                return _vocab_parallel(self.verifier, v, local, report, values)
+                return _vocab_parallel(
+                    self.verifier, v, local, report, values, log_space
+                )
 
         out_specs = {
             "num_accepted": PartitionSpec(b),
@@ -258,12 +278,19 @@ class ShardedVerifier(AbstractVerifier):
 
 
 def _vocab_parallel(
-    verifier: Verifier, axis: str, local: dict, report: bool, values: bool
+    verifier: Verifier,
+    axis: str,
+    local: dict,
+    report: bool,
+    values: bool,
+    log_space: bool,
 ):
     """The vocabulary-parallel pipeline on one device's block: rows `(b,)`, vocabulary
-    slice `[offset, offset + width)`; each row through the stages' `vocab_parallel`."""
+    slice `[offset, offset + width)`; each row through the stages, given a
+    [`eqx_specdec.RowContext`][] holding the shard."""
     width = local["target"].shape[-1]
     shard = VocabShard(axis, jax.lax.axis_index(axis).astype(jnp.int32), width)
+    context = RowContext(log_space=log_space, shard=shard)
 
     def row(draft_tokens, draft_probs, target_probs, accept, sample):
         return verify_row(
@@ -273,7 +300,7 @@ def _vocab_parallel(
             target_probs,
             accept,
             sample,
-            shard,
+            context,
             report=report,
             values=values,
         )

@@ -9,7 +9,12 @@ everything the library does with its own rules works with this one too:
 
 - `pass_probabilities`: the decoding loop's theoretical acceptance;
 - `quadrature_breakpoints`: exact quadrature in `evaluate_verifier`;
-- `vocab_parallel`: vocabulary-sharded verification with `ShardedVerifier`.
+- `vocab_parallel = True`: its `__call__` reads the vocabulary only through its
+  `RowContext`, so `ShardedVerifier` runs it unchanged on a slice of the vocabulary.
+
+The `RowContext` also says whether the rows hold probabilities or log-probabilities
+(the entry point knows from its input's type): `context.gather` returns values in the
+rows' space, so the test is written once for both.
 """
 
 # --8<-- [start:stage]
@@ -26,31 +31,28 @@ import eqx_specdec
 
 class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
     exact: ClassVar[bool] = False  # lossy for lenience < 1
+    vocab_parallel: ClassVar[bool] = True  # it reduces only through its context
     lenience: Float[Array, ""] | float  # an array: sweeping it does not recompile
-    uses_uniforms: ClassVar[bool] = True  # it reads accept_uniforms
-    log_space: ClassVar[bool] = False  # it reads probabilities
-    # It reads only p_i(x_i) and q_i(x_i): the default input checks validate exactly those
-    # (and rows n, which the sampler reads) instead of every row.
-    reads: ClassVar[str] = "draft tokens"
     def __check_init__(self):
         if not isinstance(self.lenience, jax.core.Tracer) and not (
             0 < self.lenience <= 1
         ):
             raise ValueError(f"`lenience` must lie in (0, 1], got {self.lenience}.")
-    def _passes(self, p_x, q_x, accept_uniforms):
-        lenience = jnp.asarray(self.lenience, p_x.dtype)
-        return accept_uniforms.astype(p_x.dtype) * lenience * q_x < p_x
     def __call__(
         self,
         draft_tokens: Integer[Array, " G"],
         draft_probs: Float[Array, "G V"] | None,
         target_probs: Float[Array, "G+1 V"],
         accept_uniforms: Float[Array, " G"],
+        context: eqx_specdec.RowContext,
     ) -> eqx_specdec.Verdict:
-        p_x, q_x = eqx_specdec.gather_draft_probs(
-            draft_tokens, draft_probs, target_probs
-        )
-        return eqx_specdec.Verdict(self._passes(p_x, q_x, accept_uniforms))
+        # p(x) and q(x), from the shard that owns x when the vocabulary is split.
+        p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
+        u = accept_uniforms.astype(p_x.dtype)
+        lenience = jnp.asarray(self.lenience, p_x.dtype)
+        if context.log_space:  # logits given: log u + log l < log p - log q
+            return eqx_specdec.Verdict(jnp.log(u) + jnp.log(lenience) < p_x - q_x)
+        return eqx_specdec.Verdict(u * lenience * q_x < p_x)
     def pass_probabilities(self, draft_law, target_probs):
         # The test passes a drafted v with probability min(1, p(v) / (l q(v))).
         scaled = jnp.asarray(self.lenience, draft_law.dtype) * draft_law
@@ -62,12 +64,6 @@ class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios = target_probs[:-1] / (float(self.lenience) * q)
         return {"accept_breakpoints": ratios}
-    def vocab_parallel(
-        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
-    ):
-        # p(x) and q(x) from the shard that owns x: one value per position crosses.
-        p_x, q_x = shard.gather_draft_probs(draft_tokens, draft_probs, target_probs)
-        return eqx_specdec.Verdict(self._passes(p_x, q_x, accept_uniforms))
 # --8<-- [end:stage]
 
 

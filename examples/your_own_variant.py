@@ -19,18 +19,17 @@ import eqx_specdec
 class RecycledUniformTest(eqx_specdec.AbstractRatioTest):
     exact: ClassVar[bool] = True  # a claim the quadrature checks
     rescale: bool = True  # False: the buggy version, the same u at every position
-    uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
     def __call__(
         self,
         draft_tokens: Integer[Array, " G"],
         draft_probs: Float[Array, "G V"],
         target_probs: Float[Array, "G+1 V"],
         accept_uniforms: Float[Array, " G"],
+        context: eqx_specdec.RowContext,
     ) -> eqx_specdec.Verdict:
-        index = draft_tokens[:, None]
-        p = jnp.take_along_axis(target_probs[:-1], index, axis=1)[:, 0]
-        q = jnp.take_along_axis(draft_probs, index, axis=1)[:, 0]
+        p, q = context.gather(draft_tokens, draft_probs, target_probs)
+        if context.log_space:  # logits given: back to probabilities
+            p, q = jnp.exp(p), jnp.exp(q)
         ratio = jnp.where(q > 0, jnp.minimum(1.0, p / jnp.where(q > 0, q, 1)), 1.0)
         ratio = jnp.where(p > 0, ratio, 0.0)
         if self.rescale:  # the uniform seen at position i is u / (r_0 ... r_{i-1})

@@ -29,7 +29,6 @@ class TargetOnlySampler(eqx_specdec.AbstractResidualSampler):
 
     draws: ClassVar[str] = "target"  # a classic bug: not the residual
     randomness: ClassVar[str] = "uniform"
-    log_space: ClassVar[bool] = False
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         # It draws from p_n: the cumulative sums of every row of p.
@@ -43,6 +42,7 @@ class TargetOnlySampler(eqx_specdec.AbstractResidualSampler):
         draft_probs,
         target_probs,
         sample_uniform,
+        context,
     ):
         return eqx_specdec.ResidualSampler()(
             num_accepted,
@@ -51,6 +51,7 @@ class TargetOnlySampler(eqx_specdec.AbstractResidualSampler):
             None if draft_probs is None else draft_probs * 0,
             target_probs,
             sample_uniform,
+            context,
         )
 
 

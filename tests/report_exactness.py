@@ -32,7 +32,7 @@ def distance(verifier) -> str:
     if isinstance(verifier.residual_sampler, es.GumbelSampler):
         return "(key-driven)"
     estimate = es.emission_by_quadrature(verifier, t.DRAFT, t.TARGET, **extra)
-    target = verifier.ratio_test.emission_target(t.TARGET)
+    target = t.law(verifier.ratio_test)
     return f"{estimate.max_error(target):.1e}"
 
 

@@ -59,10 +59,7 @@ def main():
     q_w = np.exp(
         np.asarray(warp_q(jnp.asarray(np.log(q)[None], jnp.float32)), np.float64)
     )[0]
-    log_space = es.Verifier(
-        es.RatioTest(log_space=True),
-        residual_sampler=es.ResidualSampler(log_space=True),
-    )
+    log_space = es.Verifier()
     _row(
         "warped, T = 0.7, top-k 4 (target: warped)",
         quad(log_space, q_w, p_w, log_inputs=True),

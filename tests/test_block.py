@@ -134,13 +134,8 @@ def test_block_through_the_entry_points():
     x, q, p, u, s = random_case(3, 16, 4, 300)
     out = jax.jit(eqx_specdec.speculative_accept)(x, q, p, u, s, verifier=BLOCK)
     assert out["tokens"].dtype == jnp.int32
-    log_block = eqx_specdec.Verifier(
-        eqx_specdec.BlockRatioTest(log_space=True),
-        eqx_specdec.LastSuccessCounter(),
-        eqx_specdec.ResidualSampler(log_space=True),
-    )
     logits = eqx_specdec.speculative_accept_logits(
-        x, np.log(q), np.log(p), u, s, verifier=log_block
+        x, np.log(q), np.log(p), u, s, verifier=BLOCK
     )
     np.testing.assert_array_equal(out["num_accepted"], logits["num_accepted"])
     with pytest.raises(ValueError, match="BlockRatioTest needs `draft_probs`"):

@@ -207,21 +207,27 @@ class _PastTheEndCounter(es.AbstractPrefixCounter):
 class _OutOfVocabularySampler(es.AbstractResidualSampler):
     draws: ClassVar[str] = "residual"
     randomness: ClassVar[str] = "none"
-    log_space: ClassVar[None] = None
 
     def __call__(
-        self, num_accepted, verdict, draft_tokens, draft_probs, target_probs, sample
+        self,
+        num_accepted,
+        verdict,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        sample,
+        context,
     ):
         return jnp.int32(target_probs.shape[-1])
 
 
 class _NaNScaleTest(es.AbstractRatioTest):
     exact: ClassVar[bool] = True
-    uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
     reads: ClassVar[str] = "draft tokens"
 
-    def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
+    def __call__(
+        self, draft_tokens, draft_probs, target_probs, accept_uniforms, context
+    ):
         passed = accept_uniforms < 0.5
         return es.Verdict(passed, jnp.full(passed.shape, jnp.nan))
 

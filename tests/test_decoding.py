@@ -105,11 +105,8 @@ LOOP_VERIFIERS = {
         es.Verifier(),
         dict(proposal=es.Chain(2, draft_length=FirstTokenLength())),
     ),
-    "log space, logits models": (
-        es.Verifier(
-            es.RatioTest(log_space=True),
-            residual_sampler=es.ResidualSampler(log_space=True),
-        ),
+    "standard, logits models": (
+        es.Verifier(),
         dict(proposal=CHAIN, outputs="logits"),
     ),
 }

@@ -9,10 +9,7 @@ import pytest
 import eqx_specdec
 
 
-LOG_SPACE = eqx_specdec.Verifier(
-    eqx_specdec.RatioTest(log_space=True),
-    residual_sampler=eqx_specdec.ResidualSampler(log_space=True),
-)
+LOG_SPACE = eqx_specdec.Verifier()  # what the logits entry points run
 # Draft ids 0..3 are target ids 0, 2, 3, 5 of a vocabulary of 6.
 VOCAB = eqx_specdec.DraftVocabulary(jnp.asarray([0, 1, 1, 2], jnp.int32), 6)
 

@@ -195,10 +195,10 @@ class _WrongShapeCounter(eqx_specdec.AbstractPrefixCounter):
 
 class _WrongRecordRatioTest(eqx_specdec.AbstractRatioTest):
     exact: ClassVar[bool] = True
-    uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
 
-    def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
+    def __call__(
+        self, draft_tokens, draft_probs, target_probs, accept_uniforms, context
+    ):
         return accept_uniforms < 0.5
 
 

@@ -146,12 +146,14 @@ class _CountingTest(es.AbstractRatioTest):
 
     exact: ClassVar[bool] = True
     traces: _Counter = eqx.field(static=True, default_factory=_Counter)
-    uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
 
-    def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
+    def __call__(
+        self, draft_tokens, draft_probs, target_probs, accept_uniforms, context
+    ):
         self.traces.count += 1
-        return es.RatioTest()(draft_tokens, draft_probs, target_probs, accept_uniforms)
+        return es.RatioTest()(
+            draft_tokens, draft_probs, target_probs, accept_uniforms, context
+        )
 
 
 def test_compiled_once_per_static_configuration():
@@ -173,12 +175,12 @@ def test_an_unhashable_static_field_is_a_clear_error():
     class Holder(es.AbstractRatioTest):
         exact: ClassVar[bool] = True
         thing: object
-        uses_uniforms: ClassVar[bool] = True
-        log_space: ClassVar[bool] = False
 
-        def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
+        def __call__(
+            self, draft_tokens, draft_probs, target_probs, accept_uniforms, context
+        ):
             return es.RatioTest()(
-                draft_tokens, draft_probs, target_probs, accept_uniforms
+                draft_tokens, draft_probs, target_probs, accept_uniforms, context
             )
 
     with pytest.raises(TypeError, match="neither an array nor hashable"):

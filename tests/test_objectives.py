@@ -24,11 +24,11 @@ class UserLenientTest(eqx_specdec.AbstractRatioTest):
 
     exact: ClassVar[bool] = False
     lenience: Float[Array, ""] | float = 1.0
-    uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
 
-    def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
-        p, q = eqx_specdec.gather_draft_probs(draft_tokens, draft_probs, target_probs)
+    def __call__(
+        self, draft_tokens, draft_probs, target_probs, accept_uniforms, context
+    ):
+        p, q = context.gather(draft_tokens, draft_probs, target_probs)
         lenience = jnp.asarray(self.lenience, p.dtype)
         return eqx_specdec.Verdict(accept_uniforms.astype(p.dtype) * lenience * q < p)
 

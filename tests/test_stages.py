@@ -69,14 +69,16 @@ def _block(x, q, p):
 
 RATIO_TESTS = [
     (es.RatioTest(), False, _standard),
-    (es.RatioTest(log_space=True), True, _standard),
+    (es.RatioTest(), True, _standard),
     (es.LenientRatioTest(0.6), False, lambda x, q, p: _standard(x, q, p, 0.6)),
-    (es.LenientRatioTest(0.6, log_space=True), True, lambda x, q, p: _standard(x, q, p, 0.6)),
+    (es.LenientRatioTest(0.6), True, lambda x, q, p: _standard(x, q, p, 0.6)),
     (es.GreedyRatioTest(), False, _greedy),
     (es.TypicalRatioTest(), False, _typical),
-    (es.TypicalRatioTest(0.2, 0.5, log_space=True), True, lambda x, q, p: _typical(x, q, p, 0.2, 0.5)),
+    (es.TypicalRatioTest(0.2, 0.5), True, lambda x, q, p: _typical(x, q, p, 0.2, 0.5)),
     (es.BlockRatioTest(), False, _block),
     (UserLenientRatioTest(0.6), False, lambda x, q, p: _standard(x, q, p, 0.6)),
+    (UserLenientRatioTest(0.6), True, lambda x, q, p: _standard(x, q, p, 0.6)),
+    (es.BlockRatioTest(), True, _block),
     (SwitchedRatioTest("division"), False, _standard),
 ]  # fmt: skip
 
@@ -84,7 +86,7 @@ RATIO_TESTS = [
 @pytest.mark.parametrize(
     "ratio_test, log_space, thresholds",
     RATIO_TESTS,
-    ids=[_name(e[0]) for e in RATIO_TESTS],
+    ids=[_name(e[0]) + ("-log" if e[1] else "") for e in RATIO_TESTS],
 )
 def test_ratio_test(ratio_test, log_space, thresholds):
     checked = 0
@@ -100,7 +102,8 @@ def test_ratio_test(ratio_test, log_space, thresholds):
         t = thresholds(x, q.astype(np.float64), p.astype(np.float64))
         with np.errstate(divide="ignore"):
             inputs = (x, np.log(q), np.log(p), u) if log_space else (x, q, p, u)
-        verdict = jax.jit(ratio_test)(*(jnp.asarray(a) for a in inputs))
+        context = es.RowContext(log_space=log_space)
+        verdict = jax.jit(ratio_test)(*(jnp.asarray(a) for a in inputs), context)
         assert verdict.passed.shape == (6,) and verdict.passed.dtype == jnp.bool_
         clear = np.abs(u - t) > 1e-4
         if isinstance(ratio_test, es.BlockRatioTest):
@@ -156,7 +159,8 @@ def _argmax(x, q, p, n):
 
 SAMPLERS = [
     (es.ResidualSampler(), False, _residual),
-    (es.ResidualSampler(log_space=True), True, _residual),
+    (es.ResidualSampler(), True, _residual),
+    (SearchsortedSampler(), True, _residual),
     (es.ArgmaxSampler(), False, _argmax),
     (es.TypicalSampler(), False, _typical_weights),
     (SearchsortedSampler(), False, _residual),
@@ -165,7 +169,9 @@ SAMPLERS = [
 
 
 @pytest.mark.parametrize(
-    "sampler, log_space, weights", SAMPLERS, ids=[_name(e[0]) for e in SAMPLERS]
+    "sampler, log_space, weights",
+    SAMPLERS,
+    ids=[_name(e[0]) + ("-log" if e[1] else "") for e in SAMPLERS],
 )
 def test_residual_sampler_at_every_count(sampler, log_space, weights):
     gamma, vocab = 4, 300
@@ -182,7 +188,7 @@ def test_residual_sampler_at_every_count(sampler, log_space, weights):
             if np.min(np.abs(cdf - s)) < 1e-4:
                 continue
             y = run(jnp.int32(n), verdict, jnp.asarray(x), *map(jnp.asarray, inputs),
-                    jnp.float32(s))  # fmt: skip
+                    jnp.float32(s), es.RowContext(log_space=log_space))  # fmt: skip
             assert int(y) == np.argmax(cdf > s)
             checked += 1
     assert checked > 100

@@ -52,7 +52,7 @@ def test_the_public_api_is_what_the_docs_list():
         "AbstractTreeVerifier", "TraversalVerifier", "GreedyMultiDraft", "SpecHub",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
         "DecodeResult", "ShardedVerifier", "AbstractVerifier",
-        "VocabShard", "RowSums", "SyntheticRatioTest", "DraftVocabulary",
+        "VocabShard", "RowContext", "RowSums", "SyntheticRatioTest", "DraftVocabulary",
         "AbstractDraftLength", "FixedDraftLength", "StopWhenUnlikely",
         "TopNRelaxedRatioTest", "FLyRatioTest", "ScheduledRatioTest",
         "AbstractProposal", "Chain", "Tree",
@@ -100,7 +100,7 @@ def test_abstract_or_final(cls):
 def test_abstract_bases_declare_abstract_methods_and_capabilities(abstract):
     """A base's methods are abstract, or capabilities: documented as such, their
     default marked by the one capability mechanism (it raises MissingCapabilityError),
-    or methods whose docstring states their working default (`emission_target`,
+    or methods whose docstring states their working default (`in_decoding_loop`,
     `draw_and_sum`, `checked_call`)."""
     assert abstract.__abstractmethods__
     for name, member in vars(abstract).items():

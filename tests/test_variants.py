@@ -13,6 +13,7 @@ from lossless_cases import (
     typical_first_position,
     typical_masked,
 )
+from user_stages import LenientRatioTest as UserLenientRatioTest
 
 import eqx_specdec
 
@@ -20,10 +21,7 @@ import eqx_specdec
 GREEDY = eqx_specdec.Verifier(
     eqx_specdec.GreedyRatioTest(), residual_sampler=eqx_specdec.ArgmaxSampler()
 )
-LOG_SPACE = eqx_specdec.Verifier(
-    eqx_specdec.RatioTest(log_space=True),
-    residual_sampler=eqx_specdec.ResidualSampler(log_space=True),
-)
+STANDARD = eqx_specdec.Verifier()
 
 
 def _greedy_reference(x, p):
@@ -283,20 +281,24 @@ def test_warped_verification_is_lossless(target_warp, draft_warp):
     draft = rng.normal(size=(1, 2, 6)) * 2
     p = np.exp(np.asarray(target_warp(jnp.asarray(target, jnp.float32)), np.float64))[0]
     q = np.exp(np.asarray(draft_warp(jnp.asarray(draft, jnp.float32)), np.float64))[0]
-    estimate = eqx_specdec.emission_by_quadrature(LOG_SPACE, q, p, log_inputs=True)
+    estimate = eqx_specdec.emission_by_quadrature(STANDARD, q, p, log_inputs=True)
     assert estimate.max_error(p) < 1e-6
 
 
-def test_log_space_stages_are_required_for_logits():
-    x, draft, target, u, s = _logit_case(3, batch=2)
-    with pytest.raises(TypeError, match=r"Build it with RatioTest\(log_space=True\)"):
-        eqx_specdec.speculative_accept_logits(
-            x, draft, target, u, s, verifier=eqx_specdec.Verifier()
+def test_one_verifier_serves_probabilities_and_logits():
+    """The rows' space comes from the input's type: the same verifiers (the library's,
+    and a user's stage written for probabilities, which converts through its context)
+    give the tokens on logits that they give on the softmax of those logits."""
+    x, draft, target, u, s = _logit_case(3, batch=8)
+    for verifier in (STANDARD, eqx_specdec.Verifier(UserLenientRatioTest(0.7))):
+        on_logits = eqx_specdec.speculative_accept_logits(
+            x, draft, target, u, s, verifier=verifier
         )
-    with pytest.raises(TypeError, match=r"log_space=False"):
-        eqx_specdec.speculative_accept(
-            x, softmax(draft), softmax(target), u, s, verifier=LOG_SPACE
+        on_probs = eqx_specdec.speculative_accept(
+            x, softmax(draft), softmax(target), u, s, verifier=verifier
         )
+        for name in ("num_accepted", "tokens"):
+            np.testing.assert_array_equal(on_logits[name], on_probs[name])
 
 
 @pytest.mark.parametrize(

@@ -15,12 +15,14 @@ class LenientRatioTest(eqx_specdec.AbstractRatioTest):
 
     exact: ClassVar[bool] = False
     lenience: Float[Array, ""] | float = 1.0
-    uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
 
-    def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
-        p = jnp.take_along_axis(target_probs[:-1], draft_tokens[:, None], 1)[:, 0]
-        q = jnp.take_along_axis(draft_probs, draft_tokens[:, None], 1)[:, 0]
+    def __call__(
+        self, draft_tokens, draft_probs, target_probs, accept_uniforms, context
+    ):
+        # Written for probabilities: the context converts log-probabilities.
+        rows = context.probabilities
+        p = jnp.take_along_axis(rows(target_probs[:-1]), draft_tokens[:, None], 1)[:, 0]
+        q = jnp.take_along_axis(rows(draft_probs), draft_tokens[:, None], 1)[:, 0]
         lenience = jnp.asarray(self.lenience, p.dtype)
         return eqx_specdec.Verdict(accept_uniforms.astype(p.dtype) * lenience * q < p)
 
@@ -33,11 +35,18 @@ class SwitchedRatioTest(eqx_specdec.AbstractRatioTest):
     mode: str = "ratio"  # "ratio": u q < p; "division": u < p / q
     strict: bool = True
     rejected_positions: tuple[int, ...] = ()
-    uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
 
-    def __call__(self, draft_tokens, draft_probs, target_probs, accept_uniforms):
-        p, q = eqx_specdec.gather_draft_probs(draft_tokens, draft_probs, target_probs)
+    def __call__(
+        self,
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        accept_uniforms,
+        context=eqx_specdec.RowContext(),
+    ):
+        p, q = context.gather(draft_tokens, draft_probs, target_probs)
+        if context.log_space:
+            p, q = jnp.exp(p), jnp.exp(q)
         u = accept_uniforms.astype(p.dtype)
         if self.mode == "ratio":
             passed = u * q < p if self.strict else u * q <= p
@@ -66,7 +75,6 @@ class SearchsortedSampler(eqx_specdec.AbstractResidualSampler):
 
     draws: ClassVar[str] = "residual"
     randomness: ClassVar[str] = "uniform"
-    log_space: ClassVar[bool] = False
 
     def __call__(
         self,
@@ -76,11 +84,12 @@ class SearchsortedSampler(eqx_specdec.AbstractResidualSampler):
         draft_probs,
         target_probs,
         sample_uniform,
+        context,
     ):
         gamma = draft_tokens.shape[0]
         n = num_accepted
-        p = target_probs[n]
-        q = draft_probs[jnp.minimum(n, gamma - 1)]
+        p = context.probabilities(target_probs[n])
+        q = context.probabilities(draft_probs[jnp.minimum(n, gamma - 1)])
         scale = verdict.residual_scale[jnp.minimum(n, gamma - 1)].astype(p.dtype)
         residual = jnp.where(n < gamma, jnp.maximum(scale * p - q, 0), p)
         cdf = jnp.cumsum(residual / residual.sum())
@@ -95,7 +104,6 @@ class TopKArgmaxSampler(eqx_specdec.AbstractResidualSampler):
     draws: ClassVar[str] = "argmax"
     k: int = 3
     randomness: ClassVar[str] = "none"
-    log_space: ClassVar[None] = None
 
     def __call__(
         self,
@@ -105,6 +113,7 @@ class TopKArgmaxSampler(eqx_specdec.AbstractResidualSampler):
         draft_probs,
         target_probs,
         sample_uniform,
+        context,
     ):
         _, ids = jax.lax.top_k(target_probs[num_accepted], self.k)
         return ids[0].astype(jnp.int32)

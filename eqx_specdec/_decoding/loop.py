@@ -430,8 +430,7 @@ def speculative_decode(
         `jax.random.split(key, B)` or keys from each request's seed).
     - `verifier`: the verifier to run: an [`eqx_specdec.Verifier`][] (or
         [`eqx_specdec.ShardedVerifier`][]) for chains, whose stages receive
-        probabilities, or log-probabilities when its ratio test has `log_space=True`;
-        or a tree verifier ([`eqx_specdec.TreeVerifier`][],
+        probabilities; or a tree verifier ([`eqx_specdec.TreeVerifier`][],
         [`eqx_specdec.TraversalVerifier`][]) built with its `tree`. Default: the
         standard rule.
     - `proposal`: what the draft proposes each step, an

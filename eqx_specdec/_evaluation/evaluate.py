@@ -251,9 +251,9 @@ def evaluate_verifier(
     """Measures one verifier on one row of fixed distributions: how far the tokens it
     emits are from its target, its acceptance rate and its tokens per step.
 
-    The tokens are measured against the ratio test's
-    [`eqx_specdec.AbstractRatioTest.emission_target`][]: $p$, or greedy decoding of $p$
-    (the one-hot of its argmax) for [`eqx_specdec.GreedyRatioTest`][].
+    The tokens are measured against the law the rule declares: $p$, or greedy decoding
+    of $p$ (the one-hot of its argmax) for an exact rule whose `sampler` draws
+    `"argmax"` ([`eqx_specdec.GreedyRatioTest`][]).
 
     **Arguments:**
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from .._capabilities import has_capability, require
 from .._errors import MissingCapabilityError
+from .._stages.row_context import RowContext
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
 from .._verify.abstract_verifier import AbstractVerifier
 from .._verify.verifier import Verifier
@@ -137,11 +138,6 @@ def stage_breakpoints(
     )
 
 
-def _reads_logs(verifier: Verifier) -> bool:
-    stages = (verifier.ratio_test, verifier.residual_sampler)
-    return any(stage.log_space is True for stage in stages)
-
-
 def emission_by_quadrature(
     verifier: Verifier | AbstractTreeVerifier,
     draft_probs,
@@ -191,8 +187,9 @@ def emission_by_quadrature(
         distributions.
     - `draft_law`: `(G, V)`, the law the draft tokens are drawn from. Defaults to
         `draft_probs`; required when `draft_probs` is `None`.
-    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier. Default: whether its
-        stages read log-probabilities (`log_space=True`).
+    - `log_inputs`: pass $\\log q$ and $\\log p$ to the verifier (its stages then
+        get a [`eqx_specdec.RowContext`][] of log-probabilities, as for
+        [`eqx_specdec.Logits`][]). Default `None`: probabilities.
     - `accept_breakpoints`: `(G, K)`, further values of $u_i$ where the verifier's
         outcome may change, beyond those its stages declare.
     - `sample_breakpoints`: `(K,)`, further values of $s$ where the sampled token may
@@ -234,8 +231,6 @@ def _chain_quadrature(
     draft, target, law = _checked(draft_probs, target_probs, draft_law)
     gamma, vocab = law.shape
     _check_cost(math.prod(int(np.count_nonzero(row > 0)) for row in law), gamma, vocab)
-    if log_inputs is None:
-        log_inputs = _reads_logs(verifier)
     declared = stage_breakpoints(
         verifier,
         None if draft_probs is None else np.asarray(draft_probs, np.float64),
@@ -308,7 +303,9 @@ def _chain_quadrature(
                 np.pad(u[start:stop], pad + ((0, 0),), constant_values=0.5)
             )
             s_chunk = jnp.asarray(np.pad(s[start:stop], pad, constant_values=0.5))
-            tokens = np.asarray(verify_rows(verifier, xs, q, p, u_chunk, s_chunk))
+            tokens = np.asarray(
+                verify_rows(verifier, xs, q, p, u_chunk, s_chunk, bool(log_inputs))
+            )
             w = weight * volume[start:stop]
             accumulate(emitted, reached, tokens[: stop - start], w, vocab)
             found.append(tokens[: stop - start])
@@ -425,8 +422,6 @@ def _chain_monte_carlo(
     chunk_size,
 ) -> EmissionEstimate:
     """`emission_by_monte_carlo` for a chain verifier."""
-    if log_inputs is None:
-        log_inputs = _reads_logs(verifier)
     draft, target, law = _checked(draft_probs, target_probs, draft_law)
     gamma, vocab = law.shape
     q, p = _verifier_inputs(draft, target, log_inputs)
@@ -436,7 +431,9 @@ def _chain_monte_carlo(
     chunks = -(-num_draws // chunk_size)
     for i, chunk_key in enumerate(jax.random.split(key, chunks)):
         tokens = np.asarray(
-            _monte_carlo_chunk(verifier, q, p, law_cdf, chunk_key, chunk_size)
+            _monte_carlo_chunk(
+                verifier, q, p, law_cdf, chunk_key, chunk_size, bool(log_inputs)
+            )
         )
         rows = min(chunk_size, num_draws - i * chunk_size)
         accumulate(emitted, reached, tokens[:rows], np.ones(rows), vocab)
@@ -444,7 +441,7 @@ def _chain_monte_carlo(
 
 
 @eqx.filter_jit
-def _monte_carlo_chunk(verifier, q, p, law_cdf, key, chunk_size: int):
+def _monte_carlo_chunk(verifier, q, p, law_cdf, key, chunk_size: int, log_space):
     """The tokens of `chunk_size` random steps. Compiled once per verifier configuration
     and shapes (the distributions are arguments, not constants), so that measurements of
     many cases share one program."""
@@ -461,16 +458,22 @@ def _monte_carlo_chunk(verifier, q, p, law_cdf, key, chunk_size: int):
         s = jax.random.split(k_s, chunk_size)
     else:
         s = jax.random.uniform(k_s, (chunk_size,), jnp.float32)
-    rows = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0))
-    return rows(xs, q, p, u, s)["tokens"]
+    rows = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0, None))
+    return rows(xs, q, p, u, s, RowContext(log_space=log_space))["tokens"]
 
 
 @eqx.filter_jit
-def verify_rows(verifier, draft_tokens, draft_probs, target_probs, accept, sample):
+def verify_rows(
+    verifier, draft_tokens, draft_probs, target_probs, accept, sample, log_space=False
+):
     """`verifier.row` over rows of draft tokens and uniforms, for one fixed row of
-    distributions. Compiled once per verifier configuration and shapes."""
-    rows = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0))
-    return rows(draft_tokens, draft_probs, target_probs, accept, sample)["tokens"]
+    distributions (probabilities, or log-probabilities with `log_space`). Compiled once
+    per verifier configuration and shapes."""
+    rows = jax.vmap(verifier.row, in_axes=(0, None, None, 0, 0, None))
+    context = RowContext(log_space=log_space)
+    return rows(draft_tokens, draft_probs, target_probs, accept, sample, context)[
+        "tokens"
+    ]
 
 
 def _root_optimum(verifier, q, p, root_acceptance) -> dict:
@@ -524,10 +527,20 @@ class _ChainEvaluation(EvaluationFamily):
         return None
 
     def target(self, p, accepted_law) -> tuple[np.ndarray, int]:
-        return self.verifier.ratio_test.emission_target(p), p.shape[0] - 1
+        return emission_target(self.verifier.ratio_test, p), p.shape[0] - 1
 
     def extra_fields(self, q, p, root_acceptance: float) -> dict:
         return {}
+
+
+def emission_target(ratio_test, p: np.ndarray) -> np.ndarray:
+    """What a chain verifier's tokens are measured against: the law an exact rule
+    declares through its sampler (greedy decoding of $p$, the one-hot of its argmax,
+    when that sampler `draws` `"argmax"`), else $p$ (every sampling rule, and every
+    lossy rule, whose distance from the target is what one measures)."""
+    if ratio_test.exact and ratio_test.sampler.draws == "argmax":
+        return np.eye(p.shape[-1])[np.argmax(p, -1)]
+    return p
 
 
 class _TreeEvaluation(EvaluationFamily):

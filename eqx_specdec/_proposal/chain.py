@@ -125,12 +125,7 @@ class Chain(AbstractProposal):
         accept, sample = uniforms(keys, self.length, key_sampler)
         law = draft_law(xs, qs, self.drafting)
         given = None if self.drafting == "argmax" else qs
-        log_space = verifier.ratio_test.log_space is True
-
-        def space(a):
-            return jnp.log(a) if log_space else a
-
-        arrays = (xs, None if given is None else space(given), space(p), accept, sample)
+        arrays = (xs, given, p, accept, sample)
         if policy.always_full:
             out = verifier(*arrays)
         else:

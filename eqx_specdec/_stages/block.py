@@ -3,7 +3,6 @@
 import itertools
 from typing import ClassVar, Literal
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,9 +17,9 @@ from .._custom_types import (
     PassedRow,
     TargetProbsRow,
 )
-from .gather import gather_draft_probs
 from .prefix_counter import AbstractPrefixCounter
 from .ratio_test import AbstractRatioTest, clipped_ratio
+from .row_context import ONE_DEVICE, RowContext
 from .verdict import Verdict
 
 
@@ -113,53 +112,42 @@ class BlockRatioTest(AbstractRatioTest):
     Vectorised, no sequential scan: $\\log P_k = S_k - \\max(0, \\max_{j \\le k} S_j)$ with $S$
     the running sum of $\\log p_i(x_i) - \\log q_i(x_i)$. Reads the full rows $p_k, q_k$ for
     $1 \\le k < G$ (for $Z_k$): $O(GV)$, inherent to the rule. Lossless.
-
-    **Arguments:**
-
-    - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
     exact: ClassVar[bool] = True
+    vocab_parallel: ClassVar[bool] = True
     counter: ClassVar[AbstractPrefixCounter] = LastSuccessCounter()
-    uses_uniforms: ClassVar[bool] = True
     theory: ClassVar[Literal["exact", "lower bound"]] = "lower bound"
-    log_space: bool = eqx.field(static=True, default=False)
 
     def weights(
         self,
         draft_tokens: DraftTokensRow,
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> tuple[Float[Array, " G+1"], Float[Array, " G"]]:
         """The clipped cumulative ratios $P_0, \\dots, P_G$ and the weights
         $h_1, \\dots, h_G$ of one row (float32, or float64 for float64 inputs).
 
         **Arguments:**
 
-        - `draft_tokens`, `draft_probs`, `target_probs`: as for `__call__`.
+        - `draft_tokens`, `draft_probs`, `target_probs`, `context`: as for
+            `__call__`.
 
         **Returns:**
 
         `(P, h)` of shapes `(G + 1,)` and `(G,)`.
         """
         _needs_draft_probs(draft_probs)
-        p_x, q_x = gather_draft_probs(
-            draft_tokens, draft_probs, target_probs, log_space=self.log_space
-        )
-        return self._cumulative_and_h(p_x, q_x, draft_probs, target_probs, lambda z: z)
-
-    def _cumulative_and_h(self, p_x, q_x, draft_probs, target_probs, total):
-        """$P$ and $h$ from $p_i(x_i)$, $q_i(x_i)$ and the rows (or a shard's slices) of
-        $p_k, q_k$; `total` sums the lookahead masses $Z_k$ (over shards, if sharded)."""
+        p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
         gamma = p_x.shape[0]
-        cum = block_cumulative(p_x, q_x, self.log_space)
-        # Z_k for k = 1 .. G-1 reads rows k of p and q.
-        p_rows = target_probs[1:gamma].astype(cum.dtype)
-        q_rows = draft_probs[1:gamma].astype(cum.dtype)
-        if self.log_space:
-            p_rows, q_rows = jnp.exp(p_rows), jnp.exp(q_rows)
+        cum = block_cumulative(p_x, q_x, context.log_space)
+        # Z_k for k = 1 .. G-1 reads rows k of p and q (this device's slices: the sum
+        # over the devices completes it).
+        p_rows = context.probabilities(target_probs[1:gamma]).astype(cum.dtype)
+        q_rows = context.probabilities(draft_probs[1:gamma]).astype(cum.dtype)
         z = jnp.sum(jnp.maximum(cum[1:gamma, None] * p_rows - q_rows, 0), axis=-1)
-        return cum, block_h(cum, total(z))
+        return cum, block_h(cum, context.sum(z))
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -168,19 +156,15 @@ class BlockRatioTest(AbstractRatioTest):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
-        cum, h = self.weights(draft_tokens, draft_probs, target_probs)
+        cum, h = self.weights(draft_tokens, draft_probs, target_probs, context)
         passed = accept_uniforms.astype(h.dtype) < h
         return Verdict(passed, cum[:-1])
 
     def pass_probabilities_given_drafts(self, draft_tokens, draft_probs, target_probs):
         """The weights $h_1, \\dots, h_G$: draft token $k - 1$ passes when
         $u_{k-1} < h_k$, each with its own uniform."""
-        if self.log_space:
-            raise ValueError(
-                "BlockRatioTest.pass_probabilities_given_drafts takes probabilities: "
-                "build the test with BlockRatioTest() (log_space=False)."
-            )
         return self.weights(draft_tokens, draft_probs, target_probs)[1]
 
     def pass_probabilities(self, draft_law, target_probs):
@@ -196,8 +180,7 @@ class BlockRatioTest(AbstractRatioTest):
         q, p = np.asarray(draft_probs), np.asarray(target_probs)
         gamma, vocab = q.shape
         sequences = list(itertools.product(range(vocab), repeat=gamma))
-        # Probabilities in, whatever space this test reads.
-        weights = jax.vmap(BlockRatioTest().weights, in_axes=(0, None, None))
+        weights = jax.vmap(self.weights, in_axes=(0, None, None))
         cum, h = weights(
             jnp.asarray(sequences, jnp.int32),
             jnp.asarray(q, jnp.float32),
@@ -208,14 +191,3 @@ class BlockRatioTest(AbstractRatioTest):
         totals = residuals.sum(-1, keepdims=True)
         cdfs = np.cumsum(residuals, -1) / np.where(totals > 0, totals, 1)
         return dict(accept_breakpoints=np.asarray(h).T, sample_breakpoints=cdfs.ravel())
-
-    def vocab_parallel(
-        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
-    ):
-        _needs_draft_probs(draft_probs)
-        p_x, q_x = shard.gather_draft_probs(
-            draft_tokens, draft_probs, target_probs, log_space=self.log_space
-        )
-        # Z_k as the sum over shards of each shard's part.
-        cum, h = self._cumulative_and_h(p_x, q_x, draft_probs, target_probs, shard.sum)
-        return Verdict(accept_uniforms.astype(h.dtype) < h, cum[:-1])

@@ -5,7 +5,6 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from beartype import beartype
 from jaxtyping import jaxtyped
 
@@ -18,11 +17,8 @@ from .._custom_types import (
     TargetProbsRow,
 )
 from .ratio_test import AbstractRatioTest
-from .residual_sampler import (
-    AbstractResidualSampler,
-    Randomness,
-    Reads,
-)
+from .residual_sampler import AbstractResidualSampler, Randomness, Reads
+from .row_context import ONE_DEVICE, RowContext
 from .verdict import Verdict
 
 
@@ -39,7 +35,7 @@ class ArgmaxSampler(AbstractResidualSampler):
     randomness: ClassVar[Randomness] = "none"
     draws: ClassVar[str] = "argmax"
     reads: ClassVar[Reads] = "row n"
-    log_space: ClassVar[None] = None
+    vocab_parallel: ClassVar[bool] = True
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -50,23 +46,12 @@ class ArgmaxSampler(AbstractResidualSampler):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         sample_uniform: SampleRandomness,
+        context: RowContext = ONE_DEVICE,
     ) -> IntScalar:
-        return jnp.argmax(target_probs[num_accepted]).astype(jnp.int32)
+        return context.argmax(target_probs[num_accepted])
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
-
-    def vocab_parallel(
-        self,
-        shard,
-        num_accepted,
-        verdict,
-        draft_tokens,
-        draft_probs,
-        target_probs,
-        sample_uniform,
-    ):
-        return shard.argmax(target_probs[num_accepted])
 
 
 class GreedyRatioTest(AbstractRatioTest):
@@ -76,13 +61,13 @@ class GreedyRatioTest(AbstractRatioTest):
     Exact with respect to greedy decoding of the target when paired with
     [`eqx_specdec.ArgmaxSampler`][]. Draws no randomness and ignores `draft_probs`; reads
     the whole rows $p_i$. Works on probabilities and log-probabilities alike
-    (`log_space = None`). Implements every capability.
+    Implements every capability.
     """
 
     exact: ClassVar[bool] = True
-    sampler: ClassVar[AbstractResidualSampler] = ArgmaxSampler()
+    vocab_parallel: ClassVar[bool] = True
     uses_uniforms: ClassVar[bool] = False
-    log_space: ClassVar[None] = None
+    sampler: ClassVar[AbstractResidualSampler] = ArgmaxSampler()
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -91,9 +76,10 @@ class GreedyRatioTest(AbstractRatioTest):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
-        best = jnp.argmax(target_probs[:-1], axis=-1)
-        return Verdict(best.astype(jnp.int32) == draft_tokens.astype(jnp.int32))
+        best = context.argmax(target_probs[:-1])
+        return Verdict(best == draft_tokens.astype(jnp.int32))
 
     def pass_probabilities(self, draft_law, target_probs):
         vocab = target_probs.shape[-1]
@@ -102,12 +88,3 @@ class GreedyRatioTest(AbstractRatioTest):
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
-
-    def emission_target(self, target_probs):
-        return np.eye(target_probs.shape[-1])[np.argmax(target_probs, -1)]
-
-    def vocab_parallel(
-        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
-    ):
-        best = shard.argmax(target_probs[:-1])
-        return Verdict(best == draft_tokens.astype(jnp.int32))

@@ -2,7 +2,6 @@
 
 from typing import ClassVar
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
@@ -21,6 +20,7 @@ from .residual_sampler import (
     Reads,
     residual_parts,
 )
+from .row_context import ONE_DEVICE, RowContext
 from .verdict import Verdict
 
 
@@ -38,16 +38,11 @@ class GumbelSampler(AbstractResidualSampler):
     `quadrature_breakpoints` (it draws from keys, not uniforms): evaluate it by Monte
     Carlo, or evaluate [`eqx_specdec.ResidualSampler`][], which draws the same
     distribution from a uniform, by quadrature.
-
-    **Arguments:**
-
-    - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
     randomness: ClassVar[Randomness] = "key"
     draws: ClassVar[str] = "residual"
     reads: ClassVar[Reads] = "row n"
-    log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -58,12 +53,12 @@ class GumbelSampler(AbstractResidualSampler):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         sample_uniform: Key[Array, ""],
+        context: RowContext = ONE_DEVICE,
     ) -> IntScalar:
         gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
         dtype, p_and_residual = residual_parts(
-            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
-            self.log_space,
-        )  # fmt: skip
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs, context
+        )
         weights = full_weights(p_and_residual, vocab, num_accepted < gamma, dtype)
         noise = jax.random.gumbel(sample_uniform, (vocab,), dtype, mode="high")
         scores = jnp.where(weights > 0, jnp.log(weights) + noise, -jnp.inf)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from beartype import beartype
-from equinox import AbstractClassVar, AbstractVar
+from equinox import AbstractClassVar
 from jaxtyping import Array, Float, Int, jaxtyped
 
 from .._capabilities import capability, require
@@ -22,11 +22,10 @@ from .._custom_types import (
 )
 from .._errors import missing_capability
 from .._misc import check_hyperparameter
-from .gather import gather_draft_probs
 from .prefix_counter import AbstractPrefixCounter, PrefixCounter
 from .residual_sampler import AbstractResidualSampler, ResidualSampler
+from .row_context import ONE_DEVICE, RowContext
 from .verdict import Verdict
-from .vocab_shard import VocabShard
 
 
 PassProbabilities = Float[Array, "G V"]
@@ -39,9 +38,9 @@ class AbstractRatioTest(eqx.Module):
     """Decides, for every draft position of one row, whether the draft token passes.
 
     This is the extension point for acceptance rules. A subclass implements `__call__`
-    and declares two class attributes; everything else in the pipeline (counting the
-    accepted prefix, drawing the correction token, assembling the output) is done by the
-    other stages of the [`eqx_specdec.Verifier`][].
+    and declares `exact`; everything else in the pipeline (counting the accepted prefix,
+    drawing the correction token, assembling the output) is done by the other stages of
+    the [`eqx_specdec.Verifier`][].
 
     For the verifier to stay lossless, the test at position $i$ must pass with
     probability $\\min(1, p_i(x_i) / q_i(x_i))$ given the accepted prefix (or, for rules
@@ -51,58 +50,55 @@ class AbstractRatioTest(eqx.Module):
     **Declared by every subclass:**
 
     - `exact` (class attribute, bool): whether the rule is exact: with the counter and
-        sampler it names below, the emitted tokens follow `emission_target` (the target
-        itself, for every sampling rule) exactly. `False` for a lossy rule (lenient,
-        typical, relaxed). A [`eqx_specdec.Verifier`][] is exact when its test is and
-        its other stages fit the test (`verifier.exact`); the exactness tools check
-        this claim ([`eqx_specdec.emission_by_quadrature`][]).
-    - `uses_uniforms` (class attribute, bool): whether the test reads `accept_uniforms`.
-        If `False`, `accept_uniforms` may be `None` at the entry points.
-    - `log_space` (a field or class attribute, `bool | None`): `False` if the test reads
-        probabilities, `True` if log-probabilities, `None` if it works on either (an
-        argmax, say). The entry points check it against what they pass.
+        sampler it names below, the emitted tokens follow the target exactly (for a
+        rule whose sampler `draws` `"argmax"`, greedy decoding of it). `False` for a
+        lossy rule (lenient, typical, relaxed). A [`eqx_specdec.Verifier`][] is exact
+        when its test is and its other stages fit the test (`verifier.exact`); the
+        exactness tools check this claim ([`eqx_specdec.emission_by_quadrature`][]).
 
     **Capabilities** (methods with a default that raises
     [`eqx_specdec.MissingCapabilityError`][]; implement those the features you use
     need): `pass_probabilities` (the decoding loop's theory and the acceptance
-    objectives), `pass_probabilities_given_drafts` (the objectives given the draft
-    tokens; derived from exact `pass_probabilities` by default), `quadrature_breakpoints`
-    (exact evaluation), `vocab_parallel` (vocabulary sharding). `emission_target` (what
-    evaluation measures the tokens against) defaults to the target $p$.
+    objectives) and `quadrature_breakpoints` (exact evaluation).
 
-    **Declared with a default:**
+    **Declared with a default** (class attributes; most rules keep them):
 
-    - `counter` and `sampler` (class attributes, default
-        [`eqx_specdec.PrefixCounter`][]`()` and [`eqx_specdec.ResidualSampler`][]`()`):
-        the stages the rule's law needs. A [`eqx_specdec.Verifier`][] built with the test
-        alone uses them (block verification brings its
-        [`eqx_specdec.LastSuccessCounter`][]), and refuses, for an exact test, a counter
-        or sampler that does not fit them: one whose `counts` (or `draws`) differs from
-        theirs.
-    - `reads` (class attribute): which values of the distributions the test reads, so
+    - `vocab_parallel` (default `False`): `True` when `__call__` reduces over the
+        vocabulary only through its [`eqx_specdec.RowContext`][] (`gather`, `sum`,
+        `argmax`), so that it runs unchanged on one device's slice of the vocabulary
+        ([`eqx_specdec.ShardedVerifier`][] with `vocab_axis`).
+    - `uses_uniforms` (default `True`): `False` for a test that never reads
+        `accept_uniforms` (the entry points then accept `accept_uniforms=None`).
+    - `counter` and `sampler` (default [`eqx_specdec.PrefixCounter`][]`()` and
+        [`eqx_specdec.ResidualSampler`][]`()`): the stages the rule's law needs. A
+        [`eqx_specdec.Verifier`][] built with the test alone uses them (block
+        verification brings its [`eqx_specdec.LastSuccessCounter`][]), and refuses, for
+        an exact test, a counter or sampler that does not fit them: one whose `counts`
+        (or `draws`) differs from theirs.
+    - `theory` (default `"exact"`): what `pass_probabilities` gives, `"exact"` (the
+        test passes $v$ with exactly that probability) or `"lower bound"` (the rule
+        accepts at least as many tokens in expectation).
+    - `reads` (default `"whole rows"`, always safe): which values the test reads, so
         that the entry points' default checks (`check_inputs="read"`) validate exactly
-        those: `"draft tokens"` ($p_i(x_i)$ and $q_i(x_i)$ only, as the standard test)
-        or `"whole rows"` (the default, always safe: every row is then checked).
-    - `theory` (class attribute, default `"exact"`): what `pass_probabilities`
-        gives, `"exact"` (the test passes $v$ with exactly that probability) or
-        `"lower bound"` (the rule accepts at least as many tokens in expectation).
-    - `capabilities_from` (class attribute, default `{}`): for a test built from
-        other tests, which capabilities it delegates to which fields (`{"vocab_parallel":
-        (("inner", "vocab_parallel"),)}`): it has them when those fields do.
-    - `row_fields` (class attribute, default `{}`): fields that may hold one value per
-        row, by name with the rank of one row's value (`{"relaxed": 1}`: a `(G,)` mask
-        shared by the batch, or `(B, G)`, one per row). The verifier hands each row its
-        own slice; `in_decoding_loop` may fill them each step.
+        those: `"draft tokens"` for a test that reads only $p_i(x_i)$ and $q_i(x_i)$
+        (the standard test).
+
+    For rules built from other rules, or keyed on the generated position:
+    `capabilities_from` (which capabilities it delegates to which fields: `{"vocab_parallel":
+    (("inner", "vocab_parallel"),)}`), `row_fields` (fields that may hold one value per
+    row, by name with the rank of one row's value: `{"relaxed": 1}`), the method
+    `in_decoding_loop`, and `pass_probabilities_given_drafts` (derived from an exact
+    `pass_probabilities` by default).
     """
 
     exact: AbstractClassVar[bool]
-    uses_uniforms: AbstractClassVar[bool]
-    log_space: AbstractVar[bool | None]
+    vocab_parallel: ClassVar[bool] = False
+    uses_uniforms: ClassVar[bool] = True
     counter: ClassVar[AbstractPrefixCounter] = PrefixCounter()
     sampler: ClassVar[AbstractResidualSampler] = ResidualSampler()
+    theory: ClassVar[TheoryKind] = "exact"
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "whole rows"
     row_fields: ClassVar[dict[str, int]] = {}
-    theory: ClassVar[TheoryKind] = "exact"
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
 
     def in_decoding_loop(self, generated: Int[Array, " B"]) -> "AbstractRatioTest":
@@ -118,6 +114,7 @@ class AbstractRatioTest(eqx.Module):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
         """Runs the test at every draft position of one row.
 
@@ -130,6 +127,10 @@ class AbstractRatioTest(eqx.Module):
             $p_i$; the last row follows the last draft token.
         - `accept_uniforms`: float of shape `(G,)`, the uniforms $u_i \\in [0, 1)$
             (zeros for a test with `uses_uniforms = False`).
+        - `context`: the [`eqx_specdec.RowContext`][]: whether the rows hold
+            probabilities or log-probabilities, and (inside
+            [`eqx_specdec.ShardedVerifier`][]) the slice of the vocabulary they cover.
+            Default: probabilities over the whole vocabulary.
 
         **Returns:**
 
@@ -215,50 +216,6 @@ class AbstractRatioTest(eqx.Module):
         scale does); `{}` if there are none.
         """
 
-    def emission_target(self, target_probs):
-        """What the verifier's tokens are measured against by
-        [`eqx_specdec.evaluate_verifier`][]: the target $p$ itself (the default, for
-        exact and lossy sampling rules alike), or another distribution a rule aims at
-        (greedy decoding's one-hot argmax). NumPy, not traced.
-
-        **Arguments:**
-
-        - `target_probs`: float64 NumPy `(G + 1, V)`.
-
-        **Returns:**
-
-        A float64 NumPy array of the same shape.
-        """
-        return target_probs
-
-    @capability
-    def vocab_parallel(
-        self,
-        shard: VocabShard,
-        draft_tokens: DraftTokensRow,
-        draft_probs: Float[Array, "G width"] | None,
-        target_probs: Float[Array, "G+1 width"],
-        accept_uniforms: AcceptUniformsRow,
-    ) -> Verdict:
-        """Capability for vocabulary sharding ([`eqx_specdec.ShardedVerifier`][] with
-        `vocab_axis`): the same test as `__call__`, on this device's slice of the
-        vocabulary, exchanging per-row values only through `shard`'s collectives.
-        Called under `jax.vmap` over the rows.
-
-        **Arguments:**
-
-        - `shard`: the [`eqx_specdec.VocabShard`][] (offset, width, collectives).
-        - `draft_tokens`: integer `(G,)`, global token ids.
-        - `draft_probs`, `target_probs`: this shard's slices, `(G, width)` and
-            `(G + 1, width)`.
-        - `accept_uniforms`: float `(G,)`.
-
-        **Returns:**
-
-        The [`eqx_specdec.Verdict`][] `__call__` would return on the whole rows, the
-        same on every shard.
-        """
-
 
 def ratio_passes(p_x, q_x, u, lenience, log_space):
     """`u * l * q < p`, or in log space `log u + log l < log p - log q`."""
@@ -291,21 +248,17 @@ class RatioTest(AbstractRatioTest):
     that is $u_i < p_i(x_i) / q_i(x_i)$ computed without division, so that
     $q_i(x_i) = 0 < p_i(x_i)$ passes and $p_i(x_i) = 0$ never passes. With
     `draft_probs=None`, $q_i(x_i) = 1$ (one-hot drafts): the test is $u_i < p_i(x_i)$.
+    On log-probabilities (logits given to the entry point) the test is
+    $\\log u_i < \\log p_i(x_i) - \\log q_i(x_i)$, exact where probabilities would
+    underflow.
 
     Lossless (Leviathan et al. 2023; Chen et al. 2023). Gathers only $p_i(x_i)$ and
     $q_i(x_i)$: $O(G)$ reads. Implements every capability.
-
-    **Arguments:**
-
-    - `log_space`: if `True`, the distributions given are log-probabilities and the test
-        is $\\log u_i < \\log p_i(x_i) - \\log q_i(x_i)$, exact where probabilities would
-        underflow (what [`eqx_specdec.speculative_accept_logits`][] uses).
     """
 
     exact: ClassVar[bool] = True
-    uses_uniforms: ClassVar[bool] = True
+    vocab_parallel: ClassVar[bool] = True
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
-    log_space: bool = eqx.field(static=True, default=False)
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -314,25 +267,16 @@ class RatioTest(AbstractRatioTest):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
-        p_x, q_x = gather_draft_probs(
-            draft_tokens, draft_probs, target_probs, log_space=self.log_space
-        )
-        return Verdict(ratio_passes(p_x, q_x, accept_uniforms, None, self.log_space))
+        p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
+        return Verdict(ratio_passes(p_x, q_x, accept_uniforms, None, context.log_space))
 
     def pass_probabilities(self, draft_law, target_probs):
         return clipped_ratio(target_probs, draft_law)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
-
-    def vocab_parallel(
-        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
-    ):
-        p_x, q_x = shard.gather_draft_probs(
-            draft_tokens, draft_probs, target_probs, log_space=self.log_space
-        )
-        return Verdict(ratio_passes(p_x, q_x, accept_uniforms, None, self.log_space))
 
 
 class LenientRatioTest(AbstractRatioTest):
@@ -348,14 +292,12 @@ class LenientRatioTest(AbstractRatioTest):
 
     - `lenience`: $l$, a float or a scalar array in $(0, 1]$. A Python float is static
         (each value compiles once); pass an array to sweep it without recompiling.
-    - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
     exact: ClassVar[bool] = False
-    uses_uniforms: ClassVar[bool] = True
+    vocab_parallel: ClassVar[bool] = True
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
     lenience: Float[Array, ""] | float = 1.0
-    log_space: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         check_hyperparameter("lenience", self.lenience, 0.0, 1.0, low_open=True)
@@ -367,12 +309,11 @@ class LenientRatioTest(AbstractRatioTest):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
-        p_x, q_x = gather_draft_probs(
-            draft_tokens, draft_probs, target_probs, log_space=self.log_space
-        )
+        p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
         return Verdict(
-            ratio_passes(p_x, q_x, accept_uniforms, self.lenience, self.log_space)
+            ratio_passes(p_x, q_x, accept_uniforms, self.lenience, context.log_space)
         )
 
     def pass_probabilities(self, draft_law, target_probs):
@@ -385,13 +326,3 @@ class LenientRatioTest(AbstractRatioTest):
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios = target_probs[:-1] / (float(self.lenience) * draft_probs)
         return dict(accept_breakpoints=ratios)
-
-    def vocab_parallel(
-        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
-    ):
-        p_x, q_x = shard.gather_draft_probs(
-            draft_tokens, draft_probs, target_probs, log_space=self.log_space
-        )
-        return Verdict(
-            ratio_passes(p_x, q_x, accept_uniforms, self.lenience, self.log_space)
-        )

@@ -17,21 +17,22 @@ from .._custom_types import (
     DraftTokensRow,
     TargetProbsRow,
 )
-from .._misc import check_hyperparameter, compute_dtype, no_type_check
-from .gather import gather_draft_probs
+from .._misc import check_hyperparameter, no_type_check
 from .ratio_test import AbstractRatioTest, clipped_ratio, ratio_passes, RatioTest
+from .row_context import ONE_DEVICE, RowContext
 from .row_fields import per_row_values
 from .verdict import Verdict
 
 
-def _rows(target_probs):
-    """The target rows $p_0..p_{G-1}$ in the compute dtype."""
-    return target_probs[:-1].astype(compute_dtype(target_probs.dtype))
-
-
-def _standard(draft_tokens, draft_probs, target_probs, accept_uniforms):
-    p_x, q_x = gather_draft_probs(draft_tokens, draft_probs, target_probs)
-    return ratio_passes(p_x, q_x, accept_uniforms, None, False), p_x
+def _rows_and_standard(draft_tokens, draft_probs, target_probs, u, context):
+    """The target rows $p_0..p_{G-1}$ as probabilities, $p_i(x_i)$, and the standard
+    test's outcomes (in the rows' own space, so that it is the standard test's bit for
+    bit)."""
+    p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
+    native = ratio_passes(p_x, q_x, u, None, context.log_space)
+    probs = context.probabilities(target_probs[:-1])
+    p_x = jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)[:, 0]
+    return probs, p_x, native
 
 
 @no_type_check
@@ -58,7 +59,6 @@ class TopNRelaxedRatioTest(AbstractRatioTest):
 
     exact: ClassVar[bool] = False
     uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
     row_fields: ClassVar[dict[str, int]] = {"relaxed": 1}
     top_n: int = eqx.field(static=True, default=10)
     delta: Float[Array, ""] | float = 0.6
@@ -96,11 +96,12 @@ class TopNRelaxedRatioTest(AbstractRatioTest):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
-        native, _ = _standard(draft_tokens, draft_probs, target_probs, accept_uniforms)
-        probs = _rows(target_probs)
-        p_x = jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)
-        relaxed = self._criterion(probs, p_x)[:, 0]
+        probs, p_x, native = _rows_and_standard(
+            draft_tokens, draft_probs, target_probs, accept_uniforms, context
+        )
+        relaxed = self._criterion(probs, p_x[:, None])[:, 0]
         return Verdict(jnp.where(self._mask(draft_tokens.shape[0]), relaxed, native))
 
     def pass_probabilities(self, draft_law, target_probs):
@@ -138,7 +139,6 @@ class FLyRatioTest(AbstractRatioTest):
 
     exact: ClassVar[bool] = False
     uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
     theory: ClassVar[Literal["exact", "lower bound"]] = "lower bound"
     theta: Float[Array, ""] | float = 0.3
     window: int = eqx.field(static=True, default=6)
@@ -157,11 +157,11 @@ class FLyRatioTest(AbstractRatioTest):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
-        native, p_x = _standard(
-            draft_tokens, draft_probs, target_probs, accept_uniforms
+        probs, p_x, native = _rows_and_standard(
+            draft_tokens, draft_probs, target_probs, accept_uniforms, context
         )
-        probs = _rows(target_probs)
         top = jax.lax.top_k(probs, min(3, probs.shape[-1]))[0]
         logs = jnp.log(jnp.where(top > 0, top, 1))
         entropy = -jnp.sum(top * logs, axis=-1)
@@ -191,7 +191,7 @@ class ScheduledRatioTest(AbstractRatioTest):
     In [`eqx_specdec.speculative_decode`][] the loop sets $g$ for every row at every
     step (`in_decoding_loop`). For one step, give it as `generated`. Lossless where
     `strict` runs, if `strict` is; each position takes the verdict of its test (residual
-    scales must be both absent or both present). Probabilities only.
+    scales must be both absent or both present).
 
     **Arguments:**
 
@@ -208,11 +208,11 @@ class ScheduledRatioTest(AbstractRatioTest):
     generated: Int[Array, "*B"] | int = 0
     exact: ClassVar[bool] = False
     uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[bool] = False
     row_fields: ClassVar[dict[str, int]] = {"generated": 0}
+    vocab_parallel: ClassVar[bool] = True
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
         name: (("strict", name), ("relaxed", name))
-        for name in ("pass_probabilities", "quadrature_breakpoints")
+        for name in ("pass_probabilities", "quadrature_breakpoints", "vocab_parallel")
     }
 
     def __check_init__(self):
@@ -222,11 +222,6 @@ class ScheduledRatioTest(AbstractRatioTest):
                 raise TypeError(
                     f"ScheduledRatioTest(`{name}`=...) must be an "
                     f"eqx_specdec.AbstractRatioTest, got {type(test).__name__}."
-                )
-            if test.log_space is True:
-                raise ValueError(
-                    f"ScheduledRatioTest(`{name}`=...) reads log-probabilities; the "
-                    "schedule runs on probabilities: build it with log_space=False."
                 )
             if per_row_values(test):
                 raise ValueError(
@@ -250,8 +245,9 @@ class ScheduledRatioTest(AbstractRatioTest):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
-        inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
+        inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms, context)
         exact, relaxed = self.strict(*inputs), self.relaxed(*inputs)
         here = self._strict_here(draft_tokens.shape[0])
         if (exact.residual_scale is None) != (relaxed.residual_scale is None):

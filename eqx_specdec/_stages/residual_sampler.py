@@ -1,5 +1,5 @@
-"""Residual samplers: the correction token's base, with its capabilities, the sums of
-rows n the default input checks read, and the standard residual sampler."""
+"""Residual samplers: the correction token's base, with its capabilities, and the
+standard residual sampler."""
 
 import abc
 from typing import ClassVar, Literal
@@ -8,8 +8,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from beartype import beartype
-from equinox import AbstractClassVar, AbstractVar
-from jaxtyping import Array, Float, jaxtyped
+from equinox import AbstractClassVar
+from jaxtyping import jaxtyped
 
 from .._capabilities import capability
 from .._custom_types import (
@@ -31,9 +31,9 @@ from .._search import (
     two_level_search,
     window_start,
 )
+from .row_context import ONE_DEVICE, RowContext
 from .row_sums import as_row_sums, row_sums, RowSums, summed
 from .verdict import Verdict
-from .vocab_shard import VocabShard
 
 
 Randomness = Literal["uniform", "key", "none"]
@@ -46,8 +46,7 @@ def residual_parts(
     draft_tokens: DraftTokensRow,
     draft_probs: DraftProbsRow | None,
     target_probs: TargetProbsRow,
-    log_space: bool,
-    first_id=0,
+    context: RowContext,
 ):
     """What every residual-based sampler needs for one row.
 
@@ -55,8 +54,8 @@ def residual_parts(
     `(start, length)` giving that slice of $p_n$ and of the residual
     $(c_n p_n - q_n)_+$ (as probabilities; with `with_q=True`, of $q_n$ between them).
     Only rows $n$ of the distributions are read; $q_n = \\mathrm{onehot}(x_n)$ is never
-    materialised for one-hot drafts. `first_id` is
-    the global id of the distributions' first entry (a vocabulary shard's offset).
+    materialised for one-hot drafts. The `context` says the rows' space and the global id
+    of their first entry (a vocabulary shard's offset).
     """
     gamma = target_probs.shape[0] - 1
     dtypes = [target_probs.dtype, verdict.residual_scale.dtype]
@@ -72,12 +71,12 @@ def residual_parts(
 
     def as_probs(x):
         x = x.astype(dtype)
-        return jnp.exp(x) if log_space else x
+        return jnp.exp(x) if context.log_space else x
 
     def p_and_residual(start, length, with_q=False):
         p_part = as_probs(jax.lax.dynamic_slice_in_dim(p, start, length))
         if q is None:  # one-hot draft
-            ids = first_id + start + jnp.arange(length, dtype=jnp.int32)
+            ids = context.first_id + start + jnp.arange(length, dtype=jnp.int32)
             q_part = (ids == draft_token).astype(dtype)
         else:
             q_part = as_probs(jax.lax.dynamic_slice_in_dim(q, start, length))
@@ -107,8 +106,6 @@ class AbstractResidualSampler(eqx.Module):
     - `randomness` (class attribute): what the last argument holds: `"uniform"` (a float
         $s \\in [0, 1)$), `"key"` (a `jax.random` key, one per row) or `"none"` (the
         sampler is deterministic; the entry points then accept `sample_uniforms=None`).
-    - `log_space` (a field or class attribute, `bool | None`): as for
-        [`eqx_specdec.AbstractRatioTest`][].
     - `draws` (class attribute, str): which law the token follows, `"residual"` (an
         exact sample of the residual above: the standard and Gumbel samplers),
         `"argmax"` (its most likely token: greedy decoding), or a name of your own
@@ -116,19 +113,25 @@ class AbstractResidualSampler(eqx.Module):
         sampler's (see [`eqx_specdec.AbstractRatioTest`][]'s `sampler`); a
         [`eqx_specdec.Verifier`][] refuses a sampler that does not fit an exact test.
 
-    **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
-    `quadrature_breakpoints` (exact evaluation), `vocab_parallel` (vocabulary sharding).
+    **Capability** (its default raises [`eqx_specdec.MissingCapabilityError`][]):
+    `quadrature_breakpoints` (exact evaluation).
 
     **Declared with a default:**
 
-    - `reads` (class attribute): which rows the sampler reads, so that the entry points'
-        default checks validate exactly those: `"row n"` (rows $n$ of $p$ and $q$ only,
-        as the standard sampler) or `"whole rows"` (the default, always safe).
+    - `vocab_parallel` (class attribute, default `False`), as for
+        [`eqx_specdec.AbstractRatioTest`][]: `True` when `__call__` reads the
+        vocabulary only through its [`eqx_specdec.RowContext`][].
+    - `reads` (class attribute, default `"whole rows"`, always safe): which rows the
+        sampler reads, so that the entry points' default checks validate exactly
+        those: `"row n"` for a sampler that reads rows $n$ of $p$ and $q$ only (the
+        standard one). With `"row n"`, the checks sum those rows through
+        `draw_and_sum`, whose default takes one more pass over them; override it to
+        compute the sums in the draw's own pass.
     """
 
     randomness: AbstractClassVar[Randomness]
-    log_space: AbstractVar[bool | None]
     draws: AbstractClassVar[str]
+    vocab_parallel: ClassVar[bool] = False
     reads: ClassVar[Reads] = "whole rows"
 
     @abc.abstractmethod
@@ -140,6 +143,7 @@ class AbstractResidualSampler(eqx.Module):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         sample_uniform: SampleRandomness,
+        context: RowContext = ONE_DEVICE,
     ) -> IntScalar:
         """Draws the correction token of one row.
 
@@ -152,6 +156,8 @@ class AbstractResidualSampler(eqx.Module):
         - `target_probs`: float of shape `(G + 1, V)`.
         - `sample_uniform`: the row's randomness, as `randomness` says: a float scalar
             $s \\in [0, 1)$, a `jax.random` key, or a float scalar to ignore.
+        - `context`: the [`eqx_specdec.RowContext`][], as for
+            [`eqx_specdec.AbstractRatioTest`][].
 
         **Returns:**
 
@@ -175,31 +181,6 @@ class AbstractResidualSampler(eqx.Module):
         `{"sample_breakpoints": (K,) array}`, or `{}` if there are none.
         """
 
-    @capability
-    def vocab_parallel(
-        self,
-        shard: VocabShard,
-        num_accepted: IntScalar,
-        verdict: Verdict,
-        draft_tokens: DraftTokensRow,
-        draft_probs: Float[Array, "G width"] | None,
-        target_probs: Float[Array, "G+1 width"],
-        sample_uniform: SampleRandomness,
-    ) -> IntScalar:
-        """Capability for vocabulary sharding: the same draw as `__call__`, from this
-        device's slice of the vocabulary, exchanging per-row values only through
-        `shard` (see [`eqx_specdec.VocabShard.draw`][]). Called under `jax.vmap`.
-
-        **Arguments:**
-
-        - `shard`: the [`eqx_specdec.VocabShard`][].
-        - the others as for `__call__`, with the distributions sliced to `width`.
-
-        **Returns:**
-
-        The global token id, an int32 scalar, the same on every shard.
-        """
-
     def draw_and_sum(
         self,
         num_accepted: IntScalar,
@@ -208,9 +189,11 @@ class AbstractResidualSampler(eqx.Module):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         sample_uniform: SampleRandomness,
+        context: RowContext = ONE_DEVICE,
     ) -> tuple[IntScalar, RowSums]:
         """The correction token, as `__call__` draws it, and the sums of rows n that
-        the entry points' default checks validate (used when `reads = "row n"`).
+        the entry points' default checks validate (used when `reads = "row n"`, on
+        probabilities over the whole vocabulary).
 
         The default calls `__call__`, then sums the rows in one more pass; override it
         to compute the sums in the pass the draw already makes, as
@@ -224,10 +207,8 @@ class AbstractResidualSampler(eqx.Module):
         $q_{\\min(n, G - 1)}$, negative entries counted as NaN (see
         [`eqx_specdec.RowSums`][]).
         """
-        token = self(
-            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
-            sample_uniform,
-        )  # fmt: skip
+        inputs = (num_accepted, verdict, draft_tokens, draft_probs, target_probs)
+        token = self(*inputs, sample_uniform, context)
         return token, row_sums(num_accepted, draft_probs, target_probs)
 
 
@@ -247,17 +228,14 @@ class ResidualSampler(AbstractResidualSampler):
     $p_n$. If rounding leaves the final cumulative sum at or below $s$, $y$ is the last
     token with positive mass. Reads only rows $n$ of the distributions, once, plus one
     block of them again: a two-level search (block totals, then one block) replaces the
-    full-length cumulative sum.
-
-    **Arguments:**
-
-    - `log_space`: if `True`, the distributions given are log-probabilities.
+    full-length cumulative sum. On a slice of the vocabulary, each device sums its slice
+    and one device searches: a pair of scalars per row and device crosses the devices.
     """
 
     randomness: ClassVar[Randomness] = "uniform"
-    reads: ClassVar[Reads] = "row n"
     draws: ClassVar[str] = "residual"
-    log_space: bool = eqx.field(static=True, default=False)
+    vocab_parallel: ClassVar[bool] = True
+    reads: ClassVar[Reads] = "row n"
 
     @jaxtyped(typechecker=beartype)
     def __call__(
@@ -268,9 +246,12 @@ class ResidualSampler(AbstractResidualSampler):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         sample_uniform: SampleUniform,
+        context: RowContext = ONE_DEVICE,
     ) -> IntScalar:
         inputs = (num_accepted, verdict, draft_tokens, draft_probs, target_probs)
-        return self._draw(*inputs, sample_uniform, with_sums=False)[0]
+        if context.shard is not None:
+            return self._draw_on_shards(*inputs, sample_uniform, context)
+        return self._draw(*inputs, sample_uniform, context, with_sums=False)[0]
 
     @jaxtyped(typechecker=beartype)
     def draw_and_sum(
@@ -281,10 +262,11 @@ class ResidualSampler(AbstractResidualSampler):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         sample_uniform: SampleUniform,
+        context: RowContext = ONE_DEVICE,
     ) -> tuple[IntScalar, RowSums]:
         """As the base's, with the sums computed in the draw's own pass over rows n."""
         inputs = (num_accepted, verdict, draft_tokens, draft_probs, target_probs)
-        return self._draw(*inputs, sample_uniform, with_sums=True)
+        return self._draw(*inputs, sample_uniform, context, with_sums=True)
 
     def _draw(
         self,
@@ -294,14 +276,16 @@ class ResidualSampler(AbstractResidualSampler):
         draft_probs,
         target_probs,
         sample_uniform,
+        context,
         *,
         with_sums: bool,
     ):
+        """The draw on the whole vocabulary; with `with_sums`, also the sums of rows n
+        that the entry points' default checks read, computed in the draw's own pass."""
         gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
         dtype, p_and_residual = residual_parts(
-            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
-            self.log_space,
-        )  # fmt: skip
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs, context
+        )
         size = block_size(vocab)
         rejected = num_accepted < gamma
 
@@ -345,21 +329,22 @@ class ResidualSampler(AbstractResidualSampler):
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
 
-    def vocab_parallel(
+    def _draw_on_shards(
         self,
-        shard,
         num_accepted,
         verdict,
         draft_tokens,
         draft_probs,
         target_probs,
         sample_uniform,
+        context,
     ):
+        """The draw when this device holds one slice of the vocabulary."""
+        shard = context.shard
         gamma, width = target_probs.shape[0] - 1, target_probs.shape[1]
         dtype, p_and_residual = residual_parts(
-            num_accepted, verdict, draft_tokens, draft_probs, target_probs,
-            self.log_space, first_id=shard.offset,
-        )  # fmt: skip
+            num_accepted, verdict, draft_tokens, draft_probs, target_probs, context
+        )
         p_part, residual = p_and_residual(0, width)
         rejected = num_accepted < gamma
         weights = jnp.where(rejected, residual, p_part)

@@ -16,6 +16,7 @@ from .._custom_types import (
 )
 from .._misc import check_hyperparameter
 from .ratio_test import AbstractRatioTest
+from .row_context import ONE_DEVICE, RowContext
 from .verdict import Verdict
 
 
@@ -27,8 +28,7 @@ class SyntheticRatioTest(AbstractRatioTest):
     a decoding loop then runs at a chosen acceptance length,
     $E[n] = \\sum_k \\prod_{i < k} c_i$, for measuring the rest of a serving stack.
     **Lossy** (the tokens kept ignore the target); the correction is drawn by the
-    residual sampler as usual. Reads no distribution values (`log_space = None`: works on
-    probabilities and log-probabilities alike). Implements every capability.
+    residual sampler as usual. Reads no distribution values. Implements every capability.
 
     **Arguments:**
 
@@ -38,8 +38,7 @@ class SyntheticRatioTest(AbstractRatioTest):
     """
 
     exact: ClassVar[bool] = False
-    uses_uniforms: ClassVar[bool] = True
-    log_space: ClassVar[None] = None
+    vocab_parallel: ClassVar[bool] = True
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
     rates: Float[Array, ""] | Float[Array, " G"] | float = 0.5
 
@@ -67,6 +66,7 @@ class SyntheticRatioTest(AbstractRatioTest):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
         rates = self._rates(draft_tokens.shape[0], accept_uniforms.dtype)
         return Verdict(accept_uniforms < rates)
@@ -79,8 +79,3 @@ class SyntheticRatioTest(AbstractRatioTest):
         gamma = target_probs.shape[0] - 1
         rates = np.broadcast_to(np.asarray(self.rates, np.float64), (gamma,))
         return dict(accept_breakpoints=rates[:, None])
-
-    def vocab_parallel(
-        self, shard, draft_tokens, draft_probs, target_probs, accept_uniforms
-    ):
-        return self(draft_tokens, draft_probs, target_probs, accept_uniforms)

@@ -2,7 +2,6 @@
 
 from typing import ClassVar
 
-import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from beartype import beartype
@@ -16,11 +15,12 @@ from .._custom_types import (
     SampleUniform,
     TargetProbsRow,
 )
-from .._misc import check_hyperparameter, compute_dtype
+from .._misc import check_hyperparameter
 from .._search import has_mass, inverse_cdf
 from .greedy import ArgmaxSampler
 from .ratio_test import AbstractRatioTest
 from .residual_sampler import AbstractResidualSampler
+from .row_context import ONE_DEVICE, RowContext
 from .verdict import Verdict
 
 
@@ -61,7 +61,6 @@ class TypicalRatioTest(AbstractRatioTest):
 
     - `epsilon`: the hard threshold $\\epsilon > 0$. Default 0.09.
     - `delta`: the entropy-scaled threshold $\\delta > 0$. Default 0.3.
-    - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
     exact: ClassVar[bool] = False
@@ -69,7 +68,6 @@ class TypicalRatioTest(AbstractRatioTest):
     uses_uniforms: ClassVar[bool] = False
     epsilon: Float[Array, ""] | float = 0.09
     delta: Float[Array, ""] | float = 0.3
-    log_space: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         check_typical(self.epsilon, self.delta)
@@ -81,10 +79,9 @@ class TypicalRatioTest(AbstractRatioTest):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
+        context: RowContext = ONE_DEVICE,
     ) -> Verdict:
-        probs = target_probs[:-1].astype(compute_dtype(target_probs.dtype))
-        if self.log_space:
-            probs = jnp.exp(probs)
+        probs = context.probabilities(target_probs[:-1])
         p_x = jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)[:, 0]
         return Verdict(p_x > typical_threshold(probs, self.epsilon, self.delta))
 
@@ -109,7 +106,6 @@ class TypicalSampler(AbstractResidualSampler):
 
     - `epsilon`: the hard threshold $\\epsilon > 0$. Default 0.09.
     - `delta`: the entropy-scaled threshold $\\delta > 0$. Default 0.3.
-    - `log_space`: if `True`, the distributions given are log-probabilities.
     """
 
     randomness: ClassVar[str] = "uniform"
@@ -117,7 +113,6 @@ class TypicalSampler(AbstractResidualSampler):
     reads: ClassVar[str] = "row n"
     epsilon: Float[Array, ""] | float = 0.09
     delta: Float[Array, ""] | float = 0.3
-    log_space: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         check_typical(self.epsilon, self.delta)
@@ -131,10 +126,9 @@ class TypicalSampler(AbstractResidualSampler):
         draft_probs: DraftProbsRow | None,
         target_probs: TargetProbsRow,
         sample_uniform: SampleUniform,
+        context: RowContext = ONE_DEVICE,
     ) -> IntScalar:
-        probs = target_probs[num_accepted].astype(compute_dtype(target_probs.dtype))
-        if self.log_space:
-            probs = jnp.exp(probs)
+        probs = context.probabilities(target_probs[num_accepted])
         threshold = typical_threshold(probs, self.epsilon, self.delta)
         masked = jnp.where(probs > threshold, probs, 0)
         weights = jnp.where(has_mass(jnp.sum(masked), probs.dtype), masked, probs)

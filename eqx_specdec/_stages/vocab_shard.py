@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Integer
 
-from .._misc import compute_dtype
 from .._search import guarded_search, inverse_cdf
 
 
@@ -14,10 +13,11 @@ class VocabShard(eqx.Module):
     """This device's slice `[offset, offset + width)` of the vocabulary, and the
     collectives over the devices that hold the other slices.
 
-    A stage's `vocab_parallel` method receives one, with one row's arrays sliced to this
-    shard (shape `(..., width)` in place of `(..., vocab)`). It is called under
-    `jax.vmap` over the rows, so a collective on a per-row value exchanges one value per
-    row and device, never a row of the distributions.
+    A stage declaring `vocab_parallel = True` receives one in its
+    [`eqx_specdec.RowContext`][], with one row's arrays sliced to this shard (shape
+    `(..., width)` in place of `(..., vocab)`). Stages run under `jax.vmap` over the
+    rows, so a collective on a per-row value exchanges one value per row and device,
+    never a row of the distributions.
 
     **Fields:**
 
@@ -57,27 +57,6 @@ class VocabShard(eqx.Module):
         index = jnp.clip(local, 0, self.width - 1)[:, None]
         values = jnp.take_along_axis(rows, index, axis=-1)[:, 0].astype(dtype)
         return self.sum(jnp.where(owned, values, 0))
-
-    def gather_draft_probs(
-        self,
-        draft_tokens: Integer[Array, " G"],
-        draft_probs: Float[Array, "G width"] | None,
-        target_probs: Float[Array, "G+1 width"],
-        *,
-        log_space: bool = False,
-    ) -> tuple[Float[Array, " G"], Float[Array, " G"]]:
-        """$p_i(x_i)$ and $q_i(x_i)$ of one row, as
-        [`eqx_specdec.gather_draft_probs`][] returns them on one device (1, or 0 in log
-        space, for one-hot drafts)."""
-        gamma = draft_tokens.shape[0]
-        dtypes = [target_probs.dtype] + (
-            [] if draft_probs is None else [draft_probs.dtype]
-        )
-        dtype = compute_dtype(*dtypes)
-        p_x = self.take(target_probs[:gamma], draft_tokens, dtype)
-        if draft_probs is None:
-            return p_x, jnp.full(p_x.shape, 0.0 if log_space else 1.0, dtype)
-        return p_x, self.take(draft_probs, draft_tokens, dtype)
 
     def argmax(self, values: Float[Array, "*rows width"]) -> Int[Array, "*rows"]:
         """The global argmax over the vocabulary (lowest id on ties, as `jnp.argmax` on

@@ -1,6 +1,7 @@
 """The base every chain verifier shares, and the one-row pipeline its stages run in."""
 
 import abc
+import inspect
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -17,14 +18,13 @@ from .._custom_types import (
     SampleRandomnessBatch,
     TargetProbs,
 )
-from .._stages.gather import gather_draft_probs
 from .._stages.prefix_counter import AbstractPrefixCounter
 from .._stages.ratio_test import AbstractRatioTest
 from .._stages.residual_sampler import AbstractResidualSampler
+from .._stages.row_context import ONE_DEVICE, RowContext
 from .._stages.row_sums import row_sums, RowSums
 from .._stages.token_assembler import AbstractTokenAssembler
 from .._stages.verdict import Verdict
-from .._stages.vocab_shard import VocabShard
 
 
 STAGE_BASES = MappingProxyType(
@@ -79,7 +79,7 @@ class AbstractVerifier(eqx.Module):
     @property
     def exact(self) -> bool:
         """Whether the verifier is exact: its emitted tokens follow the ratio test's
-        `emission_target` (the target, for every sampling rule) exactly. True when the
+        target (for greedy rules, greedy decoding of it) exactly. True when the
         ratio test declares `exact = True` and the counter and sampler fit it (their
         `counts` and `draws` equal those of the test's own `counter` and `sampler`).
         A Python bool, known before tracing."""
@@ -95,9 +95,12 @@ class AbstractVerifier(eqx.Module):
         target_probs: TargetProbs,
         accept_uniforms: AcceptUniforms,
         sample_uniforms: SampleRandomnessBatch,
+        *,
+        log_space: bool = False,
     ) -> dict[str, Int[Array, "..."]]:
         """Verifies a batch; arguments and return value as for
-        [`eqx_specdec.speculative_accept`][], on inputs already checked."""
+        [`eqx_specdec.speculative_accept`][], on inputs already checked, given as
+        log-probabilities when `log_space=True`."""
 
     def checked_call(
         self,
@@ -108,6 +111,7 @@ class AbstractVerifier(eqx.Module):
         sample_uniforms: SampleRandomnessBatch,
         *,
         values: bool,
+        log_space: bool = False,
     ) -> tuple[dict[str, Int[Array, "..."]], RowReport]:
         """Verifies a batch as `__call__` does, and reports per row whether a stage
         returned a value outside its contract (and, with `values=True`, the values of
@@ -119,7 +123,12 @@ class AbstractVerifier(eqx.Module):
         checks whole rows; a subclass may override it to check inside its rows.
         """
         outputs = self(
-            draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+            draft_tokens,
+            draft_probs,
+            target_probs,
+            accept_uniforms,
+            sample_uniforms,
+            log_space=log_space,
         )
         return outputs, RowReport()
 
@@ -147,8 +156,14 @@ def stage_mismatches(
     return found
 
 
+# The positional arguments the pipeline passes to the stages that read the rows, the
+# last of them the RowContext.
+_ARGUMENTS = MappingProxyType({"ratio_test": 5, "residual_sampler": 7})
+
+
 def check_stages(owner: str, stages: dict):
-    """Construction-time check that each stage is an instance of its base."""
+    """Construction-time check that each stage is an instance of its base, and that a
+    stage reading the rows takes its `context`."""
     for name, base in STAGE_BASES.items():
         stage = stages[name]
         if not isinstance(stage, base):
@@ -157,6 +172,30 @@ def check_stages(owner: str, stages: dict):
                 f"{type(stage).__name__}. Subclass {base.__name__} to write a custom "
                 "stage."
             )
+        if name in _ARGUMENTS and not _takes(type(stage).__call__, _ARGUMENTS[name]):
+            stage_name = type(stage).__name__
+            raise TypeError(
+                f"{stage_name}.__call__ must take {_ARGUMENTS[name]} arguments after "
+                f"`self`, as {base.__name__}.__call__ does; the last is `context`, the "
+                "eqx_specdec.RowContext that says whether the rows hold probabilities "
+                "or log-probabilities (and which slice of the vocabulary). Add it: "
+                f"`def __call__(self, ..., context)`."
+            )
+
+
+def _takes(method, count: int) -> bool:
+    """Whether `method` (unbound) accepts `count` positional arguments after `self`."""
+    try:
+        parameters = list(inspect.signature(method).parameters.values())[1:]
+    except (TypeError, ValueError):  # no signature to read: let the call decide
+        return True
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return True
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    return sum(p.kind in positional for p in parameters) >= count
 
 
 def _describe(value) -> str:
@@ -198,35 +237,30 @@ def verify_row(
     target_probs,
     accept_uniforms,
     sample_uniform,
-    shard: VocabShard | None = None,
+    context: RowContext = ONE_DEVICE,
     *,
     report: bool = False,
     values: bool = False,
 ):
-    """Runs the four stages on one row, checking at trace time what each returns. With
-    `shard`, the ratio test and sampler run in their vocabulary-parallel form.
+    """Runs the four stages on one row, checking at trace time what each returns; the
+    ratio test and sampler get `context` (the rows' space, and the vocabulary shard
+    inside a [`eqx_specdec.ShardedVerifier`][]).
 
     Returns the outputs; with `report=True`, `(outputs, RowReport)`: what the stages
-    returned, and with `values=True` the row's values the standard stages read."""
+    returned, and with `values=True` the sums of rows n (from the sampler's
+    `draw_and_sum`) and the gathered draft tokens' values."""
     gamma = draft_tokens.shape[0]
     test, sampler = verifier.ratio_test, verifier.residual_sampler
-    if shard is None:
-        method = "__call__"
-        verdict = test(draft_tokens, draft_probs, target_probs, accept_uniforms)
-    else:
-        method = "vocab_parallel"
-        verdict = test.vocab_parallel(
-            shard, draft_tokens, draft_probs, target_probs, accept_uniforms
-        )
+    verdict = test(draft_tokens, draft_probs, target_probs, accept_uniforms, context)
     if not isinstance(verdict, Verdict):
         raise TypeError(
             f"{type(test).__name__} returned {_describe(verdict)}, but "
-            f"AbstractRatioTest.{method} must return an eqx_specdec.Verdict."
+            "AbstractRatioTest.__call__ must return an eqx_specdec.Verdict."
         )
-    _checked(test, method, "Verdict.passed", verdict.passed, (gamma,), "boolean")
+    _checked(test, "__call__", "Verdict.passed", verdict.passed, (gamma,), "boolean")
     _checked(
         test,
-        method,
+        "__call__",
         "Verdict.residual_scale",
         verdict.residual_scale,
         (gamma,),
@@ -238,13 +272,8 @@ def verify_row(
     n = n.astype(jnp.int32)
     inputs = (n, verdict, draft_tokens, draft_probs, target_probs, sample_uniform)
     sums = None
-    if shard is not None:
-        y = sampler.vocab_parallel(shard, *inputs)
-        if values:  # this shard's parts, summed over the shards
-            local = row_sums(n, draft_probs, target_probs)
-            sums = RowSums(shard.sum(local.p_total), shard.sum(local.q_total))
-    elif values:
-        y, sums = sampler.draw_and_sum(*inputs)
+    if values and context.shard is None:
+        y, sums = sampler.draw_and_sum(*inputs, context)
         if not isinstance(sums, RowSums):
             raise TypeError(
                 f"{type(sampler).__name__}.draw_and_sum returned {_describe(sums)} as "
@@ -252,8 +281,11 @@ def verify_row(
                 "`(token, RowSums(...))`."
             )
     else:
-        y = sampler(*inputs)
-    y = _checked(sampler, method, "the correction token", y, (), "integer")
+        y = sampler(*inputs, context)
+        if values:  # this shard's parts, summed over the shards
+            local = row_sums(n, draft_probs, target_probs)
+            sums = RowSums(context.sum(local.p_total), context.sum(local.q_total))
+    y = _checked(sampler, "__call__", "the correction token", y, (), "integer")
     y = y.astype(jnp.int32)
     assembler = verifier.token_assembler
     tokens = assembler(n, draft_tokens, y)
@@ -263,6 +295,5 @@ def verify_row(
         return outputs
     gathered = None
     if values:
-        gather = gather_draft_probs if shard is None else shard.gather_draft_probs
-        gathered = gather(draft_tokens, draft_probs, target_probs)
+        gathered = context.gather(draft_tokens, draft_probs, target_probs)
     return outputs, RowReport(verdict.residual_scale, y, sums, gathered)

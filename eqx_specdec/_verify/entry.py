@@ -15,7 +15,7 @@ from .abstract_verifier import AbstractVerifier
 from .checks import check_level, CheckLevel
 from .inputs import is_key
 from .keys import uniforms_from_key
-from .logits import logits_step, LOGITS_VERIFIER
+from .logits import logits_step
 from .logprobs import LogProbs
 from .typed_inputs import as_array, Draft, Logits, Probabilities, Uniforms
 from .verification import resolved_verification, Verification, verification_of
@@ -233,7 +233,7 @@ def verify(
                 "verify: `draft` has `parents`: pass the tree verifier to run "
                 "(`verifier=TreeVerifier()`, or TraversalVerifier())."
             )
-        verifier = LOGITS_VERIFIER if isinstance(target, Logits) else Verifier()
+        verifier = Verifier()
     refuse_inexact(entry, verifier, exact_only)
     if not isinstance(randomness, Uniforms):
         randomness = as_key(randomness)
@@ -414,7 +414,7 @@ def speculative_accept_logits(
     *,
     target_warp: Warp = Warp(),
     draft_warp: Warp = Warp(),
-    verifier: AbstractVerifier = LOGITS_VERIFIER,
+    verifier: AbstractVerifier = Verifier(),
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
     history: Int[Array, "B length"] | None = None,

@@ -178,18 +178,6 @@ def stage_problems(
     return problems
 
 
-def _check_stage_spaces(entry_point, verifier, log_space):
-    for name in ("ratio_test", "residual_sampler"):
-        stage = getattr(verifier, name)
-        if stage.log_space is not None and stage.log_space != log_space:
-            reads = "log-probabilities" if log_space else "probabilities"
-            raise TypeError(
-                f"{entry_point} passes {reads} to the verifier, but its `{name}` "
-                f"{type(stage).__name__} has log_space={stage.log_space}. Build it with "
-                f"{type(stage).__name__}(log_space={log_space})."
-            )
-
-
 class _Layout(NamedTuple):
     rank: int
     text: str
@@ -272,7 +260,6 @@ def prepare_inputs(
             "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier, or another "
             f"AbstractVerifier), got {type(verifier).__name__}."
         )
-    _check_stage_spaces(entry_point, verifier, log_space)
     arrays = StepArguments(*(None if x is None else jnp.asarray(x) for x in arrays))
     if arrays.target is None:
         raise TypeError(f"`{names.target}` is required.")

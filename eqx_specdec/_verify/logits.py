@@ -9,10 +9,6 @@ from jaxtyping import Array, Float, Int
 
 from .._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
 from .._misc import compute_dtype
-from .._stages.prefix_counter import PrefixCounter
-from .._stages.ratio_test import RatioTest
-from .._stages.residual_sampler import ResidualSampler
-from .._stages.token_assembler import TokenAssembler
 from .abstract_verifier import AbstractVerifier
 from .checks import (
     check_level,
@@ -24,7 +20,6 @@ from .checks import (
 from .inputs import LOGIT_NAMES, prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .masks import allowed_tokens, mask_problems, masked_logits
-from .verifier import Verifier
 from .warp import Warp
 
 
@@ -112,14 +107,6 @@ def token_counts(
     return base[:, None] + before
 
 
-LOGITS_VERIFIER = Verifier(
-    RatioTest(log_space=True),
-    PrefixCounter(),
-    ResidualSampler(log_space=True),
-    TokenAssembler(),
-)
-
-
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def logits_step(
     draft_tokens: DraftTokens,
@@ -182,8 +169,8 @@ def logits_step(
         )
 
     if level is None:
-        return with_requested(verifier(*arrays))
-    outputs, report = verifier.checked_call(*arrays, values=False)
+        return with_requested(verifier(*arrays, log_space=True))
+    outputs, report = verifier.checked_call(*arrays, values=False, log_space=True)
     outputs = with_requested(outputs)
     problems = inputs.problems(verifier, outputs, report)
     problems += _warp_problems("target_warp", target_warp, target_logits)

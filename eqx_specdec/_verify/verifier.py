@@ -25,6 +25,7 @@ from .._misc import no_type_check
 from .._stages.prefix_counter import AbstractPrefixCounter
 from .._stages.ratio_test import AbstractRatioTest, RatioTest
 from .._stages.residual_sampler import AbstractResidualSampler
+from .._stages.row_context import ONE_DEVICE, RowContext
 from .._stages.row_fields import per_row_values, with_row_values
 from .._stages.token_assembler import AbstractTokenAssembler, TokenAssembler
 from .abstract_verifier import (
@@ -149,6 +150,7 @@ class Verifier(AbstractVerifier):
         target_probs: TargetProbsRow,
         accept_uniforms: AcceptUniformsRow,
         sample_uniform: SampleRandomness,
+        context: RowContext = ONE_DEVICE,
     ) -> dict[str, Int[Array, "..."]]:
         """Verifies one row (one sequence).
 
@@ -160,6 +162,8 @@ class Verifier(AbstractVerifier):
         - `accept_uniforms`: float of shape `(G,)`.
         - `sample_uniform`: float scalar (or a `jax.random` key, for a key-driven
             sampler).
+        - `context`: the [`eqx_specdec.RowContext`][] the ratio test and sampler get.
+            Default: probabilities over the whole vocabulary.
 
         **Returns:**
 
@@ -172,6 +176,7 @@ class Verifier(AbstractVerifier):
             target_probs,
             accept_uniforms,
             sample_uniform,
+            context,
         )
 
     def __call__(
@@ -181,15 +186,20 @@ class Verifier(AbstractVerifier):
         target_probs: TargetProbs,
         accept_uniforms: AcceptUniforms,
         sample_uniforms: SampleRandomnessBatch,
+        *,
+        log_space: bool = False,
     ) -> dict[str, Int[Array, "..."]]:
         """Verifies a batch: [`eqx_specdec.Verifier.row`][] mapped over the rows (see
         `batching`).
 
         Arguments and return value as for [`eqx_specdec.speculative_accept`][], which
         also validates the inputs; call this directly only on inputs already checked.
+        `log_space=True` when the distributions are log-probabilities (what
+        [`eqx_specdec.verify`][] passes for [`eqx_specdec.Logits`][]).
         """
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        return self._map(Verifier.row, inputs + (sample_uniforms,))
+        row = functools.partial(verify_row, context=RowContext(log_space=log_space))
+        return self._map(row, inputs + (sample_uniforms,))
 
     def checked_call(
         self,
@@ -200,12 +210,18 @@ class Verifier(AbstractVerifier):
         sample_uniforms: SampleRandomnessBatch,
         *,
         values: bool,
+        log_space: bool = False,
     ) -> tuple[dict[str, Int[Array, "..."]], RowReport]:
         """As [`eqx_specdec.AbstractVerifier.checked_call`][], with each stage's output
         checked inside its row, and rows n of `p` and `q` summarised where the sampler
         reads them."""
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        row = functools.partial(verify_row, report=True, values=values)
+        row = functools.partial(
+            verify_row,
+            context=RowContext(log_space=log_space),
+            report=True,
+            values=values,
+        )
         return self._map(row, inputs + (sample_uniforms,))
 
     def _map(self, row, inputs):

@@ -1,0 +1,98 @@
+"""How a stage reads one row's distributions: in which space the values are (set by the
+entry point from the input's type) and over which part of the vocabulary (all of it, or
+one device's slice inside [`eqx_specdec.ShardedVerifier`][])."""
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, Integer
+
+from .._misc import compute_dtype
+from .vocab_shard import VocabShard
+
+
+class RowContext(eqx.Module):
+    """What a ratio test or residual sampler is told about the rows it receives, and the
+    reductions over the vocabulary it writes its rule with.
+
+    The entry points build it; a stage never stores it. Its two facts:
+
+    - the values' space: probabilities, or log-probabilities when the caller gave
+        logits ([`eqx_specdec.Logits`][], warped to log-probabilities before the stages
+        run). The library's stages work on either;
+        [`eqx_specdec.RowContext.gather`][] returns values in the rows' space and
+        [`eqx_specdec.RowContext.probabilities`][] converts a row to probabilities.
+    - the part of the vocabulary: the whole of it (`shard=None`), or one device's slice
+        inside [`eqx_specdec.ShardedVerifier`][] with a vocabulary axis. A stage whose
+        `__call__` reduces over the vocabulary only through the methods below (`gather`,
+        `sum`, `argmax`, `token_ids`) runs unchanged on a slice, and declares
+        `vocab_parallel = True`.
+
+    **Fields:**
+
+    - `log_space`: whether the rows hold log-probabilities (static). Default `False`.
+    - `shard`: the [`eqx_specdec.VocabShard`][] this device holds, or `None` (the
+        default) for the whole vocabulary.
+    """
+
+    log_space: bool = eqx.field(static=True, default=False)
+    shard: VocabShard | None = None
+
+    @property
+    def first_id(self) -> Int[Array, ""] | int:
+        """The global id of the rows' first entry (0 without a shard)."""
+        return 0 if self.shard is None else self.shard.offset
+
+    def token_ids(self, width: int) -> Int[Array, " width"]:
+        """The global ids of the rows' `width` entries."""
+        return self.first_id + jnp.arange(width, dtype=jnp.int32)
+
+    def sum(self, x):
+        """`x`, a value already reduced over the rows' entries, summed over the
+        vocabulary's shards (itself without a shard)."""
+        return x if self.shard is None else self.shard.sum(x)
+
+    def argmax(self, values: Float[Array, "*rows width"]) -> Int[Array, "*rows"]:
+        """The global argmax over the vocabulary (lowest id on ties), int32."""
+        if self.shard is None:
+            return jnp.argmax(values, axis=-1).astype(jnp.int32)
+        return self.shard.argmax(values)
+
+    def probabilities(self, rows: Float[Array, "*rows width"]) -> Float[Array, "..."]:
+        """`rows` as probabilities in their compute dtype (at least float32):
+        exponentiated when they hold log-probabilities."""
+        rows = rows.astype(compute_dtype(rows.dtype))
+        return jnp.exp(rows) if self.log_space else rows
+
+    def gather(
+        self,
+        draft_tokens: Integer[Array, " G"],
+        draft_probs: Float[Array, "G width"] | None,
+        target_probs: Float[Array, "G+1 width"],
+    ) -> tuple[Float[Array, " G"], Float[Array, " G"]]:
+        """$p_i(x_i)$ and $q_i(x_i)$ at every draft position of one row, in the rows'
+        space and compute dtype (at least float32). For one-hot drafts
+        (`draft_probs=None`), $q_i(x_i) = 1$ (0 in log space).
+
+        **Arguments:** one row, as a ratio test receives it.
+
+        **Returns:** `(p_x, q_x)`, two float arrays of shape `(G,)`.
+        """
+        dtypes = [target_probs.dtype]
+        if draft_probs is not None:
+            dtypes.append(draft_probs.dtype)
+        dtype = compute_dtype(*dtypes)
+        gamma = draft_tokens.shape[0]
+        p_x = self._take(target_probs[:gamma], draft_tokens, dtype)
+        if draft_probs is None:
+            return p_x, jnp.full(p_x.shape, 0.0 if self.log_space else 1.0, dtype)
+        return p_x, self._take(draft_probs, draft_tokens, dtype)
+
+    def _take(self, rows, tokens, dtype):
+        if self.shard is not None:
+            return self.shard.take(rows, tokens, dtype)
+        index = tokens.astype(jnp.int32)[:, None]
+        return jnp.take_along_axis(rows, index, axis=1)[:, 0].astype(dtype)
+
+
+ONE_DEVICE = RowContext()
+"""Probabilities over the whole vocabulary: the context a stage called directly gets."""
