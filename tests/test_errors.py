@@ -441,7 +441,7 @@ INVALID_EVALUATIONS = {
             jnp.log(jnp.asarray(q))[None], jnp.asarray(p)[None]
         ),
         "expected_accepted_length: `draft_probs` holds a negative value.*"
-        "expected_accepted_length_logits",
+        r"eqx_specdec.Logits\(logits, warp\)",
     ),
     "objective, p * 3": (
         lambda q, p: eqx_specdec.acceptance_by_position(

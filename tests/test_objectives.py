@@ -199,13 +199,22 @@ def test_logits_take_the_warps_of_verification():
     draft, target, _ = _logit_case(5)
     target_warp = eqx_specdec.Warp(0.7, top_k=3)
     draft_warp = eqx_specdec.Warp(1.3)
-    got = eqx_specdec.acceptance_by_position_logits(
-        draft, target, target_warp=target_warp, draft_warp=draft_warp
+    got = eqx_specdec.acceptance_by_position(
+        eqx_specdec.Logits(draft, draft_warp), eqx_specdec.Logits(target, target_warp)
     )
     expected = eqx_specdec.acceptance_by_position(
-        jnp.exp(draft_warp(draft)), jnp.exp(target_warp(target))
+        eqx_specdec.Probabilities(jnp.exp(draft_warp(draft))),
+        jnp.exp(target_warp(target)),
     )
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    convenience = eqx_specdec.acceptance_by_position_logits(
+        draft, target, target_warp=target_warp, draft_warp=draft_warp
+    )
+    np.testing.assert_array_equal(convenience, got)
+    with pytest.raises(TypeError, match="in one form"):
+        eqx_specdec.acceptance_by_position(
+            eqx_specdec.Logits(draft), jnp.exp(target_warp(target))
+        )
 
     def length(temperature):
         warp = eqx_specdec.Warp(temperature)

@@ -3,6 +3,7 @@
 import sys
 from typing import Literal, NamedTuple
 
+from .._proposal.abstract_proposal import default_proposal
 from .._proposal.chain import Chain
 from .._proposal.draft_length import FixedDraftLength, StopWhenUnlikely
 from .._stages.block import BlockRatioTest, LastSuccessCounter
@@ -27,7 +28,9 @@ class Choice(NamedTuple):
 
     @property
     def is_tree(self) -> bool:
-        return isinstance(self.verifier, AbstractTreeVerifier)
+        """Whether the verifier's family drafts trees: its default proposal (each family
+        registers its own) is not a chain."""
+        return not isinstance(default_proposal(self.verifier), Chain)
 
     def proposal(self, gamma: int) -> Chain | None:
         """The `proposal` of `speculative_decode` for this choice: a chain of `gamma`

@@ -13,6 +13,7 @@ from .._capabilities import require
 from .._custom_types import DraftProbs, DraftTokens, TargetProbs
 from .._misc import compute_dtype
 from .._stages.row_fields import per_row_values, with_row_values
+from .._verify.typed_inputs import Logits, Probabilities
 from .._verify.verifier import Verifier
 from .._verify.warp import Warp
 from .validation import check_distributions
@@ -88,8 +89,8 @@ def _row_pass_probabilities(ratio_test, draft_probs, target_probs):
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def acceptance_by_position(
-    draft_probs: DraftProbs | None,
-    target_probs: TargetProbs,
+    draft_probs: DraftProbs | Probabilities | Logits | None,
+    target_probs: TargetProbs | Probabilities | Logits,
     *,
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
@@ -114,18 +115,21 @@ def acceptance_by_position(
     gradient at fixed tokens; for the gradient in $q$ of the expectation over the drafts,
     add the score term, `jax.lax.stop_gradient(objective) * log q(x)`.
 
-    Gradients flow into `draft_probs`, `target_probs` and the array fields of the
-    verifier's stages (a lenience, say). For logits, use
-    [`eqx_specdec.acceptance_by_position_logits`][]. The verification step itself
+    Gradients flow into the distributions (logits, a warp's temperature) and the array
+    fields of the verifier's stages (a lenience, say). The verification step itself
     ([`eqx_specdec.speculative_accept`][]) has no useful gradient: its outputs are
     integers, piecewise constant in every input.
 
     **Arguments:**
 
-    - `draft_probs`: float of shape `(B, G, V)`, the draft distributions $q_i$; `None`
-        for one-hot drafts (with `draft_tokens`).
-    - `target_probs`: float of shape `(B, G + 1, V)`, the target distributions $p_i$, as
-        for `speculative_accept` (the last row is not read).
+    - `draft_probs`: the draft distributions $q_i$, `(B, G, V)`: an array of
+        probabilities, or typed as for [`eqx_specdec.verify`][]: an
+        [`eqx_specdec.Probabilities`][], or [`eqx_specdec.Logits`][] with the
+        [`eqx_specdec.Warp`][] the draft samples with (warped differentiably: a
+        temperature's gradient included; top-k, top-p and min-p masks are piecewise
+        constant). `None` for one-hot drafts (with `draft_tokens`).
+    - `target_probs`: the target distributions $p_i$, `(B, G + 1, V)`, in the same
+        forms (logits when the draft's are; the last row is not read).
     - `verifier`: the [`eqx_specdec.Verifier`][] whose ratio test and prefix counter
         define the rule. Default: the standard rule.
     - `draft_tokens`: integer of shape `(B, G)`, or `None` (the default: average over
@@ -143,7 +147,7 @@ def acceptance_by_position(
     - [`eqx_specdec.MissingCapabilityError`][]: a stage lacks the capability the
         objective needs.
     """
-    return _reached_from_probs(
+    return _reached_of(
         "acceptance_by_position", draft_probs, target_probs, verifier, draft_tokens
     )
 
@@ -158,37 +162,48 @@ def acceptance_by_position_logits(
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
 ) -> Float[Array, "B G"]:
-    """[`eqx_specdec.acceptance_by_position`][] of logits, warped as
-    [`eqx_specdec.speculative_accept_logits`][] warps them: $\\tilde p$ =
-    softmax(`target_warp`(target logits)) and $\\tilde q$ = softmax(`draft_warp`(draft
-    logits)), differentiably (a temperature's gradient included; top-k, top-p and
-    min-p masks are piecewise constant).
-
-    **Arguments:**
-
-    - `draft_logits`: float of shape `(B, G, V)`, or `None` for one-hot drafts (with
-        `draft_tokens`).
-    - `target_logits`: float of shape `(B, G + 1, V)`.
-    - `target_warp`, `draft_warp`: the [`eqx_specdec.Warp`][]s of the distribution to
-        sample from and of the draft's sampling. Default: none (temperature 1).
-    - `verifier`, `draft_tokens`: as for [`eqx_specdec.acceptance_by_position`][]. The
-        verifier's stages receive probabilities: pass an
-        [`eqx_specdec.Verifier`][] of probability stages (the default), not the log
-        space verifier of `speculative_accept_logits`.
-
-    **Returns:**
-
-    Float of shape `(B, G)`.
-    """
-    return _reached_from_logits(
-        "acceptance_by_position_logits",
-        draft_logits,
-        target_logits,
-        target_warp,
-        draft_warp,
-        verifier,
-        draft_tokens,
+    """[`eqx_specdec.acceptance_by_position`][] of logits: a convenience for
+    `acceptance_by_position(Logits(draft_logits, draft_warp), Logits(target_logits,
+    target_warp), ...)` (`draft_logits=None` for one-hot drafts)."""
+    return acceptance_by_position(
+        _as_logits(draft_logits, draft_warp),
+        _as_logits(target_logits, target_warp),
+        verifier=verifier,
+        draft_tokens=draft_tokens,
     )
+
+
+def _as_logits(logits, warp):
+    return None if logits is None else Logits(logits, warp)
+
+
+def _reached_of(name, draft, target, verifier, draft_tokens):
+    """The objective's reach probabilities, from the inputs as their types say: arrays
+    and [`eqx_specdec.Probabilities`][] are probabilities, [`eqx_specdec.Logits`][] are
+    warped first."""
+    if isinstance(target, Logits) or isinstance(draft, Logits):
+        if not isinstance(target, Logits) or not isinstance(
+            draft, (Logits, type(None))
+        ):
+            raise TypeError(
+                f"{name}: give the draft and the target in one form: both as "
+                "eqx_specdec.Logits (the draft may be None), or both as probabilities; "
+                f"got {type(draft).__name__} and {type(target).__name__}."
+            )
+        return _reached_from_logits(
+            name,
+            None if draft is None else draft.logits,
+            target.logits,
+            target.warp,
+            Warp() if draft is None else draft.warp,
+            verifier,
+            draft_tokens,
+        )
+    if isinstance(draft, Probabilities):
+        draft = draft.probs
+    if isinstance(target, Probabilities):
+        target = target.probs
+    return _reached_from_probs(name, draft, target, verifier, draft_tokens)
 
 
 def _reached_from_probs(name, draft_probs, target_probs, verifier, draft_tokens):
@@ -196,7 +211,7 @@ def _reached_from_probs(name, draft_probs, target_probs, verifier, draft_tokens)
     names the entry point's logits twin), then `_reached`."""
     check_distributions(
         name,
-        other_fix=f", or pass logits to {name}_logits",
+        other_fix=", or pass logits as eqx_specdec.Logits(logits, warp)",
         draft_probs=draft_probs,
         target_probs=target_probs,
     )
@@ -272,8 +287,8 @@ def _reached(name, draft_probs, target_probs, verifier, draft_tokens, names=_PRO
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def expected_accepted_length(
-    draft_probs: DraftProbs | None,
-    target_probs: TargetProbs,
+    draft_probs: DraftProbs | Probabilities | Logits | None,
+    target_probs: TargetProbs | Probabilities | Logits,
     *,
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
@@ -284,7 +299,6 @@ def expected_accepted_length(
 
     For the standard rule, $E[n] = \\sum_{k=1}^{G} \\prod_{i < k} \\beta_i$ with
     $\\beta_i = \\sum_v \\min(p_i(v), q_i(v))$. The tokens per target call are $1 + E[n]$.
-    For logits, use [`eqx_specdec.expected_accepted_length_logits`][].
 
     **Arguments:**
 
@@ -294,7 +308,7 @@ def expected_accepted_length(
 
     Float of shape `(B,)`.
     """
-    reached = _reached_from_probs(
+    reached = _reached_of(
         "expected_accepted_length", draft_probs, target_probs, verifier, draft_tokens
     )
     return jnp.sum(reached, axis=-1)
@@ -310,25 +324,12 @@ def expected_accepted_length_logits(
     verifier: Verifier = Verifier(),
     draft_tokens: DraftTokens | None = None,
 ) -> Float[Array, " B"]:
-    """[`eqx_specdec.expected_accepted_length`][] of logits, warped as
-    [`eqx_specdec.speculative_accept_logits`][] warps them (see
-    [`eqx_specdec.acceptance_by_position_logits`][]).
-
-    **Arguments:**
-
-    As for [`eqx_specdec.acceptance_by_position_logits`][].
-
-    **Returns:**
-
-    Float of shape `(B,)`.
-    """
-    reached = _reached_from_logits(
-        "expected_accepted_length_logits",
-        draft_logits,
-        target_logits,
-        target_warp,
-        draft_warp,
-        verifier,
-        draft_tokens,
+    """[`eqx_specdec.expected_accepted_length`][] of logits: a convenience for
+    `expected_accepted_length(Logits(draft_logits, draft_warp), Logits(target_logits,
+    target_warp), ...)` (`draft_logits=None` for one-hot drafts)."""
+    return expected_accepted_length(
+        _as_logits(draft_logits, draft_warp),
+        _as_logits(target_logits, target_warp),
+        verifier=verifier,
+        draft_tokens=draft_tokens,
     )
-    return jnp.sum(reached, axis=-1)

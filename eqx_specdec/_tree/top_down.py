@@ -30,6 +30,7 @@ from .._verify.checks import (
     uniform_problems,
 )
 from .._verify.entry import contract_call, StepOptions, verification_step
+from .._verify.inputs import StepArguments, TREE_NAMES, validate_step
 from .._verify.keys import row_uniforms
 from .._verify.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
 from .._verify.masks import allowed_tokens, mask_problems, masked_probs
@@ -269,21 +270,16 @@ def tree_step(
     )
     if draft_probs is not None:
         draft_probs = jnp.asarray(draft_probs)
-    batch, nodes = node_tokens.shape
-    vocab = target_probs.shape[-1]
-    shapes = {
-        "parents": (parents, (batch, nodes)),
-        "target_probs": (target_probs, (batch, nodes + 1, vocab)),
-        "draft_probs": (draft_probs, (batch, nodes + 1, vocab)),
-        "accept_uniforms": (accept_uniforms, (batch, nodes)),
-        "sample_uniforms": (sample_uniforms, (batch,)),
-    }
-    for name, (array, shape) in shapes.items():
-        if array is not None and tuple(array.shape) != shape:
-            raise ValueError(
-                f"`{name}` must have shape {shape} for `node_tokens` of shape "
-                f"{(batch, nodes)} and vocabulary {vocab}; got {tuple(array.shape)}."
-            )
+    arrays = StepArguments(
+        node_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms
+    )
+    validate_step(arrays, TREE_NAMES, tree=True)  # as a chain's, with a tree's layout
+    if parents.shape != node_tokens.shape:
+        raise ValueError(
+            f"`parents` must have shape (B, N) = {tuple(node_tokens.shape)}, one parent "
+            f"per node of `node_tokens`; got {tuple(parents.shape)}."
+        )
+    nodes, vocab = node_tokens.shape[1], target_probs.shape[-1]
     rule = verifier.drafting_rule()
     if draft_probs is None and rule.uses_draft_probs:
         raise TypeError(

@@ -42,6 +42,7 @@ class StepArguments(NamedTuple):
 
 
 LOGIT_NAMES = StepArguments(draft="draft_logits", target="target_logits")
+TREE_NAMES = StepArguments(draft_tokens="node_tokens")
 
 
 class PreparedInputs(eqx.Module):
@@ -180,24 +181,29 @@ def stage_problems(
 
 class _Layout(NamedTuple):
     rank: int
-    text: str
+    chain: str
+    tree: str
 
 
 _LAYOUTS = StepArguments(
-    _Layout(2, "(B, G)"),
-    _Layout(3, "(B, G, V)"),
-    _Layout(3, "(B, G+1, V)"),
-    _Layout(2, "(B, G)"),
-    _Layout(1, "(B,)"),
+    _Layout(2, "(B, G)", "(B, N)"),
+    _Layout(3, "(B, G, V)", "(B, N+1, V)"),
+    _Layout(3, "(B, G+1, V)", "(B, N+1, V)"),
+    _Layout(2, "(B, G)", "(B, N)"),
+    _Layout(1, "(B,)", "(B,)"),
 )
 
 
-def _validate(arrays: StepArguments, names: StepArguments):
-    """Trace-time checks of ranks, shapes and dtypes, with messages naming the argument."""
+def validate_step(arrays: StepArguments, names: StepArguments, *, tree: bool = False):
+    """Trace-time checks of ranks, shapes and dtypes of one step's five arguments, with
+    messages naming the argument: for a chain (G draft tokens; G draft rows, G + 1
+    target rows) or, with `tree=True`, a tree (N nodes; N + 1 rows of each, one per
+    context)."""
     for x, name, layout in zip(arrays, names, _LAYOUTS):
+        text = layout.tree if tree else layout.chain
         if x is not None and x.ndim != layout.rank:
             raise ValueError(
-                f"`{name}` must have rank {layout.rank}, shape {layout.text}; got shape "
+                f"`{name}` must have rank {layout.rank}, shape {text}; got shape "
                 f"{_shape(x)}."
             )
     if not jnp.issubdtype(arrays.draft_tokens.dtype, jnp.integer):
@@ -229,15 +235,24 @@ def _validate(arrays: StepArguments, names: StepArguments):
         raise ValueError(
             f"`{names.target}` has an empty vocabulary: {_shape(arrays.target)}."
         )
+    draft_rows = gamma + 1 if tree else gamma
     expected = StepArguments(
-        None, (batch, gamma, vocab), (batch, gamma + 1, vocab), (batch, gamma), (batch,)
+        None,
+        (batch, draft_rows, vocab),
+        (batch, gamma + 1, vocab),
+        (batch, gamma),
+        (batch,),
     )
+    if tree:
+        why = " (one row per context: the root's, then each node's)"
+    else:
+        why = f" (one row more than `{names.draft}`, for the bonus token)"
     for x, name, shape, layout in zip(arrays, names, expected, _LAYOUTS):
         if x is None or shape is None or tuple(x.shape) == shape:
             continue
-        why = f" (one row more than `{names.draft}`, for the bonus token)"
+        text = layout.tree if tree else layout.chain
         raise ValueError(
-            f"`{name}` must have shape {layout.text} = {shape} to match "
+            f"`{name}` must have shape {text} = {shape} to match "
             f"`{names.draft_tokens}` {_shape(arrays.draft_tokens)} and "
             f"`{names.target}` vocabulary {vocab}"
             f"{why if name == names.target else ''}; got {_shape(x)}."
@@ -263,7 +278,7 @@ def prepare_inputs(
     arrays = StepArguments(*(None if x is None else jnp.asarray(x) for x in arrays))
     if arrays.target is None:
         raise TypeError(f"`{names.target}` is required.")
-    _validate(arrays, names)
+    validate_step(arrays, names)
     batch, gamma = arrays.draft_tokens.shape
     accept, sample = arrays.accept, arrays.sample
 
