@@ -32,6 +32,7 @@ import eqx_specdec
 class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
     exact: ClassVar[bool] = False  # lossy for lenience < 1
     vocab_parallel: ClassVar[bool] = True  # it reduces only through its context
+    reads: ClassVar[str] = "draft tokens"  # only p(x) and q(x): the checks validate those
     lenience: Float[Array, ""] | float  # an array: sweeping it does not recompile
     def __check_init__(self):
         if not isinstance(self.lenience, jax.core.Tracer) and not (
