@@ -258,6 +258,25 @@ def test_mixed_greedy_and_sampled_rows_equal_rows_computed_separately():
             np.testing.assert_array_equal(mixed["tokens"][b], greedy["tokens"][0])
 
 
+def test_a_subnormal_temperature_is_greedy_or_refused():
+    """A temperature too small to divide by (a subnormal: flushed to zero by the
+    hardware) means one thing on every path: traced, it is greedy, with finite
+    log-probabilities; given concretely, it is refused with the fix."""
+    x, draft, target, u, s = _logit_case(6, batch=4)
+    run = jax.jit(
+        lambda t: eqx_specdec.speculative_accept_logits(
+            x, draft, target, u, s,
+            target_warp=eqx_specdec.Warp(t), logprobs=eqx_specdec.LogProbs(),
+        )
+    )  # fmt: skip
+    out = run(jnp.asarray([1e-38, 1e-40, 1e-45, 1e-39], jnp.float32))
+    greedy = run(jnp.zeros(4, jnp.float32))
+    np.testing.assert_array_equal(out["tokens"], greedy["tokens"])
+    assert np.all(np.isfinite(out["logprobs"][out["tokens"] >= 0]))
+    with pytest.raises(ValueError, match="`temperature` must be 0"):
+        eqx_specdec.Warp(1e-38)
+
+
 BIAS = np.array([0.5, -np.inf, 0.0, 2.0, -1.0, 0.0], np.float32)  # V = 6
 
 

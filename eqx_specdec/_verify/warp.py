@@ -145,7 +145,10 @@ class Warp(eqx.Module):
 
     **Arguments:**
 
-    - `temperature`: $T \\ge 0$; logits are divided by $T$. Default 1.
+    - `temperature`: $T \\ge 0$; logits are divided by $T$. Default 1. 0 is greedy
+        decoding; a temperature too small to divide by in the logits' dtype (below
+        its smallest normal number) is greedy too, and a concrete one below float32's
+        ($1.18 \\times 10^{-38}$) is refused.
     - `top_k`: keep the $k$ largest logits of each distribution ($k \\ge 1$; 0 keeps
         all); ties with the $k$-th largest are kept. `None` (the default) skips it.
     - `top_p`: keep the smallest set of most likely tokens whose probability reaches
@@ -194,6 +197,16 @@ class Warp(eqx.Module):
         check_hyperparameter(
             "temperature", self.temperature, 0.0, float("inf"), low_open=False
         )
+        if not isinstance(self.temperature, jax.core.Tracer):
+            t = np.asarray(self.temperature, np.float64)
+            tiny = float(np.finfo(np.float32).tiny)
+            if np.any((t > 0) & (t < tiny)):
+                raise ValueError(
+                    f"`temperature` must be 0 (greedy decoding) or at least {tiny:.3g} "
+                    f"(the smallest normal float32), got {self.temperature}: a "
+                    "subnormal temperature divides the logits into infinities. Pass 0 "
+                    "for greedy decoding."
+                )
         if self.top_p is not None:
             check_hyperparameter("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if self.top_k is not None:
@@ -247,10 +260,11 @@ class Warp(eqx.Module):
             for name in ("temperature", "top_k", "top_p", "min_p")
             if getattr(self, name) is not None
         }
-        # A temperature given as a Python number is static: when positive, no row is
-        # greedy, and the argmax of the greedy rows is never computed.
+        # A temperature given as a Python number is static: when normal in the logits'
+        # dtype, no row is greedy, and the argmax of the greedy rows is never computed.
         greedy_rows = not (
-            isinstance(self.temperature, int | float) and self.temperature > 0
+            isinstance(self.temperature, int | float)
+            and self.temperature >= float(jnp.finfo(x.dtype).tiny)
         )
         # A top-k given as a Python int is static: the k-th largest is found among the
         # k blocks of 16 holding the largest entries, not by passes over whole rows.
@@ -415,7 +429,9 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
     parameters shaped `(..., 1)` (see `Warp`). Without `greedy_rows` (a temperature
     known to be positive), no row is greedy and no argmax is taken."""
     temperature = params["temperature"].astype(x.dtype)
-    greedy = temperature == 0
+    # Zero, or too small to divide by in this dtype (a subnormal, flushed to zero by
+    # the hardware): greedy, on every path.
+    greedy = temperature < jnp.finfo(x.dtype).tiny
     x_scaled = x / jnp.where(greedy, 1, temperature)
     vocab = x.shape[-1]
     highest = _row_max(x_scaled)  # every warp keeps the most likely token
