@@ -526,3 +526,78 @@ def test_a_user_node_rule_drafts_with_its_candidate_law():
     )  # fmt: skip
     np.testing.assert_array_equal(got.tokens, expected.tokens)
     assert got.theory == "none" and got.accepted_histogram.shape == (4, 3)
+
+
+def _nan_after(model, first_bad: int):
+    """A stateless model that returns NaN rows from position `first_bad` on (a model
+    that overflows in half precision, say)."""
+
+    def broken(tokens, positions):
+        return jnp.where(
+            (positions >= first_bad)[:, None], jnp.nan, model(tokens, positions)
+        )
+
+    return broken
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_model_that_returns_nan_stops_its_row_with_an_error(tree):
+    """Each row stops at the step whose target rows hold NaN: finish reason "error",
+    the step and position recorded, -1 after what it committed, and every token before
+    that equal to a clean run's (same key); `check_models=True` raises instead, naming
+    the model, the row and the position."""
+    draft, target = es.demo.builtin_models()
+    prompts = np.stack(
+        [es.demo.encode("the cat sat on"), es.demo.encode("once upon a ti")]
+    )
+    prompts = jnp.asarray(prompts, jnp.int32)
+    first_bad = prompts.shape[1] + 12
+    options = dict(verifier=es.TreeVerifier(tree=(-1, 0, 0, 1))) if tree else {}
+    broken = _nan_after(target, first_bad)
+    run = es.speculative_decode(
+        draft, broken, prompts, None, 24, jax.random.key(1), **options
+    )
+    clean = es.speculative_decode(
+        draft, target, prompts, None, 24, jax.random.key(1), **options
+    )
+    assert run.finish_reason_names() == ["error", "error"]
+    assert np.all(np.asarray(run.error_steps) >= 0)
+    # The target's row at first_bad predicts generated token 13; the failing step, the
+    # first to read it, started at most `depth` tokens before (G = 4, or the tree's).
+    depth = 3 if tree else 4
+    assert np.all(np.asarray(run.error_positions) <= 13)
+    assert np.all(np.asarray(run.error_positions) >= 13 - depth)
+    np.testing.assert_array_equal(run.lengths, run.error_positions)
+    tokens = np.asarray(run.tokens)
+    for b, length in enumerate(np.asarray(run.lengths)):
+        np.testing.assert_array_equal(
+            tokens[b, :length], np.asarray(clean.tokens)[b, :length]
+        )
+        assert np.all(tokens[b, length:] == -1)
+    with pytest.raises(
+        es.InvalidInputError,
+        match=r"`target_model` .* row \d .* at step \d+ \(generated position \d+\)",
+    ):
+        es.speculative_decode(
+            draft,
+            broken,
+            prompts,
+            None,
+            24,
+            jax.random.key(1),
+            check_models=True,
+            **options,
+        )
+
+
+def test_plain_decoding_emits_minus_one_from_an_invalid_row_on():
+    draft, target = es.demo.builtin_models()
+    prompts = jnp.asarray(np.stack([es.demo.encode("the cat sat on")] * 2), jnp.int32)
+    first_bad = prompts.shape[1] + 12
+    tokens = es.autoregressive_decode(
+        _nan_after(target, first_bad), prompts, None, 24, jax.random.key(0)
+    )
+    clean = es.autoregressive_decode(target, prompts, None, 24, jax.random.key(0))
+    # Token i is drawn from the row at position P - 1 + i: valid up to i = 12.
+    np.testing.assert_array_equal(np.asarray(tokens)[:, :13], np.asarray(clean)[:, :13])
+    assert np.all(np.asarray(tokens)[:, 13:] == -1)

@@ -11,6 +11,7 @@ from jaxtyping import Array, Int, Key
 
 from .._models.cached import call_rows, initial_states, prefill
 from .._proposal.abstract_proposal import as_probs, ModelOutputs
+from .._verify.checks import invalid_distributions
 from .loop import check_decode_arguments, check_key, row_keys, token_buffer
 
 
@@ -29,10 +30,13 @@ def _autoregressive(
     keys = row_keys(key, batch)
 
     def step(carry, t):
-        buffer, state = carry
+        buffer, state, failed = carry
         position = prompt_lengths - 1 + t
         p, state = call_rows(model, buffer, position, calls, state)
         p = as_probs(p[:, 0], outputs)
+        # A row whose model returned something that is not a distribution emits -1
+        # from there on, never a token drawn from it.
+        failed = failed | invalid_distributions(p)
         if greedy:
             x = jnp.argmax(p, axis=-1)
         else:
@@ -44,13 +48,16 @@ def _autoregressive(
 
             x = jax.vmap(draw)(keys, p)
         buffer = buffer.at[rows, position + 1].set(x.astype(jnp.int32))
-        return (buffer, state), None
+        return (buffer, state, failed), failed
 
-    (buffer, _), _ = jax.lax.scan(
-        step, (buffer, state), jnp.arange(num_tokens, dtype=jnp.int32)
+    (buffer, _, _), failed = jax.lax.scan(
+        step,
+        (buffer, state, jnp.zeros((batch,), bool)),
+        jnp.arange(num_tokens, dtype=jnp.int32),
     )
     take = prompt_lengths[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None]
-    return jnp.take_along_axis(buffer, take, axis=1)
+    tokens = jnp.take_along_axis(buffer, take, axis=1)
+    return jnp.where(failed.T, -1, tokens)
 
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
@@ -79,7 +86,9 @@ def autoregressive_decode(
 
     **Returns:**
 
-    int32 of shape `(B, L)`, the generated tokens.
+    int32 of shape `(B, L)`, the generated tokens. A row whose model returns a
+    distribution that is not one (NaN, infinite, negative, or a sum away from 1; logits
+    after their softmax) holds -1 from that position on.
     """
     if isinstance(outputs, tuple):
         raise ValueError(

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int, Key
 
+from .._errors import InvalidInputError
 from .._exactness import refuse_inexact
 from .._models.cached import check_model, initial_states, is_cached, prefill
 from .._proposal.abstract_proposal import (
@@ -28,7 +29,7 @@ from .._verify.checks import (
     resolved,
 )
 from .._verify.verifier import Verifier
-from .result import DecodeResult, FINISH_LENGTH, FINISH_STOP
+from .result import DecodeResult, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 
 
 def token_buffer(prompt_tokens, room: int):
@@ -188,6 +189,8 @@ class _LoopState(typing.NamedTuple):
     status: Int[Array, "2"]
     logprobs: Array | None  # (B, W) float32 when asked for, like `buffer`
     stopped: Bool[Array, " B"]  # a stop token was committed
+    error_step: Int[Array, " B"]  # the step a model's output was invalid, or -1
+    error_position: Int[Array, " B"]  # the generated position it would have filled
 
 
 class _DecodeLoop(eqx.Module):
@@ -249,7 +252,8 @@ class _DecodeLoop(eqx.Module):
             return jnp.any(tokens[..., None] == ids, axis=-1)
 
         def running(state: _LoopState):
-            return (state.lengths - prompt_lengths < max_lengths) & ~state.stopped
+            within = state.lengths - prompt_lengths < max_lengths
+            return within & ~state.stopped & (state.error_step < 0)
 
         def step(state: _LoopState) -> _LoopState:
             lengths = state.lengths
@@ -267,9 +271,19 @@ class _DecodeLoop(eqx.Module):
             )
             n, new, states = outcome.num_accepted, outcome.tokens, outcome.states
             status = state.status
+            # A row whose models returned something that is not a distribution stops
+            # here, before anything drawn from it is committed.
+            problems = model_problems(outcome.distributions, active)
+            invalid = jnp.zeros_like(active)
+            for flags, _ in problems:
+                invalid = invalid | flags
             if self.check_models:
-                found = problem_status(model_problems(outcome.distributions, active))
+                found = problem_status(problems)
                 status = jnp.where(status[0] >= 0, status, found)
+            error_step = jnp.where(invalid, state.t, state.error_step)
+            error_position = jnp.where(invalid, generated, state.error_position)
+            called = active  # the models ran for these rows
+            active = active & ~invalid
             # Commit: accepted tokens and the correction; the slots after it are scratch.
             index = lengths[:, None] + jnp.arange(slots, dtype=jnp.int32)[None]
             write = jax.vmap(lambda b, i, v: b.at[i].set(v))
@@ -295,7 +309,7 @@ class _DecodeLoop(eqx.Module):
                 t=state.t + 1,
                 buffer=jnp.where(active[:, None], written, state.buffer),
                 lengths=lengths,
-                calls=state.calls + active.astype(jnp.int32),
+                calls=state.calls + called.astype(jnp.int32),
                 hist=state.hist
                 + active[:, None].astype(jnp.int32)
                 * jax.nn.one_hot(n, hist_size, dtype=jnp.int32),
@@ -306,6 +320,8 @@ class _DecodeLoop(eqx.Module):
                 status=status,
                 logprobs=logprob_buffer,
                 stopped=stopped,
+                error_step=error_step,
+                error_position=error_position,
             )
 
         def unfinished(state: _LoopState):
@@ -323,6 +339,8 @@ class _DecodeLoop(eqx.Module):
             status=jnp.full((2,), -1, jnp.int32),
             logprobs=jnp.zeros(buffer.shape, jnp.float32) if self.logprobs else None,
             stopped=jnp.zeros((batch,), bool),
+            error_step=jnp.full((batch,), -1, jnp.int32),
+            error_position=jnp.full((batch,), -1, jnp.int32),
         )
         end = jax.lax.while_loop(unfinished, step, state)
         take = (
@@ -335,7 +353,14 @@ class _DecodeLoop(eqx.Module):
         stop_at = jnp.where(is_stop(tokens), position, self.num_tokens)
         first_stop = jnp.min(stop_at, axis=1)
         finish = jnp.where(first_stop < max_lengths, FINISH_STOP, FINISH_LENGTH)
-        generated = jnp.minimum(first_stop + 1, max_lengths).astype(jnp.int32)
+        failed = end.error_step >= 0
+        finish = jnp.where(failed, FINISH_ERROR, finish)
+        generated = jnp.minimum(first_stop + 1, max_lengths)
+        # A row that failed emits what it committed before the invalid step only.
+        generated = jnp.where(
+            failed, jnp.minimum(generated, end.error_position), generated
+        )
+        generated = generated.astype(jnp.int32)
         emitted = position < generated[:, None]
         tokens = jnp.where(emitted, tokens, -1)
         logprobs = None
@@ -352,6 +377,8 @@ class _DecodeLoop(eqx.Module):
             logprobs=logprobs,
             lengths=generated,
             finish_reasons=finish.astype(jnp.int32),
+            error_steps=end.error_step,
+            error_positions=end.error_position,
         )
         if not self.check_models:
             return result
@@ -445,11 +472,14 @@ def speculative_decode(
         logits: `("probs", "logits")`).
     - `progress`: `None`, or a function `progress(done, total)` called from the host
         after every step with the number of tokens generated so far over the batch.
-    - `check_models`: `True` to check, at every step of a chain, that the distributions
-        the models return are distributions (finite, non-negative, summing to 1; logits
-        after their softmax): the first bad one raises
-        [`eqx_specdec.InvalidInputError`][] naming the model and the row, as the entry
-        points' checks do. Default `False` (the models are trusted): a debugging mode.
+    - `check_models`: `True` to raise [`eqx_specdec.InvalidInputError`][] when a
+        model returns a distribution that is not one, naming the model, the row and
+        (called from Python) the step and generated position. Default `False`: the
+        loop checks every step anyway (finite, non-negative, summing to 1; logits after
+        their softmax), and a row whose models return an invalid distribution stops
+        there with the finish reason `"error"` (see
+        [`eqx_specdec.DecodeResult`][]`.error_positions`); nothing drawn from it is
+        emitted.
     - `logprobs`: `True` to return, in `DecodeResult.logprobs`, the target's
         log-probability of every generated token under the distribution it was verified
         against (the target model's row at that position, logits after their softmax):
@@ -497,6 +527,13 @@ def speculative_decode(
         logprobs,
         stop_tokens,
     )
-    return resolved(
-        _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key, max_lengths)
-    )
+    out = _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key, max_lengths)
+    if isinstance(out, Checked) and not isinstance(out.status, jax.core.Tracer):
+        problem, row = (int(v) for v in np.asarray(out.status))
+        if problem >= 0:  # called from Python: say where, from the result
+            step = int(out.outputs.error_steps[row])
+            position = int(out.outputs.error_positions[row])
+            message = out.messages[problem].format(row=row)
+            where = f"at step {step} (generated position {position})"
+            raise InvalidInputError(message.replace("at a step of the loop", where))
+    return resolved(out)

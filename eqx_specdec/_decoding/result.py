@@ -14,6 +14,9 @@ from .._errors import MissingCapabilityError
 FINISH_LENGTH = 0
 #: `DecodeResult.finish_reasons`: the row generated one of the stop tokens.
 FINISH_STOP = 1
+#: `DecodeResult.finish_reasons`: a model returned a row that is not a distribution for
+#: this row; the row stopped before using it (see `DecodeResult.error_positions`).
+FINISH_ERROR = 2
 
 
 class DecodeResult(eqx.Module):
@@ -47,7 +50,14 @@ class DecodeResult(eqx.Module):
         including its first stop token, at most its limit. Its `tokens` after that are
         -1.
     - `finish_reasons`: int32 of shape `(B,)`: 0 when the row generated its limit, 1
-        when it generated a stop token (`finish_reason_names` spells them).
+        when it generated a stop token, 2 when a model returned, for this row, a
+        distribution that is not one (NaN, infinite, negative, or a sum away from 1;
+        logits after their softmax): the row stopped there, and nothing drawn from that
+        step is emitted (`finish_reason_names` spells them).
+    - `error_steps`, `error_positions`: int32 of shape `(B,)`: for a row that finished
+        with an error, the loop's step and the generated position (the index in
+        `tokens` of the first token that step would have produced) where a model's
+        output was invalid; -1 for the other rows.
     """
 
     tokens: Int[Array, "B length"]
@@ -59,6 +69,8 @@ class DecodeResult(eqx.Module):
     logprobs: Float[Array, "B length"] | None = None
     lengths: Int[Array, " B"] | None = None
     finish_reasons: Int[Array, " B"] | None = None
+    error_steps: Int[Array, " B"] | None = None
+    error_positions: Int[Array, " B"] | None = None
 
     def _theory_reached(self) -> np.ndarray:
         if self.theory == "none":
@@ -72,10 +84,11 @@ class DecodeResult(eqx.Module):
         return np.asarray(self.theory_reached, np.float64).sum(0)
 
     def finish_reason_names(self) -> list[str]:
-        """Each row's finish reason as serving APIs spell it: `"length"` or `"stop"`."""
+        """Each row's finish reason as serving APIs spell it: `"length"`, `"stop"` or
+        `"error"`."""
         if self.finish_reasons is None:
             raise ValueError("This DecodeResult has no `finish_reasons`.")
-        names = {FINISH_LENGTH: "length", FINISH_STOP: "stop"}
+        names = {FINISH_LENGTH: "length", FINISH_STOP: "stop", FINISH_ERROR: "error"}
         return [names[int(r)] for r in np.asarray(self.finish_reasons)]
 
     def tokens_per_call(self) -> float:

@@ -108,8 +108,19 @@ class Tree(AbstractProposal):
             rows = tree_rows(out["path"])[:, : self.slots()]
             emitted_rows = jnp.take_along_axis(p, rows[..., None], axis=1)
             logprobs = emitted_logprobs(tokens, emitted_rows)
+        # The target's row at every context, the draft's at those with children (the
+        # draft rows of leaves are zeros): each may be read by the walk.
+        parents = set(self.parents)
+        with_children = [c in parents for c in [-1, *range(len(self.parents))]]
+        used = jnp.broadcast_to(jnp.asarray(with_children), dq.shape[:-1])
+        distributions = (("draft_model", dq, used), ("target_model", p, None))
         return StepOutcome(
-            out["num_accepted"], tokens, reached, drafted, logprobs=logprobs
+            out["num_accepted"],
+            tokens,
+            reached,
+            drafted,
+            distributions=distributions,
+            logprobs=logprobs,
         )
 
 

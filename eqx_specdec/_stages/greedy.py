@@ -48,7 +48,10 @@ class ArgmaxSampler(AbstractResidualSampler):
         sample_uniform: SampleRandomness,
         context: RowContext = ONE_DEVICE,
     ) -> IntScalar:
-        return context.argmax(target_probs[num_accepted])
+        row = target_probs[num_accepted]
+        # A row holding a NaN gives -1 (with the input checks off), never a token.
+        invalid = context.sum(jnp.any(jnp.isnan(row)).astype(jnp.int32)) > 0
+        return jnp.where(invalid, -1, context.argmax(row)).astype(jnp.int32)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}

@@ -94,6 +94,13 @@ def full_weights(p_and_residual, vocab, rejected, dtype):
     return jnp.where(use_residual, residual_full, p_full)
 
 
+def _or_invalid(token, total):
+    """`token`, or -1 when the weights it was drawn from hold a NaN or an infinity
+    (their `total` is not finite): with the input checks off, an invalid row gives -1,
+    never a token."""
+    return jnp.where(jnp.isfinite(total), token, -1).astype(jnp.int32)
+
+
 class AbstractResidualSampler(eqx.Module):
     """Draws the correction token $y$ of one row, given the number accepted.
 
@@ -291,7 +298,7 @@ class ResidualSampler(AbstractResidualSampler):
 
         if vocab <= FLAT_SEARCH_MAX_VOCAB:
             weights = full_weights(p_and_residual, vocab, rejected, dtype)
-            token = flat_search(weights, sample_uniform)
+            token = _or_invalid(flat_search(weights, sample_uniform), jnp.sum(weights))
             if not with_sums:
                 return token, None
             return token, row_sums(num_accepted, draft_probs, target_probs)
@@ -324,7 +331,8 @@ class ResidualSampler(AbstractResidualSampler):
         def window(block):
             return weights(window_start(block, size, vocab), size, use_residual)
 
-        return two_level_search(totals, window, sample_uniform, vocab), sums
+        token = two_level_search(totals, window, sample_uniform, vocab)
+        return _or_invalid(token, jnp.sum(totals)), sums
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
@@ -354,4 +362,8 @@ class ResidualSampler(AbstractResidualSampler):
         use_residual = rejected & has_mass(jnp.sum(masses[:, 0]), dtype)
         shard_masses = jnp.where(use_residual, masses[:, 0], masses[:, 1])
         weights = jnp.where(use_residual, weights, p_part)
-        return shard.draw(weights, sample_uniform, shard_masses)
+        token = shard.draw(weights, sample_uniform, shard_masses)
+        # Summed over the shards (a psum, replicated like the token): any shard's
+        # non-finite weights make the row invalid.
+        invalid = shard.sum((~jnp.isfinite(jnp.sum(weights))).astype(jnp.int32))
+        return jnp.where(invalid > 0, -1, token).astype(jnp.int32)

@@ -285,7 +285,7 @@ def resolved(outputs) -> Any:
 _MODEL_OUTPUT = (
     "`{name}` returned a distribution that is not one (a NaN or infinite value, a "
     "negative probability, or a sum not within {tol:g} of 1) for row {{row}} (the first "
-    "such row), at some step of the loop. Return probabilities normalised over the "
+    "such row), at a step of the loop. Return probabilities normalised over the "
     'vocabulary, or finite logits with `outputs="logits"`.'
 )
 
@@ -296,6 +296,18 @@ MODEL_MESSAGES = tuple(
 )
 
 
+def invalid_distributions(probs, used=None):
+    """Per leading row `(B,)`, whether any distribution of `probs` `(B, ..., V)` (where
+    `used`, `(B, ...)`, marks it) is not one: a NaN or infinite value, a negative one,
+    or a sum not within tolerance of 1."""
+    total = jnp.sum(probs, axis=-1, dtype=jnp.float32)
+    bad = ~jnp.isfinite(total) | (jnp.min(probs, axis=-1) < 0)
+    bad = bad | (jnp.abs(total - 1) > sum_tolerance(jnp.float32))
+    if used is not None:
+        bad = bad & used
+    return _per_row(bad)
+
+
 def model_problems(distributions, active):
     """Per-row flags `(B,)` for what the loop's models returned this step (the
     `distributions` of a proposal's step: `(name, probs, used)` triples), on the rows
@@ -304,10 +316,5 @@ def model_problems(distributions, active):
         name: jnp.zeros(active.shape, bool) for name in ("draft_model", "target_model")
     }
     for name, probs, used in distributions:
-        total = jnp.sum(probs, axis=-1, dtype=jnp.float32)
-        bad = ~jnp.isfinite(total) | (jnp.min(probs, axis=-1) < 0)
-        bad = bad | (jnp.abs(total - 1) > sum_tolerance(jnp.float32))
-        if used is not None:
-            bad = bad & used
-        flags[name] = flags[name] | (_per_row(bad) & active)
+        flags[name] = flags[name] | (invalid_distributions(probs, used) & active)
     return [(flags[name], message) for name, message in zip(flags, MODEL_MESSAGES)]

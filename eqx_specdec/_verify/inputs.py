@@ -76,11 +76,17 @@ class PreparedInputs(eqx.Module):
         )
 
     def problems(
-        self, verifier: AbstractVerifier, outputs: dict, report: RowReport
+        self,
+        verifier: AbstractVerifier,
+        outputs: dict,
+        report: RowReport,
+        more_inputs: tuple = (),
     ) -> list:
         """The run-time problems, in the order they are reported: the inputs (whole
-        arrays, or the values the stages read when the report has them), then the
-        stages' outputs. Batched operations on per-row values, after the row loop."""
+        arrays, or the values the stages read when the report has them; then
+        `more_inputs`, the caller's own input problems), then the stages' outputs (an
+        invalid input explains a stage's odd output, never the reverse). Batched
+        operations on per-row values, after the row loop."""
         names = self.names
         vocab = self.target.shape[-1]
         problems = token_problems(self.draft_tokens, vocab, names.draft_tokens)
@@ -100,6 +106,7 @@ class PreparedInputs(eqx.Module):
             problems += uniform_problems(names.accept, self.accept)
         if self.check_sample:
             problems += uniform_problems(names.sample, self.sample)
+        problems += list(more_inputs)
         return problems + stage_problems(verifier, outputs, report, vocab)
 
 

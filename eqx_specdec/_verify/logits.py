@@ -172,17 +172,17 @@ def logits_step(
         return with_requested(verifier(*arrays, log_space=True))
     outputs, report = verifier.checked_call(*arrays, values=False, log_space=True)
     outputs = with_requested(outputs)
-    problems = inputs.problems(verifier, outputs, report)
-    problems += _warp_problems("target_warp", target_warp, target_logits)
+    more = _warp_problems("target_warp", target_warp, target_logits)
     if draft_logits is not None:
-        problems += _warp_problems("draft_warp", draft_warp, draft_logits)
-    if allowed is not None:
-        problems = mask_problems(mask, target_log_probs, log_space=True) + problems
+        more += _warp_problems("draft_warp", draft_warp, draft_logits)
     if counts is not None:
         vocab = target_logits.shape[-1]
-        problems += token_problems(
+        more += token_problems(
             history, vocab, "history", valid=jnp.asarray(history) >= 0
         )
+    problems = inputs.problems(verifier, outputs, report, tuple(more))
+    if allowed is not None:
+        problems = mask_problems(mask, target_log_probs, log_space=True) + problems
     return checked(outputs, problems)
 
 
