@@ -254,3 +254,23 @@ def test_module_and_console_script():
         env=default_xla_environment(),
     )
     assert json.loads(done.stdout)["verifier"] == "standard"
+
+
+def test_the_demo_models_have_no_side_effects(tmp_path, monkeypatch):
+    """Loading never trains (missing weights are an error naming the command that
+    writes them), and nothing is written inside the package unless its directory is
+    named: the training command requires `--out`."""
+    from eqx_specdec.demo import _training
+
+    monkeypatch.setattr(_training, "_data_dir", lambda: tmp_path)
+    _training.builtin_transformers.cache_clear()
+    try:
+        with pytest.raises(FileNotFoundError, match="train-transformers --out"):
+            _training.builtin_transformers()
+    finally:
+        _training.builtin_transformers.cache_clear()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match="`directory`"):
+        _training.write_builtin_transformers(None)
+    with pytest.raises(SystemExit):  # argparse: --out is required
+        _cli.main(["train-transformers"])

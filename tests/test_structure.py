@@ -220,8 +220,11 @@ def _package_closure(value):
 def test_no_module_level_cache_but_the_compiled_programs():
     """At run time too: no module-level object of the package, and no closure of a
     module-level function, holds a mutable container (the compiled programs are
-    Equinox's `eqx.filter_jit` wrappers, whose caches are JAX's)."""
-    programs = 0
+    Equinox's `eqx.filter_jit` wrappers, whose caches are JAX's), and every
+    `functools` cache is bounded (the demo's loaders keep their last few results)."""
+    import eqx_specdec.demo  # noqa: F401  (its loaders are the package's caches)
+
+    programs, caches = 0, []
     for module in list(sys.modules.values()):
         if not getattr(module, "__name__", "").startswith("eqx_specdec"):
             continue
@@ -229,12 +232,17 @@ def test_no_module_level_cache_but_the_compiled_programs():
             if name.startswith("__"):
                 continue
             assert not isinstance(value, _MUTABLE), f"{module.__name__}.{name}"
+            if hasattr(value, "cache_parameters"):
+                bound = value.cache_parameters()["maxsize"]
+                assert bound is not None and bound <= 8, f"{module.__name__}.{name}"
+                caches.append(name)
             for cell in _package_closure(value):
                 held = cell.cell_contents
                 assert not isinstance(held, _MUTABLE), f"{module.__name__}.{name}"
                 programs += type(held).__name__ == "_JitWrapper"
             programs += type(value).__name__ == "_JitWrapper"
     assert programs >= 5  # the entry points were found
+    assert {"builtin_models", "builtin_corpus", "builtin_transformers"} <= set(caches)
 
 
 def _concrete_library_stages() -> dict:

@@ -331,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--out",
         metavar="DIR",
-        default=None,
-        help="directory to write to (default: the package's data directory)",
+        required=True,
+        help="directory to write to (eqx_specdec/demo/data in a checkout refreshes the "
+        "shipped files)",
     )
     train.set_defaults(run=_run_train)
     return parser

@@ -83,11 +83,15 @@ class TopNRelaxedRatioTest(AbstractRatioTest):
 
     def _criterion(self, probs, values):
         """Whether each of `values` (`(G, K)` entries of the rows `probs`) is among the
-        top N and within delta of the row's most likely token."""
-        above = jnp.sum(probs[:, None, :] > values[..., None], axis=-1)
+        top N and within delta of the row's most likely token. Among the top N (fewer
+        than N entries of its row exceed it) is at least the row's N-th largest entry
+        (counted with ties): found by `top_k`, in O(V) memory, never a `(V, V)`
+        comparison."""
+        n = min(self.top_n, probs.shape[-1])
+        nth = jax.lax.top_k(probs, n)[0][..., -1:]
         top = jnp.max(probs, axis=-1, keepdims=True)
         delta = jnp.asarray(self.delta, probs.dtype)
-        return (above < self.top_n) & (values >= top - delta)
+        return (values >= nth) & (values >= top - delta)
 
     @jaxtyped(typechecker=beartype)
     def __call__(

@@ -55,15 +55,18 @@ def decode(tokens) -> str:
     return "".join(VOCABULARY[int(t)] for t in np.asarray(tokens).ravel() if t >= 0)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1)
 def builtin_corpus() -> np.ndarray:
     """The token ids of the text shipped with the package (about 8,500 characters of
     public-domain English prose), in the built-in vocabulary.
 
     **Returns:**
 
-    An int32 NumPy array.
+    An int32 NumPy array, read once (a cache of one entry); it is read-only, as it is
+    shared.
     """
     files = importlib.resources.files("eqx_specdec.demo") / "data" / "corpus.txt"
     text = " ".join(files.read_text(encoding="utf-8").split())
-    return encode(text)
+    tokens = encode(text)
+    tokens.flags.writeable = False  # shared by every caller
+    return tokens

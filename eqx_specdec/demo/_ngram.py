@@ -119,7 +119,7 @@ def fit_ngram(tokens, vocab_size: int, order: int) -> NGramModel:
     return NGramModel(jnp.asarray(probs, jnp.float32), order)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4)
 def builtin_models(
     draft_order: int = 2, target_order: int = 4
 ) -> tuple[NGramModel, NGramModel]:
@@ -136,7 +136,8 @@ def builtin_models(
     **Returns:**
 
     `(draft_model, target_model)`, two [`eqx_specdec.demo.NGramModel`][]s over
-    [`eqx_specdec.demo.VOCABULARY`][].
+    [`eqx_specdec.demo.VOCABULARY`][]. The last four pairs asked for are kept (a
+    bounded cache: fitting takes a fraction of a second).
     """
     corpus = builtin_corpus()
     vocab = len(VOCABULARY)

@@ -165,20 +165,27 @@ def _cast(model, dtype):
     )
 
 
-def write_builtin_transformers(directory=None) -> list[pathlib.Path]:
+def write_builtin_transformers(directory) -> list[pathlib.Path]:
     """Trains the built-in transformer pair on the built-in text and writes their weights
-    (what `python -m eqx_specdec train-transformers` runs; the files shipped with the
-    package were written by it).
+    (what `python -m eqx_specdec train-transformers --out DIR` runs; the files shipped
+    with the package were written by it, into `eqx_specdec/demo/data` of a checkout).
 
     **Arguments:**
 
-    - `directory`: where to write; default the package's data directory.
+    - `directory`: where to write (required: nothing is written inside an installed
+        package unless you name its directory).
 
     **Returns:**
 
     The paths written.
     """
-    directory = _data_dir() if directory is None else pathlib.Path(directory)
+    if directory is None:
+        raise TypeError(
+            "write_builtin_transformers(`directory`=...) is required: where to write "
+            "the weights (eqx_specdec/demo/data in a checkout, to refresh the shipped "
+            "files)."
+        )
+    directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for spec in (_DRAFT, _TARGET):
@@ -188,14 +195,15 @@ def write_builtin_transformers(directory=None) -> list[pathlib.Path]:
     return paths
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1)
 def builtin_transformers() -> tuple[Transformer, Transformer]:
     """The built-in transformer pair, trained on the built-in text
     ([`eqx_specdec.demo.builtin_corpus`][]) over [`eqx_specdec.demo.VOCABULARY`][]: a draft of
     one layer of width 64 (53 thousand weights) and a target of three layers of width
-    320 (3.7 million), each holding 256 positions. Loaded from the weights shipped with the package (written by
-    `python -m eqx_specdec train-transformers`), or trained on the spot if they are
-    missing.
+    320 (3.7 million), each holding 256 positions. Loaded once (a cache of one entry)
+    from the weights shipped with the package (written by `python -m eqx_specdec
+    train-transformers --out DIR`). An installation without them raises
+    `FileNotFoundError` naming that command: nothing is trained on load.
 
     **Returns:**
 
@@ -205,12 +213,16 @@ def builtin_transformers() -> tuple[Transformer, Transformer]:
     models = []
     for spec in (_DRAFT, _TARGET):
         path = _data_dir() / spec.filename
-        if path.exists():
-            like = Transformer.init(
-                jax.random.key(0), vocab_size=len(VOCABULARY), **spec.settings()
+        if not path.exists():
+            raise FileNotFoundError(
+                f"The built-in transformer weights are missing from this installation "
+                f"({path}). Write them with `python -m eqx_specdec train-transformers "
+                f"--out {path.parent}` (about a minute on 2 CPU cores), or reinstall "
+                "the package with its data."
             )
-            model = eqx.tree_deserialise_leaves(path, _cast(like, _STORED))
-        else:
-            model = _train_builtin(spec)
+        like = Transformer.init(
+            jax.random.key(0), vocab_size=len(VOCABULARY), **spec.settings()
+        )
+        model = eqx.tree_deserialise_leaves(path, _cast(like, _STORED))
         models.append(_cast(model, jnp.float32))
     return models[0], models[1]
