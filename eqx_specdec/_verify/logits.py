@@ -3,7 +3,6 @@ log space."""
 
 import typing
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
@@ -99,12 +98,17 @@ def token_counts(
     rows = jnp.arange(batch)[:, None]
     ids = jnp.where(history >= 0, history, vocab)  # padding: dropped
     base = jnp.zeros((batch, vocab), jnp.int32).at[rows, ids].add(1, mode="drop")
-    drafted = jax.nn.one_hot(draft_tokens, vocab, dtype=jnp.int32)
-    before = jnp.concatenate(
-        [jnp.zeros_like(drafted[:, :1]), jnp.cumsum(drafted, axis=1, dtype=jnp.int32)],
-        axis=1,
-    )
-    return base[:, None] + before
+    # Position i adds the draft tokens before it: G elementwise comparisons with the
+    # token ids, which XLA fuses into the penalties that read them (no one-hot array
+    # and no cumulative sum of one, each as large as the logits).
+    gamma = draft_tokens.shape[1]
+    token_ids = jnp.arange(vocab, dtype=jnp.int32)[None, None]
+    position = jnp.arange(gamma + 1, dtype=jnp.int32)[None, :, None]
+    counts = jnp.broadcast_to(base[:, None], (batch, gamma + 1, vocab))
+    for j in range(gamma):
+        drafted = (draft_tokens[:, j, None, None] == token_ids) & (j < position)
+        counts = counts + drafted.astype(jnp.int32)
+    return counts
 
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
