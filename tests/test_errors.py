@@ -281,11 +281,24 @@ def test_bad_values_fail_at_run_time(make, message, wrap):
         assert str(info.value).startswith(message)
 
 
-def test_within_tolerance_is_accepted():
-    inputs = _inputs()
-    inputs["target_probs"] = inputs["target_probs"] * (1 + 5e-4)
-    inputs["draft_probs"] = (inputs["draft_probs"] * (1 + 5e-3)).astype(jnp.bfloat16)
-    jax.block_until_ready(eqx_specdec.speculative_accept(**inputs))
+def test_the_sum_tolerance_on_both_sides():
+    """Rows within the tolerance of their dtype (1e-3 for float32, 1e-2 for bfloat16)
+    are accepted at every check level; a float32 row just past it is refused."""
+
+    def result(target_scale, draft_scale):
+        inputs = _inputs()
+        draft = (inputs["draft_probs"] * draft_scale).astype(jnp.bfloat16)
+        verification = eqx_specdec.verify(
+            eqx_specdec.Probabilities(inputs["target_probs"] * target_scale),
+            eqx_specdec.Draft(inputs["draft_tokens"], eqx_specdec.Probabilities(draft)),
+            eqx_specdec.Uniforms(inputs["accept_uniforms"], inputs["sample_uniforms"]),
+            check_inputs="all",
+            throw=False,
+        )
+        return int(verification.result)
+
+    assert result(1 + 5e-4, 1 + 5e-3) == 0
+    assert result(1 + 2e-3, 1 + 5e-3) != 0
 
 
 @pytest.mark.parametrize(

@@ -54,16 +54,24 @@ def test_row_output_is_bit_identical_in_any_batch(row_seed):
 
 
 def test_same_output_in_32_and_64_bit_mode():
-    """The same float32 inputs give the same tokens whichever mode JAX runs in."""
+    """The same float32 values give the same tokens whichever mode JAX runs in, and
+    given as float64 in 64-bit mode; the outputs are int32 every time."""
     inputs = random_case(5, 64, G, V)
     outputs = []
     for x64 in (False, True):
         with jax.enable_x64(x64):
-            out = eqx_specdec.speculative_accept(*(jnp.asarray(a) for a in inputs))
-            assert out["tokens"].dtype == jnp.int32
-            outputs.append({k: np.asarray(v) for k, v in out.items()})
-    for key in outputs[0]:
-        np.testing.assert_array_equal(outputs[0][key], outputs[1][key])
+            arrays = [jnp.asarray(a) for a in inputs]
+            runs = [arrays]
+            if x64:  # the same values as float64 (the token ids as they are)
+                runs.append(arrays[:1] + [a.astype(jnp.float64) for a in arrays[1:]])
+                assert runs[-1][1].dtype == jnp.float64
+            for run in runs:
+                out = eqx_specdec.speculative_accept(*run)
+                assert out["tokens"].dtype == jnp.int32
+                outputs.append({k: np.asarray(v) for k, v in out.items()})
+    for output in outputs[1:]:
+        for key in outputs[0]:
+            np.testing.assert_array_equal(outputs[0][key], output[key])
 
 
 def test_repeated_calls_are_bit_identical():

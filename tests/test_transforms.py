@@ -103,18 +103,6 @@ def test_int32_outputs_for_any_token_dtype(token_dtype):
     _assert_same(out, expected)
 
 
-def test_float64_inputs_match_float32():
-    """Same float32 values given as float32, or as float64 (64-bit mode switched on for
-    the call, whatever mode the suite runs in): same tokens, int32 outputs."""
-    x, q, p, u, s = random_case(6, 8, 3, 30)
-    out32 = eqx_specdec.speculative_accept(x, q, p, u, s)
-    with jax.enable_x64(True):
-        wide = [jnp.asarray(a, jnp.float64) for a in (q, p, u, s)]
-        assert wide[0].dtype == jnp.float64
-        out64 = eqx_specdec.speculative_accept(x, *wide)
-        _assert_same(out32, out64)
-
-
 @pytest.mark.parametrize("vocab", [6, 300, 5000])
 def test_batching_by_map_and_by_vmap_agree(vocab):
     """`Verifier(batching=...)` only changes how rows are mapped, never the tokens."""
