@@ -145,6 +145,7 @@ def measure_speedup(
             False,
             outputs,
             width,
+            False,  # no check of the rows: the baseline a user writes
         )
 
     runs = {
