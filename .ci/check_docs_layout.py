@@ -89,14 +89,8 @@ def _measure(browser: str, page: pathlib.Path, width: int, shot: pathlib.Path | 
     return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
 
 
-def main():
-    site = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "site").resolve()
-    shots = pathlib.Path(sys.argv[2]).resolve() if len(sys.argv) > 2 else None
-    browser = _browser()
-    if browser is None:
-        sys.exit("check_docs_layout: no chromium on PATH (apt-get install chromium)")
-    if shots is not None:
-        shots.mkdir(parents=True, exist_ok=True)
+def check(site: pathlib.Path, browser: str, shots: pathlib.Path | None = None):
+    """Measures every page of `site`: `(problems, summary)`."""
     with tempfile.TemporaryDirectory() as tmp:
         # A copy of the site with the probe in every page, so that links and assets
         # resolve as they do in the real one.
@@ -141,11 +135,64 @@ def main():
                     f"{name} at {width} px: figure {src} shown at {shown:.0f} of "
                     f"{natural} px, too small to read"
                 )
-    print(
-        f"docs layout check: {len(pages)} pages at {' and '.join(f'{w} px' for w in WIDTHS.values())}; "
+    summary = (
+        f"{len(pages)} pages at {' and '.join(f'{w} px' for w in WIDTHS.values())}; "
         f"measured at 1280 px: {counts['tables']} tables, {counts['code']} code blocks, "
         f"{counts['math']} displayed equations, {counts['figures']} figures"
     )  # fmt: skip
+    return problems, summary
+
+
+# The self-test: a page that fits, and one whose table, code block and body are too wide.
+_TEST_PAGE = """<!doctype html><html><head><meta name="viewport"
+content="width=device-width, initial-scale=1"><style>
+body {{ margin: 0 }} article {{ width: 90%; }}
+.md-typeset__scrollwrap {{ overflow-x: auto }} pre > code {{ display: block; overflow: auto }}
+</style></head><body><article>{}</article></body></html>"""
+_WIDE = "x" * 400
+_FITS = (
+    "<div class='md-typeset__scrollwrap'><table><tr><td>a</td></tr></table></div>"
+    "<pre><code>short = 1</code></pre>"
+)
+_OVERFLOWS = (
+    f"<div class='md-typeset__scrollwrap'><table><tr><td>{_WIDE}</td></tr></table></div>"
+    f"<pre><code>{_WIDE}</code></pre><p style='width: 2000px'>wide</p>"
+)
+
+
+def self_test(browser: str):
+    """Exits unless the check passes a page that fits and finds each kind of overflow
+    in one that does not (a check that finds nothing must not pass for one that
+    works)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fits, overflows = pathlib.Path(tmp, "fits"), pathlib.Path(tmp, "overflows")
+        for site, body in ((fits, _FITS), (overflows, _OVERFLOWS)):
+            site.mkdir()
+            (site / "page.html").write_text(_TEST_PAGE.format(body))
+        problems, summary = check(fits, browser)
+        if problems or "1 tables, 1 code blocks" not in summary:
+            sys.exit(
+                f"check_docs_layout self-test: a page that fits: {problems}, {summary}"
+            )
+        found = " ".join(check(overflows, browser)[0])
+        for expected in ("1280 px: table", "1280 px: code", "412 px: the page scrolls"):
+            if expected not in found:
+                sys.exit(
+                    f"check_docs_layout self-test: missed {expected!r} in {found!r}"
+                )
+
+
+def main():
+    site = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "site").resolve()
+    shots = pathlib.Path(sys.argv[2]).resolve() if len(sys.argv) > 2 else None
+    browser = _browser()
+    if browser is None:
+        sys.exit("check_docs_layout: no chromium on PATH (apt-get install chromium)")
+    if shots is not None:
+        shots.mkdir(parents=True, exist_ok=True)
+    self_test(browser)
+    problems, summary = check(site, browser, shots)
+    print(f"docs layout check (its self-test passed): {summary}")
     if problems:
         print("Pages that do not fit:", *problems, sep="\n  ")
         sys.exit(1)

@@ -10,8 +10,11 @@ from jaxtyping import Array, Bool, Float, Int
 
 
 def has_mass(total, dtype):
-    # Below the smallest normal number the mass is rounding noise (or flushed to zero).
-    return total > jnp.finfo(dtype).tiny
+    """Whether a residual's `total` mass is usable. Below the smallest normal number it
+    is rounding noise (or flushed to zero). A NaN total counts as mass: the invalid row
+    it came from is then the one drawn from, and the draw gives -1, where falling back
+    to another row would hide it."""
+    return ~(total <= jnp.finfo(dtype).tiny)
 
 
 def block_size(vocab: int) -> int:
@@ -103,10 +106,12 @@ def two_level_search(
     `threshold`, when given instead of `uniform`: a search inside one shard). If
     rounding points past the end or at a zero-weight token, returns the last
     positive-weight token before that point: never `vocab` and never a zero-weight token
-    (unless every weight is zero, when it returns a token of the first block).
+    (unless every weight is zero, when it returns a token of the first block). With
+    `uniform`, -1 if the weights hold a NaN or an infinity (`finite_or_invalid`).
     """
     cumulative = jnp.cumsum(totals)
-    if threshold is None:
+    drawn = threshold is None
+    if drawn:
         threshold = uniform.astype(totals.dtype) * cumulative[-1]
     block = guarded_search(cumulative, totals > 0, threshold)
     before = jnp.where(block > 0, cumulative[jnp.maximum(block - 1, 0)], 0)
@@ -117,7 +122,8 @@ def two_level_search(
     ids = start + jnp.arange(size, dtype=jnp.int32)
     # Drop the overlap of a shifted window with the previous block.
     weights = jnp.where(ids >= first, weights, 0)
-    return start + guarded_search(before + jnp.cumsum(weights), weights > 0, threshold)
+    token = start + guarded_search(before + jnp.cumsum(weights), weights > 0, threshold)
+    return finite_or_invalid(token, cumulative[-1]) if drawn else token
 
 
 def flat_search(
@@ -129,9 +135,19 @@ def flat_search(
     `two_level_search`, so faster for small vocabularies. Same guard: never `vocab`, never
     a zero-weight token. Same `threshold` option."""
     cumulative = jnp.cumsum(weights)
-    if threshold is None:
-        threshold = uniform.astype(weights.dtype) * cumulative[-1]
-    return guarded_search(cumulative, weights > 0, threshold)
+    if threshold is not None:
+        return guarded_search(cumulative, weights > 0, threshold)
+    threshold = uniform.astype(weights.dtype) * cumulative[-1]
+    return finite_or_invalid(
+        guarded_search(cumulative, weights > 0, threshold), cumulative[-1]
+    )
+
+
+def finite_or_invalid(token: Int[Array, ""], total: Float[Array, ""]) -> Int[Array, ""]:
+    """`token`, or -1 when the weights it was drawn from hold a NaN or an infinity
+    (their `total` is not finite): with the input checks off, an invalid row gives -1,
+    never a token."""
+    return jnp.where(jnp.isfinite(total), token, -1).astype(jnp.int32)
 
 
 # Below this vocabulary size a single cumulative sum beats the two-level search.
@@ -148,8 +164,9 @@ def inverse_cdf(
 
     If rounding leaves every cumulative sum at or below that threshold (a uniform just
     under 1), returns the last token with positive weight, never `vocab` and never a
-    zero-weight token. `weights` must be non-negative with a positive sum. With
-    `threshold` instead of `uniform`, the smallest $v$ whose cumulative sum exceeds it.
+    zero-weight token. `weights` must be non-negative with a positive sum; -1 if they
+    hold a NaN or an infinity. With `threshold` instead of `uniform`, the smallest $v$
+    whose cumulative sum exceeds it.
     """
     vocab = weights.shape[0]
     if vocab <= FLAT_SEARCH_MAX_VOCAB:

@@ -92,3 +92,43 @@ def _optimise_execution_bound(request):
         yield
     finally:
         jax.config.update("jax_disable_most_optimizations", True)
+
+
+# The two passes: CI runs the suite in 32-bit JAX (the default) and again in 64-bit JAX
+# (`JAX_ENABLE_X64=1`). What the 64-bit mode changes is dtypes: inputs built with the
+# default dtypes are float64 and int64, float64 inputs exist at all, and strict
+# promotion (above) checks them against the library's float32 and int32 arithmetic. The
+# 64-bit pass runs the modules whose subject is that: every entry point on every dtype
+# (the fuzz suite draws float64 too), the reference and edge cases, the checks and
+# errors, the transforms, batch invariance, the warps, serving options and the decoding
+# loop through them (`X64_MODULES`). The other modules check properties no dtype enters
+# (layouts across devices, the CLI, the docs' snippets, the structure, statistics of
+# loops over float32 models) and run in the 32-bit pass only: run twice, the suite's
+# compile time did not fit CI's ten minutes on two cores. `SPECDEC_X64_ALL=1` runs every
+# module in the 64-bit pass too.
+X64_MODULES = {
+    "test_check_levels.py",
+    "test_compiled_entry_points.py",
+    "test_edge_cases.py",
+    "test_errors.py",
+    "test_filter_semantics.py",
+    "test_fuzz.py",
+    "test_invariance.py",
+    "test_objectives.py",
+    "test_reference.py",
+    "test_serving.py",
+    "test_stages.py",
+    "test_transforms.py",
+    "test_verify.py",
+    "test_warp_search.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not jax.config.jax_enable_x64 or os.environ.get("SPECDEC_X64_ALL") == "1":
+        return
+    selected = [item for item in items if item.path.name in X64_MODULES]
+    deselected = [item for item in items if item.path.name not in X64_MODULES]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected

@@ -42,11 +42,16 @@ def reference_row(x, q, p, u, s, *, lenience=1.0):
             residual = p[n]
     else:
         residual = p[gamma]
-    cumulative = np.cumsum(residual / residual.sum())
-    if np.any(np.abs(cumulative - s) < TIE):
-        ambiguous = True
-    above = np.nonzero(cumulative > s)[0]
-    y = above[0] if above.size else np.nonzero(residual > 0)[0][-1]
+    if not (
+        np.all(np.isfinite(residual)) and np.all(residual >= 0) and residual.sum() > 0
+    ):
+        y = -1  # not a distribution: the contract draws nothing from it
+    else:
+        cumulative = np.cumsum(residual / residual.sum())
+        if np.any(np.abs(cumulative - s) < TIE):
+            ambiguous = True
+        above = np.nonzero(cumulative > s)[0]
+        y = above[0] if above.size else np.nonzero(residual > 0)[0][-1]
     tokens = np.full(gamma + 1, -1, np.int64)
     tokens[:n] = x[:n]
     tokens[n] = y

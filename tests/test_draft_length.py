@@ -48,6 +48,31 @@ def test_stopping_rule_lengths_against_a_reference():
     )
 
 
+@pytest.mark.parametrize("batching", ["map", "vmap"])
+def test_rows_verified_at_their_own_lengths(batching):
+    """`Verifier.at_lengths` (one verification per row: a branch on its length) equals
+    verifying each row alone as a chain of its length, on both batching paths and for
+    the block verifier, whose outcome depends on the whole chain."""
+    from helpers import random_case
+
+    batch, gamma, vocab = 12, 4, 7
+    x, q, p, u, s = (jnp.asarray(a) for a in random_case(5, batch, gamma, vocab))
+    lengths = jnp.asarray(np.arange(batch) % gamma + 1, jnp.int32)
+    for verifier in (
+        es.Verifier(batching=batching),
+        es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter(), batching=batching),
+    ):
+        out = jax.jit(lambda *a, v=verifier: v.at_lengths(*a))(lengths, x, q, p, u, s)
+        for b in range(batch):
+            size = int(lengths[b])
+            alone = verifier.row(
+                x[b, :size], q[b, :size], p[b, : size + 1], u[b, :size], s[b]
+            )
+            assert int(out["num_accepted"][b]) == int(alone["num_accepted"])
+            expected = np.r_[np.asarray(alone["tokens"]), [-1] * (gamma - size)]
+            np.testing.assert_array_equal(out["tokens"][b], expected)
+
+
 def _run(gamma, draft_length, num_tokens=96):
     draft, target = es.demo.builtin_models()
     texts = es.demo.BUILTIN_PROMPTS[:8]

@@ -44,73 +44,73 @@ BAD_INPUTS = [
         "tokens rank 1",
         _with(draft_tokens=lambda a: a[0]),
         ValueError,
-        "`draft_tokens` must have rank 2, shape (B, G); got shape (4)",
+        "draft_tokens",
     ),
     (
         "draft_probs rank 2",
         _with(draft_probs=lambda a: a[:, :, 0]),
         ValueError,
-        "`draft_probs` must have rank 3, shape (B, G, V); got shape (3, 4)",
+        "draft_probs",
     ),
     (
         "target_probs rank 4",
         _with(target_probs=lambda a: a[None]),
         ValueError,
-        "`target_probs` must have rank 3, shape (B, G+1, V); got shape (1, 3, 5, 10)",
+        "target_probs",
     ),
     (
         "sample_uniforms rank 2",
         _with(sample_uniforms=lambda a: a[:, None]),
         ValueError,
-        "`sample_uniforms` must have rank 1, shape (B,); got shape (3, 1)",
+        "sample_uniforms",
     ),
     (
         "target_probs without the bonus row",
         _with(target_probs=lambda a: a[:, :G]),
         ValueError,
-        "`target_probs` must have shape (B, G+1, V) = (3, 5, 10)",
+        "target_probs",
     ),
     (
         "draft_probs vocabulary",
         _with(draft_probs=lambda a: a[:, :, :7]),
         ValueError,
-        "`draft_probs` must have shape (B, G, V) = (3, 4, 10)",
+        "draft_probs",
     ),
     (
         "draft_probs batch",
         _with(draft_probs=lambda a: a[:2]),
         ValueError,
-        "got (2, 4, 10)",
+        "draft_probs",
     ),
     (
         "accept_uniforms length",
         _with(accept_uniforms=lambda a: a[:, : G - 1]),
         ValueError,
-        "`accept_uniforms` must have shape (B, G) = (3, 4)",
+        "accept_uniforms",
     ),
     (
         "sample_uniforms batch",
         _with(sample_uniforms=lambda a: a[:1]),
         ValueError,
-        "`sample_uniforms` must have shape (B,) = (3,)",
+        "sample_uniforms",
     ),
     (
         "float token ids",
         _with(draft_tokens=lambda a: a.astype(jnp.float32)),
         TypeError,
-        "`draft_tokens` must have an integer dtype (token ids), got float32",
+        "draft_tokens",
     ),
     (
         "integer probabilities",
         _with(target_probs=lambda a: a.astype(jnp.int32)),
         TypeError,
-        "`target_probs` must have a floating dtype",
+        "target_probs",
     ),
     (
         "boolean uniforms",
         _with(accept_uniforms=lambda a: a > 0.5),
         TypeError,
-        "`accept_uniforms` must have a floating dtype",
+        "accept_uniforms",
     ),
     (
         "no draft tokens",
@@ -121,7 +121,7 @@ BAD_INPUTS = [
             accept_uniforms=lambda a: a[:, :0],
         ),
         ValueError,
-        "`draft_tokens` must hold at least one draft token per row",
+        "draft_tokens",
     ),
 ]
 
@@ -131,10 +131,12 @@ _direct = direct
 
 @pytest.mark.parametrize("wrap", [_direct, jax.jit, eqx.filter_jit])
 @pytest.mark.parametrize(
-    "make, error, message", [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS]
+    "make, error, argument", [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS]
 )
-def test_bad_input_fails_at_trace_time(make, error, message, wrap):
-    with pytest.raises(error, match=re.escape(message)):
+def test_bad_input_fails_at_trace_time(make, error, argument, wrap):
+    """Shapes and dtypes are refused while tracing, on every path, by an error whose
+    first line names the argument."""
+    with pytest.raises(error, match=f"^`{argument}`"):
         wrap(eqx_specdec.speculative_accept)(**make())
 
 
@@ -203,22 +205,19 @@ class _WrongRecordRatioTest(eqx_specdec.AbstractRatioTest):
 
 
 @pytest.mark.parametrize(
-    "verifier, message",
+    "verifier, stage",
     [
-        (
-            eqx_specdec.Verifier(prefix_counter=_WrongShapeCounter()),
-            "_WrongShapeCounter returned int32[4] as num_accepted, but "
-            "AbstractPrefixCounter.__call__ must return an integer array of shape ()",
-        ),
+        (eqx_specdec.Verifier(prefix_counter=_WrongShapeCounter()), _WrongShapeCounter),
         (
             eqx_specdec.Verifier(ratio_test=_WrongRecordRatioTest()),
-            "_WrongRecordRatioTest returned bool[4], but AbstractRatioTest.__call__ must "
-            "return an eqx_specdec.Verdict",
+            _WrongRecordRatioTest,
         ),
     ],
 )
-def test_faulty_user_stage_is_named(verifier, message):
-    with pytest.raises(TypeError, match=re.escape(message)):
+def test_faulty_user_stage_is_named(verifier, stage):
+    """A user's stage that returns the wrong type or shape is named, on the first
+    line."""
+    with pytest.raises(TypeError, match=f"^{stage.__name__} returned "):
         eqx_specdec.speculative_accept(**_inputs(), verifier=verifier)
 
 
@@ -231,54 +230,56 @@ def _set(name, index, value):
 
 RUNTIME_BAD_INPUTS = [
     ("NaN draft prob", _set("draft_probs", (2, 1, 3), jnp.nan),
-     "`draft_probs` holds a NaN or infinite value in row 2 (the first such row)"),
+     "draft_probs", 2),
     ("inf target prob", _set("target_probs", (1, 4, 0), jnp.inf),
-     "`target_probs` holds a NaN or infinite value in row 1 (the first such row)"),
+     "target_probs", 1),
     ("negative draft prob", _set("draft_probs", (0, 0, 0), -0.01),
-     "`draft_probs` holds a negative probability in row 0 (the first such row)"),
+     "draft_probs", 0),
     ("negative target prob", _set("target_probs", (2, 0, 5), -1e-6),
-     "`target_probs` holds a negative probability in row 2 (the first such row)"),
+     "target_probs", 2),
     ("token id V", _set("draft_tokens", (1, 3), V),
-     "`draft_tokens` holds a token id outside [0, V) = [0, 10) in row 1 (the first such row)"),
+     "draft_tokens", 1),
     ("token id -1", _set("draft_tokens", (2, 0), -1),
-     "`draft_tokens` holds a token id outside [0, V) = [0, 10) in row 2 (the first such row)"),
+     "draft_tokens", 2),
     ("accept uniform 1", _set("accept_uniforms", (1, 2), 1.0),
-     "`accept_uniforms` holds a value outside [0, 1) in row 1 (the first such row)"),
+     "accept_uniforms", 1),
     ("accept uniform negative", _set("accept_uniforms", (0, 0), -0.5),
-     "`accept_uniforms` holds a value outside [0, 1) in row 0 (the first such row)"),
+     "accept_uniforms", 0),
     ("NaN sample uniform", _set("sample_uniforms", 2, jnp.nan),
-     "`sample_uniforms` holds a value outside [0, 1) in row 2 (the first such row)"),
+     "sample_uniforms", 2),
     ("draft sum 1.1", _with(draft_probs=lambda a: a.at[1, 2].multiply(1.1)),
-     "`draft_probs` has a distribution whose sum is not within 0.001 of 1 in row 1 (the first such row)"),
+     "draft_probs", 1),
     ("unnormalised target", _with(target_probs=lambda a: a.at[0].multiply(3.0)),
-     "`target_probs` has a distribution whose sum is not within 0.001 of 1 in row 0 (the first such row)"),
+     "target_probs", 0),
     ("bfloat16 target sum 0.95", _with(
         target_probs=lambda a: a.at[2, 0].multiply(0.95).astype(jnp.bfloat16)),
-     "`target_probs` has a distribution whose sum is not within 0.01 of 1 in row 2 (the first such row)"),
+     "target_probs", 2),
     ("first offending row", _with(
         accept_uniforms=lambda a: a.at[1, 0].set(2.0).at[2, 0].set(2.0)),
-     "`accept_uniforms` holds a value outside [0, 1) in row 1 (the first such row)"),
+     "accept_uniforms", 1),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("wrap", [_direct, jax.jit, eqx.filter_jit])
 @pytest.mark.parametrize(
-    "make, message",
+    "make, argument, row",
     [b[1:] for b in RUNTIME_BAD_INPUTS],
     ids=[b[0] for b in RUNTIME_BAD_INPUTS],
 )
-def test_bad_values_fail_at_run_time(make, message, wrap):
+def test_bad_values_fail_at_run_time(make, argument, row, wrap):
     """At the complete level every value is checked; the message is the same on every
     path, and the error class is InvalidInputError for calls of the entry point,
     Equinox's EquinoxRuntimeError (its base) inside the caller's `eqx.filter_jit`, and
     JAX's own inside a plain `jax.jit` (see PATH_ERRORS)."""
     check = functools.partial(eqx_specdec.speculative_accept, check_inputs="all")
-    with pytest.raises(PATH_ERRORS[wrap], match=re.escape(message)) as info:
+    # The argument, then the first offending row, on one line.
+    message = f"`{argument}` [^\\n]* in row {row} "
+    with pytest.raises(PATH_ERRORS[wrap], match=message) as info:
         out = wrap(check)(**make())
         jax.block_until_ready(out)
     if wrap is _direct:
         assert type(info.value) is eqx_specdec.InvalidInputError
-        assert str(info.value).startswith(message)
+        assert re.match(message, str(info.value))
 
 
 def test_the_sum_tolerance_on_both_sides():

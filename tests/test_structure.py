@@ -6,7 +6,6 @@ import ast
 import collections
 import inspect
 import pathlib
-import re
 import subprocess
 import sys
 import warnings
@@ -280,33 +279,6 @@ def test_no_type_test_against_a_library_stage_outside_its_own_file():
 def test_benchmarks_live_outside_the_installed_package():
     assert not list(PACKAGE.glob("bench*.py"))
     assert (PACKAGE.parent / "benchmarks" / "bench.py").is_file()
-
-
-def test_ci_runs_the_readme_test_command():
-    """CI must run exactly the command the README gives for the tests."""
-    root = pathlib.Path(__file__).parent.parent
-    readme = (root / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)\n```", readme, re.S)
-    test_commands = [b for b in blocks if "pytest" in b]
-    assert len(test_commands) == 1
-    ci_lines = (root / ".ci" / "run").read_text().splitlines()
-    assert test_commands[0] in ci_lines
-
-
-def test_docs_snippet_includes_are_well_formed():
-    """Every `--8<--` include names a file that exists (a formatter once broke them),
-    and each `file:section` include a section that the file marks."""
-    root = pathlib.Path(__file__).parent.parent
-    for page in (root / "docs").rglob("*.md"):
-        text = page.read_text()
-        assert "--8 <" not in text, page
-        for target in re.findall(r'^ *--8<-- "(.*)"$', text, re.M):
-            path, _, section = target.partition(":")
-            assert (root / path).is_file(), (page, target)
-            if section:
-                marked = (root / path).read_text()
-                for end in ("start", "end"):
-                    assert f"--8<-- [{end}:{section}]" in marked, (page, target)
 
 
 def test_the_library_does_not_import_the_demo():

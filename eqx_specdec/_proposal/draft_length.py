@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, jaxtyped
 
 from .._custom_types import DraftProbsRow, DraftTokensRow, IntScalar, TargetProbsRow
 from .._misc import check_hyperparameter, no_type_check
+from .._verify.verifier import Verifier
 
 
 class AbstractDraftLength(eqx.Module):
@@ -156,9 +157,13 @@ class StopWhenUnlikely(AbstractDraftLength):
 def verify_at_lengths(
     verifier, lengths, draft_tokens, draft_probs, target_probs, accept, sample
 ):
-    """Each row verified as a chain of its own length `lengths[b]` in `[1, G]`: the
-    verifier runs once per length on the sliced inputs (a static shape each), and each
-    row takes the outputs of its length, tokens padded with -1 to `G + 1`."""
+    """Each row verified as a chain of its own length `lengths[b]` in `[1, G]`, tokens
+    padded with -1 to `G + 1`: by [`eqx_specdec.Verifier.at_lengths`][] (once per row)
+    for the composed verifier; for another verifier, once per length on the sliced
+    inputs (a static shape each), each row taking the outputs of its length."""
+    if isinstance(verifier, Verifier):
+        arrays = (draft_tokens, draft_probs, target_probs, accept, sample)
+        return verifier.at_lengths(lengths, *arrays)
     gamma = draft_tokens.shape[1]
     counts, tokens = [], []
     for length in range(1, gamma + 1):

@@ -13,6 +13,7 @@ from .._custom_types import (
     IntScalar,
     TargetProbsRow,
 )
+from .._search import finite_or_invalid
 from .residual_sampler import (
     AbstractResidualSampler,
     full_weights,
@@ -62,4 +63,5 @@ class GumbelSampler(AbstractResidualSampler):
         weights = full_weights(p_and_residual, vocab, num_accepted < gamma, dtype)
         noise = jax.random.gumbel(sample_uniform, (vocab,), dtype, mode="high")
         scores = jnp.where(weights > 0, jnp.log(weights) + noise, -jnp.inf)
-        return jnp.argmax(scores).astype(jnp.int32)
+        # -1 from a row holding a NaN or an infinity (with the input checks off).
+        return finite_or_invalid(jnp.argmax(scores), jnp.sum(weights))

@@ -94,13 +94,6 @@ def full_weights(p_and_residual, vocab, rejected, dtype):
     return jnp.where(use_residual, residual_full, p_full)
 
 
-def _or_invalid(token, total):
-    """`token`, or -1 when the weights it was drawn from hold a NaN or an infinity
-    (their `total` is not finite): with the input checks off, an invalid row gives -1,
-    never a token."""
-    return jnp.where(jnp.isfinite(total), token, -1).astype(jnp.int32)
-
-
 class AbstractResidualSampler(eqx.Module):
     """Draws the correction token $y$ of one row, given the number accepted.
 
@@ -298,7 +291,7 @@ class ResidualSampler(AbstractResidualSampler):
 
         if vocab <= FLAT_SEARCH_MAX_VOCAB:
             weights = full_weights(p_and_residual, vocab, rejected, dtype)
-            token = _or_invalid(flat_search(weights, sample_uniform), jnp.sum(weights))
+            token = flat_search(weights, sample_uniform)  # -1 for a NaN or inf row
             if not with_sums:
                 return token, None
             return token, row_sums(num_accepted, draft_probs, target_probs)
@@ -331,8 +324,8 @@ class ResidualSampler(AbstractResidualSampler):
         def window(block):
             return weights(window_start(block, size, vocab), size, use_residual)
 
-        token = two_level_search(totals, window, sample_uniform, vocab)
-        return _or_invalid(token, jnp.sum(totals)), sums
+        # -1 when the row holds a NaN or an infinity (its total is not finite).
+        return two_level_search(totals, window, sample_uniform, vocab), sums
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}

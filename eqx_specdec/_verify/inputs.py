@@ -99,7 +99,7 @@ class PreparedInputs(eqx.Module):
             if self.log_space:
                 problems += logit_problems(name, array)
             elif report.sums is not None:
-                problems += _read_problems(name, array.dtype, report, index)
+                problems += _read_problems(name, array.dtype, report, index, outputs)
             else:
                 problems += distribution_problems(name, array)
         if self.check_accept:
@@ -110,11 +110,15 @@ class PreparedInputs(eqx.Module):
         return problems + stage_problems(verifier, outputs, report, vocab)
 
 
-def _read_problems(name, dtype, report: RowReport, index: int) -> list:
+def _read_problems(name, dtype, report: RowReport, index: int, outputs: dict) -> list:
     """The problems of a distribution from what the rows read of it: row n's sum (NaN
     if an entry is negative or NaN), and the gathered entries at the draft tokens
-    (`index` 0 for `p`, 1 for `q`)."""
+    (`index` 0 for `p`, 1 for `q`). `q` has no row n when every draft token was
+    accepted (the sums then cover its last row, which nothing reads)."""
     total = report.sums.p_total if index == 0 else report.sums.q_total
+    if index == 1:
+        gamma = outputs["tokens"].shape[-1] - 1
+        total = jnp.where(outputs["num_accepted"] < gamma, total, 1).astype(total.dtype)
     gathered = report.gathered[index]
     invalid = ~jnp.isfinite(total) | jnp.any(
         ~jnp.isfinite(gathered) | (gathered < 0), axis=-1

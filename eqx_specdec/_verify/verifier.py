@@ -6,6 +6,7 @@ from typing import Literal
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Int, jaxtyped
 
@@ -223,6 +224,47 @@ class Verifier(AbstractVerifier):
             values=values,
         )
         return self._map(row, inputs + (sample_uniforms,))
+
+    def at_lengths(
+        self,
+        lengths: Int[Array, " B"],
+        draft_tokens: DraftTokens,
+        draft_probs: DraftProbs | None,
+        target_probs: TargetProbs,
+        accept_uniforms: AcceptUniforms,
+        sample_uniforms: SampleRandomnessBatch,
+    ) -> dict[str, Int[Array, "..."]]:
+        """Verifies row $b$ as a chain of its own length `lengths[b]` in $[1, G]$ (the
+        draft-length policies of [`eqx_specdec.speculative_decode`][]): as
+        [`eqx_specdec.Verifier.row`][] on the row's first `lengths[b]` draft tokens and
+        `lengths[b] + 1` target rows, its tokens padded with -1 to $G + 1$. One
+        verification per row where rows are mapped one by one (`batching="map"`: a
+        branch on the length); under `vmap` the branches become a select, which runs
+        every length.
+        """
+        gamma = draft_tokens.shape[1]
+
+        def row(verifier, tokens, q, p, u, s, length):
+            def at(size):
+                def verified():
+                    out = verifier.row(
+                        tokens[:size],
+                        None if q is None else q[:size],
+                        p[: size + 1],
+                        u[:size],
+                        s,
+                    )
+                    pad = jnp.full((gamma - size,), -1, jnp.int32)
+                    return out["num_accepted"], jnp.concatenate([out["tokens"], pad])
+
+                return verified
+
+            branches = [at(size) for size in range(1, gamma + 1)]
+            n, out = jax.lax.switch(jnp.clip(length - 1, 0, gamma - 1), branches)
+            return {"num_accepted": n, "tokens": out}
+
+        inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
+        return self._map(row, inputs + (sample_uniforms, lengths))
 
     def _map(self, row, inputs):
         """`row(verifier, *arrays)` over the rows, each row's verifier holding the

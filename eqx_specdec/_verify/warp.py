@@ -301,12 +301,19 @@ def _row_max(x):
     return _row_reduce((x,), (-jnp.inf,), lambda a, b: (jnp.maximum(a[0], b[0]),))[0]
 
 
+def _log_normaliser(x, highest):
+    """The shift and the log of the sum of exponentials of rows `x` `(..., V)` (both
+    `(..., 1)`), given the rows' maxima (found in vector registers; the sum is XLA's
+    own, which fuses it with them): `logsumexp(x) = shift + log_sum`."""
+    shift = jnp.where(jnp.isfinite(highest), highest, 0)
+    log_sum = jnp.log(jnp.sum(jnp.exp(x - shift), axis=-1, keepdims=True))
+    return shift, log_sum
+
+
 def _log_softmax(x, highest):
-    """`jax.nn.log_softmax` over the last axis, given the rows' maxima (found in vector
-    registers; the sum of exponentials is XLA's own, which fuses it with them)."""
-    highest = jnp.where(jnp.isfinite(highest), highest, 0)
-    shifted = x - highest
-    return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+    """`jax.nn.log_softmax` over the last axis, given the rows' maxima."""
+    shift, log_sum = _log_normaliser(x, highest)
+    return (x - shift) - log_sum
 
 
 def _top_blocks(x, k: int):
@@ -382,42 +389,52 @@ def kth_largest(x, k, bound: int | None = None):
 _TOP_P_CANDIDATES = 1024
 
 
-def top_p_cutoff(log_probs, top_p):
-    """The smallest log-probability top-p keeps in each row, and the mass it keeps
-    (both `(..., 1)`; exact, ties included): the largest value whose mass at or above it
-    reaches `top_p`.
+def top_p_cutoff(x, highest, log_sum, top_p):
+    """The smallest value of `x` (a row's scaled logits) that top-p keeps, and the mass
+    it keeps (both `(..., 1)`; exact, ties included): the largest value whose mass at or
+    above it reaches `top_p`, with each entry's mass `exp((x - highest) - log_sum)`
+    (`highest`, `log_sum`: `_log_normaliser`'s).
+
+    The search runs over the logits, not over log-probabilities: XLA may compute an
+    elementwise `exp` or `log` in several fusions with different instructions (vector
+    and scalar), which round differently, so a cut-off found among one copy of the
+    log-probabilities could remove the very token it was found at in another; a
+    division by the temperature is correctly rounded wherever it runs.
 
     The blocks holding each row's `C` largest entries (`C` = min(1024, V / 64)) hold
     every entry above their least block maximum $m$. When those entries reach `top_p` in
     every row (the common case: serving distributions keep tens to hundreds of tokens),
     the cut-off is above $m$, where the candidates' masses are the row's, and the search
     runs over the candidates; otherwise over whole rows."""
-    shape = log_probs.shape[:-1] + (1,)
+    shape = x.shape[:-1] + (1,)
 
     def kept(keys, weights, cutoff):
         (mass,) = _row_reduce((jnp.where(keys >= cutoff, weights, 0),), (0,), _add)
         return mass
 
     def whole_rows():
-        keys, weights = order_keys(log_probs), jnp.exp(log_probs)
+        keys, weights = order_keys(x), jnp.exp((x - highest) - log_sum)
         cutoff = largest_reaching(keys, weights, top_p)
         return cutoff, kept(keys, weights, cutoff)
 
-    count = min(_TOP_P_CANDIDATES, log_probs.shape[-1] // (4 * _LANES))
-    found = _top_blocks(log_probs, count)
+    count = min(_TOP_P_CANDIDATES, x.shape[-1] // (4 * _LANES))
+    found = _top_blocks(x, count)
     if found is None:
         cutoff, mass = whole_rows()
     else:
         candidates, m = found
         goal = jnp.broadcast_to(top_p, shape).reshape(-1, 1)
-        keys, weights = order_keys(candidates), jnp.exp(candidates)
+        shift, norm = (
+            jnp.broadcast_to(a, shape).reshape(-1, 1) for a in (highest, log_sum)
+        )
+        keys, weights = order_keys(candidates), jnp.exp((candidates - shift) - norm)
         # Every entry of the row above m is a candidate: where their mass reaches
         # top_p, the cut-off is above m, and the candidates' masses there are the row's.
         (above,) = _row_reduce((jnp.where(candidates > m, weights, 0),), (0,), _add)
         inside = largest_reaching(keys, weights, goal)
         inside = (inside.reshape(shape), kept(keys, weights, inside).reshape(shape))
         cutoff, mass = jax.lax.cond(jnp.all(above >= goal), lambda: inside, whole_rows)
-    return key_values(cutoff, log_probs.dtype), mass
+    return key_values(cutoff, x.dtype), mass
 
 
 def _add(x, y):
@@ -442,14 +459,14 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
     log_probs = None
     if "top_p" in params:
         top_p = params["top_p"].astype(x.dtype)
-        log_probs = _log_softmax(x_scaled, highest)
-        cutoff, mass = top_p_cutoff(log_probs, top_p)
+        shift, log_sum = _log_normaliser(x_scaled, highest)
+        cutoff, mass = top_p_cutoff(x_scaled, shift, log_sum, top_p)
         # top_p = 1 keeps every token, whatever the rounding of the row's total mass.
-        removed = (top_p < 1) & (log_probs < cutoff)
+        removed = (top_p < 1) & (x_scaled < cutoff)
         x_scaled = jnp.where(removed, -jnp.inf, x_scaled)
         # Renormalised by the mass kept: no second pass of exponentials.
         mass = jnp.where(top_p < 1, mass, 1)
-        log_probs = jnp.where(removed, -jnp.inf, log_probs - jnp.log(mass))
+        log_probs = (x_scaled - shift) - (log_sum + jnp.log(mass))
     if "min_p" in params:
         min_p = params["min_p"].astype(x.dtype)
         # p(v) < min_p max p  <=>  x(v) < log(min_p) + max x: no normalisation needed.
