@@ -5,12 +5,13 @@ This is the one source of the project's speed story. It runs, each in its own pr
 that each sets its own XLA flags), `bench.py` (the verification step against its
 alternatives, the check levels, the compile times), `bench_warps.py` (logits with serving
 warps), `bench_trees.py` (tree verification), `bench_serving.py` (the serving options'
-cost), `bench_decoding.py` (speculative decoding's wall-clock speed-up) and, where JAX sees
-8 or more devices or runs on the CPU, `bench_sharding.py`; then times the README's demo.
-On whatever backend JAX picks: on a GPU or TPU machine, this is the command that fills an
-accelerator's results (PyTorch rows run on the CPU, as the PyTorch implementations here are
-written). `--quick` runs tiny shapes, to check that every script works, and writes nothing
-but `--out`.
+cost), `bench_memory.py` (compiled temporaries against inputs), `bench_decoding.py`
+(speculative decoding's wall-clock speed-up) and, where JAX sees 8 or more devices or
+runs on the CPU, `bench_sharding.py`; then times the README's demo. On whatever backend
+JAX picks: on a GPU or TPU machine, this is the command that fills an accelerator's results
+(PyTorch rows run on the CPU, as the PyTorch implementations here are written).
+`--quick` runs tiny shapes, to check that every script works, and writes nothing but
+`--out`.
 
 The file starts with the machine (processor, cores, memory, JAX's devices, the versions)
 and the date, then each script's output as it printed it, each in a section that the
@@ -49,6 +50,7 @@ FULL = [
     ("warps", ["bench_warps.py", "--repeats", "5"]),
     ("trees", ["bench_trees.py"]),
     ("serving", ["bench_serving.py"]),
+    ("memory", ["bench_memory.py"]),
     ("decoding", ["bench_decoding.py"]),
     ("sharding", ["bench_sharding.py"]),
 ]
@@ -58,6 +60,7 @@ QUICK = [
     ("trees", ["bench_trees.py", "--batch", "2", "--vocab", "64", "--nodes", "16",
                "--repeats", "2"]),
     ("serving", ["bench_serving.py", "--shape", "4,3,512", "--repeats", "2"]),
+    ("memory", ["bench_memory.py", "--shape", "4,3,512"]),
     ("decoding", ["bench_decoding.py", "--batch", "1", "--tokens", "8", "--repeats", "1"]),
     ("sharding", ["bench_sharding.py", "--batch", "8", "--vocab", "4096", "--repeats", "2"]),
 ]  # fmt: skip

@@ -80,7 +80,12 @@ def residual_parts(
             q_part = (ids == draft_token).astype(dtype)
         else:
             q_part = as_probs(jax.lax.dynamic_slice_in_dim(q, start, length))
-        residual = jnp.maximum(scale * p_part - q_part, 0)
+        difference = scale * p_part - q_part
+        # -inf only from an invalid row (p_n holding -inf, or q_n +inf): NaN, so that
+        # the draw from it gives -1 rather than a token the clip to 0 would hide.
+        residual = jnp.where(
+            difference == -jnp.inf, jnp.nan, jnp.maximum(difference, 0)
+        )
         return (p_part, q_part, residual) if with_q else (p_part, residual)
 
     return dtype, p_and_residual

@@ -389,17 +389,12 @@ def kth_largest(x, k, bound: int | None = None):
 _TOP_P_CANDIDATES = 1024
 
 
-def top_p_cutoff(x, highest, log_sum, top_p):
-    """The smallest value of `x` (a row's scaled logits) that top-p keeps, and the mass
-    it keeps (both `(..., 1)`; exact, ties included): the largest value whose mass at or
-    above it reaches `top_p`, with each entry's mass `exp((x - highest) - log_sum)`
-    (`highest`, `log_sum`: `_log_normaliser`'s).
-
-    The search runs over the logits, not over log-probabilities: XLA may compute an
-    elementwise `exp` or `log` in several fusions with different instructions (vector
-    and scalar), which round differently, so a cut-off found among one copy of the
-    log-probabilities could remove the very token it was found at in another; a
-    division by the temperature is correctly rounded wherever it runs.
+def top_p_cutoff(x, scale, highest, log_sum, top_p):
+    """The smallest logit of `x` that top-p keeps, and the mass it keeps (both
+    `(..., 1)`; exact, ties included): the largest logit whose mass at or above it
+    reaches `top_p`, each entry's mass being `exp((x / scale - highest) - log_sum)`
+    (`highest`, `log_sum`: `_log_normaliser`'s of `x / scale`). The search runs over
+    the logits: `x / scale` enters only the masses (see `_warp_rows`).
 
     The blocks holding each row's `C` largest entries (`C` = min(1024, V / 64)) hold
     every entry above their least block maximum $m$. When those entries reach `top_p` in
@@ -413,7 +408,7 @@ def top_p_cutoff(x, highest, log_sum, top_p):
         return mass
 
     def whole_rows():
-        keys, weights = order_keys(x), jnp.exp((x - highest) - log_sum)
+        keys, weights = order_keys(x), jnp.exp((x / scale - highest) - log_sum)
         cutoff = largest_reaching(keys, weights, top_p)
         return cutoff, kept(keys, weights, cutoff)
 
@@ -424,10 +419,11 @@ def top_p_cutoff(x, highest, log_sum, top_p):
     else:
         candidates, m = found
         goal = jnp.broadcast_to(top_p, shape).reshape(-1, 1)
-        shift, norm = (
-            jnp.broadcast_to(a, shape).reshape(-1, 1) for a in (highest, log_sum)
+        divisor, shift, norm = (
+            jnp.broadcast_to(a, shape).reshape(-1, 1) for a in (scale, highest, log_sum)
         )
-        keys, weights = order_keys(candidates), jnp.exp((candidates - shift) - norm)
+        keys = order_keys(candidates)
+        weights = jnp.exp((candidates / divisor - shift) - norm)
         # Every entry of the row above m is a candidate: where their mass reaches
         # top_p, the cut-off is above m, and the candidates' masses there are the row's.
         (above,) = _row_reduce((jnp.where(candidates > m, weights, 0),), (0,), _add)
@@ -444,41 +440,53 @@ def _add(x, y):
 def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
     """Temperature, top-k, top-p and min-p on rows `(..., V)` of biased logits, with the
     parameters shaped `(..., 1)` (see `Warp`). Without `greedy_rows` (a temperature
-    known to be positive), no row is greedy and no argmax is taken."""
+    known to be positive), no row is greedy and no argmax is taken.
+
+    Every decision to keep or remove a token compares `x` itself with a threshold
+    found from `x` (the k-th largest logit, the top-p cut-off as a logit, the min-p
+    bound as a logit): XLA may compute an elementwise expression such as `x / T` in
+    several fusions with different instructions, and a comparison between two copies
+    that round differently could remove the very token a threshold was found at.
+    `x / T` only enters the log-probabilities' values. The maxima and searches read
+    `x`, never a scaled copy, which is then never written out (dividing by a positive
+    number is monotone: the largest entries of `x / T` are those of `x`)."""
     temperature = params["temperature"].astype(x.dtype)
     # Zero, or too small to divide by in this dtype (a subnormal, flushed to zero by
     # the hardware): greedy, on every path.
     greedy = temperature < jnp.finfo(x.dtype).tiny
-    x_scaled = x / jnp.where(greedy, 1, temperature)
+    scale = jnp.where(greedy, 1, temperature)
     vocab = x.shape[-1]
-    highest = _row_max(x_scaled)  # every warp keeps the most likely token
+    largest = _row_max(x)  # every warp keeps the most likely token
+    highest = largest / scale
+    kept = x  # the logits kept so far, -inf where removed
     if "top_k" in params:
         k = jnp.clip(params["top_k"].astype(jnp.int32), 0, vocab)
-        kth = kth_largest(x_scaled, jnp.maximum(k, 1), static_k or None)
-        x_scaled = jnp.where((k > 0) & (x_scaled < kth), -jnp.inf, x_scaled)
+        kth = kth_largest(x, jnp.maximum(k, 1), static_k or None)
+        kept = jnp.where((k > 0) & (x < kth), -jnp.inf, kept)
     log_probs = None
     if "top_p" in params:
         top_p = params["top_p"].astype(x.dtype)
-        shift, log_sum = _log_normaliser(x_scaled, highest)
-        cutoff, mass = top_p_cutoff(x_scaled, shift, log_sum, top_p)
+        shift, log_sum = _log_normaliser(kept / scale, highest)
+        cutoff, mass = top_p_cutoff(kept, scale, shift, log_sum, top_p)
         # top_p = 1 keeps every token, whatever the rounding of the row's total mass.
-        removed = (top_p < 1) & (x_scaled < cutoff)
-        x_scaled = jnp.where(removed, -jnp.inf, x_scaled)
+        kept = jnp.where((top_p < 1) & (kept < cutoff), -jnp.inf, kept)
         # Renormalised by the mass kept: no second pass of exponentials.
         mass = jnp.where(top_p < 1, mass, 1)
-        log_probs = (x_scaled - shift) - (log_sum + jnp.log(mass))
+        log_probs = (kept / scale - shift) - (log_sum + jnp.log(mass))
     if "min_p" in params:
         min_p = params["min_p"].astype(x.dtype)
-        # p(v) < min_p max p  <=>  x(v) < log(min_p) + max x: no normalisation needed.
-        x_scaled = jnp.where(x_scaled < jnp.log(min_p) + highest, -jnp.inf, x_scaled)
+        # p(v) < min_p max p  <=>  x(v) / T < log(min_p) + max x / T
+        #                      <=>  x(v) < max x + T log(min_p): a bound on the logits.
+        bound = largest + scale * jnp.log(min_p)
+        kept = jnp.where(kept < bound, -jnp.inf, kept)
         log_probs = None  # min-p removed more: normalise again
     if log_probs is None:
-        log_probs = _log_softmax(x_scaled, highest)
+        log_probs = _log_softmax(kept / scale, highest)
     if not greedy_rows:
         return log_probs
     # A greedy row is one-hot at its first most likely token.
     ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    first = jnp.where(x_scaled == highest, ids, vocab)
+    first = jnp.where(x == largest, ids, vocab)
     best = _row_reduce((first,), (vocab,), lambda a, b: (jnp.minimum(a[0], b[0]),))[0]
     one_hot = jnp.where(ids == best, 0.0, -jnp.inf).astype(x.dtype)
     return jnp.where(greedy, one_hot, log_probs)
