@@ -57,7 +57,29 @@ def given(*strategies, examples):
         suppress_health_check=list(HealthCheck),
         print_blob=True,
     )
-    return lambda test: fuzz(hypothesis_given(*strategies)(test))
+
+    def decorate(test):
+        if LONG:
+            test = _clearing_caches(test)
+        return fuzz(hypothesis_given(*strategies)(test))
+
+    return decorate
+
+
+def _clearing_caches(test):
+    """The long run compiles thousands of programs per worker: JAX's caches are cleared
+    every hundred cases, which keeps the workers' memory bounded (with it growing, XLA's
+    compiler crashed with a segmentation fault after some hundreds of cases here)."""
+    calls = [0]
+
+    @functools.wraps(test)
+    def cleared(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] % 100 == 0:
+            jax.clear_caches()
+        return test(*args, **kwargs)
+
+    return cleared
 
 
 def _dtypes():

@@ -135,7 +135,10 @@ class Warp(eqx.Module):
     top-k, when every row's `k` is within the row's 256 largest entries or is a Python
     int; for top-p, when the row's largest entries, up to 1,024, reach it), otherwise
     by an exact bisection over the row's values, one pass over the row per step (about
-    $\\log_2$ of the number of distinct values). See the Performance page.
+    $\\log_2$ of the number of distinct values). See the Performance page. Every cut-off
+    is a threshold on the logits themselves (top-p's and min-p's are the logits whose
+    probability is at the bound), so the tokens kept are exactly those a sort of the row
+    keeps, however XLA fuses and rounds the scaled values.
 
     For speculative sampling to be lossless, the target's warp must be the distribution
     the user wants to sample from, and the draft's warp must be exactly the law the draft
