@@ -222,6 +222,7 @@ class TreeVerifier(AbstractTreeVerifier):
 
 
 def _tree_problems(verifier, parents):
+    parents = parents.astype(jnp.int32)  # any integer dtype (int64 in 64-bit JAX)
     nodes = parents.shape[1]
     ids = jnp.arange(nodes, dtype=jnp.int32)[None, :]
     used = parents >= -1
