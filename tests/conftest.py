@@ -102,16 +102,14 @@ def _optimise_execution_bound(request):
 # (the fuzz suite draws float64 too), the reference and edge cases, the checks and
 # errors, the transforms, batch invariance, the warps, serving options and the decoding
 # loop through them (`X64_MODULES`). The other modules check properties no dtype enters
-# (layouts across devices, the CLI, the docs' snippets, the structure, statistics of
-# loops over float32 models) and run in the 32-bit pass only: run twice, the suite's
-# compile time did not fit CI's ten minutes on two cores. `SPECDEC_X64_ALL=1` runs every
-# module in the 64-bit pass too.
+# (layouts across devices, tracing and Equinox's filter semantics, the CLI, the docs'
+# snippets, the structure, statistics of loops over float32 models) and run in the
+# 32-bit pass only: run twice, the suite's compile time did not fit CI's ten minutes on
+# two cores. `SPECDEC_X64_ALL=1` runs every module in the 64-bit pass too.
 X64_MODULES = {
     "test_check_levels.py",
-    "test_compiled_entry_points.py",
     "test_edge_cases.py",
     "test_errors.py",
-    "test_filter_semantics.py",
     "test_fuzz.py",
     "test_invariance.py",
     "test_objectives.py",
