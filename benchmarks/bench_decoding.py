@@ -10,12 +10,15 @@ target call. The standard rule, sampled drafts, the built-in prompts.
 """
 
 import argparse
+import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import eqx_specdec as es
 from eqx_specdec._decoding.speedup import measure_speedup, speedup_table
+from eqx_specdec._verify.checks import model_problems
 
 
 def prompts(batch: int):
@@ -71,6 +74,41 @@ def main(argv=None):
                 f"(medians of {args.repeats} interleaved runs):\n"
             )
             print(speedup_table(rows))
+            print(row_check_cost(rows, batch, gamma))
+
+
+def row_check_cost(rows: dict, batch: int, gamma: int) -> str:
+    """What the loop's check of the models' rows costs per step (every step checks the
+    target's G + 1 rows and the draft's G rows of each sequence: a NaN, an infinity, a
+    negative entry or a sum off 1 stops the row), timed alone on rows of the step's
+    shapes, against the measured step: an upper bound, since in the loop XLA fuses the
+    check with the code that reads the rows anyway."""
+    vocab = len(es.demo.VOCABULARY)
+    key_p, key_q = jax.random.split(jax.random.key(1))
+    p = jax.nn.softmax(jax.random.normal(key_p, (batch, gamma + 1, vocab)), -1)
+    q = jax.nn.softmax(jax.random.normal(key_q, (batch, gamma, vocab)), -1)
+    active = jnp.ones((batch,), bool)
+    check = jax.jit(
+        lambda p, q: [
+            flags
+            for flags, _ in model_problems(
+                (("draft_model", q, None), ("target_model", p, None)), active
+            )
+        ]
+    )
+    jax.block_until_ready(check(p, q))
+    times = []
+    for _ in range(200):
+        start = time.perf_counter()
+        jax.block_until_ready(check(p, q))
+        times.append(time.perf_counter() - start)
+    seconds = float(np.median(times))
+    step = min(r.speculative_seconds / r.steps for r in rows.values())
+    return (
+        f"\nThe loop's check of the models' rows, timed alone: {seconds * 1e3:.3f} ms "
+        f"per step, {100 * seconds / step:.1f}% of the fastest step above "
+        f"({step * 1e3:.2f} ms)."
+    )
 
 
 if __name__ == "__main__":
