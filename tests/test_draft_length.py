@@ -51,8 +51,9 @@ def test_stopping_rule_lengths_against_a_reference():
 @pytest.mark.parametrize("batching", ["map", "vmap"])
 def test_rows_verified_at_their_own_lengths(batching):
     """`Verifier.at_lengths` (one verification per row: a branch on its length) equals
-    verifying each row alone as a chain of its length, on both batching paths and for
-    the block verifier, whose outcome depends on the whole chain."""
+    verifying each row alone as a chain of its length, and the base class's default
+    (once per length), on both batching paths and for the block verifier, whose outcome
+    depends on the whole chain."""
     from helpers import random_case
 
     batch, gamma, vocab = 12, 4, 7
@@ -63,6 +64,10 @@ def test_rows_verified_at_their_own_lengths(batching):
         es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter(), batching=batching),
     ):
         out = jax.jit(lambda *a, v=verifier: v.at_lengths(*a))(lengths, x, q, p, u, s)
+        # The base class's default (once per length) agrees.
+        default = es.AbstractVerifier.at_lengths(verifier, lengths, x, q, p, u, s)
+        for name in ("num_accepted", "tokens"):
+            np.testing.assert_array_equal(out[name], default[name])
         for b in range(batch):
             size = int(lengths[b])
             alone = verifier.row(

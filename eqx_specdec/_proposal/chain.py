@@ -24,7 +24,7 @@ from .abstract_proposal import (
     Theory,
     uniforms,
 )
-from .draft_length import AbstractDraftLength, FixedDraftLength, verify_at_lengths
+from .draft_length import AbstractDraftLength, FixedDraftLength
 
 
 ChainDrafting = Literal["sample", "argmax"]
@@ -132,7 +132,7 @@ class Chain(AbstractProposal):
             if not stops_early:
                 drafted = jax.vmap(policy)(xs, law, p).astype(jnp.int32)
             drafted = jnp.clip(drafted, 1, self.length)
-            out = verify_at_lengths(verifier, drafted, *arrays)
+            out = verifier.at_lengths(drafted, *arrays)
         drafted_rows = jnp.arange(self.length, dtype=jnp.int32)[None] < drafted[:, None]
         checked = (("draft_model", qs, drafted_rows), ("target_model", p, None))
         logprobs = emitted_logprobs(out["tokens"], p) if models.logprobs else None

@@ -11,7 +11,6 @@ from jaxtyping import Array, Float, jaxtyped
 
 from .._custom_types import DraftProbsRow, DraftTokensRow, IntScalar, TargetProbsRow
 from .._misc import check_hyperparameter, no_type_check
-from .._verify.verifier import Verifier
 
 
 class AbstractDraftLength(eqx.Module):
@@ -152,32 +151,3 @@ class StopWhenUnlikely(AbstractDraftLength):
         # token that crosses it is still drafted.
         length = 1 + jnp.sum(risk <= threshold, dtype=jnp.int32)
         return jnp.minimum(length, draft_tokens.shape[0]).astype(jnp.int32)
-
-
-def verify_at_lengths(
-    verifier, lengths, draft_tokens, draft_probs, target_probs, accept, sample
-):
-    """Each row verified as a chain of its own length `lengths[b]` in `[1, G]`, tokens
-    padded with -1 to `G + 1`: by [`eqx_specdec.Verifier.at_lengths`][] (once per row)
-    for the composed verifier; for another verifier, once per length on the sliced
-    inputs (a static shape each), each row taking the outputs of its length."""
-    if isinstance(verifier, Verifier):
-        arrays = (draft_tokens, draft_probs, target_probs, accept, sample)
-        return verifier.at_lengths(lengths, *arrays)
-    gamma = draft_tokens.shape[1]
-    counts, tokens = [], []
-    for length in range(1, gamma + 1):
-        out = verifier(
-            draft_tokens[:, :length],
-            None if draft_probs is None else draft_probs[:, :length],
-            target_probs[:, : length + 1],
-            accept[:, :length],
-            sample,
-        )
-        pad = jnp.full((draft_tokens.shape[0], gamma - length), -1, jnp.int32)
-        counts.append(out["num_accepted"])
-        tokens.append(jnp.concatenate([out["tokens"], pad], axis=1))
-    index = (lengths - 1)[:, None]  # each row's own length, among the G verified
-    num_accepted = jnp.take_along_axis(jnp.stack(counts, 1), index, axis=1)[:, 0]
-    chosen = jnp.take_along_axis(jnp.stack(tokens, 1), index[..., None], axis=1)[:, 0]
-    return {"num_accepted": num_accepted.astype(jnp.int32), "tokens": chosen}

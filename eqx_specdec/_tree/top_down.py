@@ -99,19 +99,10 @@ class TreeVerifier(AbstractTreeVerifier):
                 return jnp.zeros((vocab,), dtype)
             return draft_probs[i].astype(dtype)
 
-        def finite_rows(i):
-            # Whether the rows the walk loads at context i (p's, and q's) are free of
-            # NaN and infinities: a rule's update (zeroing a candidate's entry, a clip
-            # to 0) could hide an invalid value, and the correction must not be drawn
-            # from such a row.
-            sums = jnp.sum(target_probs[i].astype(dtype)) + jnp.sum(draft_row(i))
-            return jnp.isfinite(sums)
-
         def step(i, carry):
             current, depth, child, residual, mass, draft, path, tokens, thresholds = (
-                carry[:-1]
+                carry
             )
-            finite = carry[-1]
             token = tokens_in[i]
             is_child = parents[i] == current
             if record:
@@ -140,7 +131,6 @@ class TreeVerifier(AbstractTreeVerifier):
             depth = depth + accept.astype(jnp.int32)
             # Which sibling the next child of `current` is: 0 after descending.
             child = jnp.where(accept, 0, child + reject.astype(jnp.int32))
-            finite = finite & (~accept | finite_rows(i + 1))
             return (
                 current,
                 depth,
@@ -151,7 +141,6 @@ class TreeVerifier(AbstractTreeVerifier):
                 path,
                 tokens,
                 thresholds,
-                finite,
             )
 
         init = (
@@ -164,12 +153,17 @@ class TreeVerifier(AbstractTreeVerifier):
             jnp.full((nodes,), -1, jnp.int32),
             jnp.full((nodes + 1,), -1, jnp.int32),
             jnp.full((nodes,), jnp.nan, dtype) if record else None,
-            finite_rows(0),
         )
-        _, depth, _, residual, _, _, path, tokens, thresholds, finite = (
-            jax.lax.fori_loop(0, nodes, step, init)
+        _, depth, _, residual, _, _, path, tokens, thresholds = jax.lax.fori_loop(
+            0, nodes, step, init
         )
-        # A walk that loaded an invalid row ends in a NaN residual: its draw is -1.
+        # A rule's update (zeroing a candidate's entry, a clip to 0) can hide a NaN or an
+        # infinity of a row the walk read: with the input checks off, a tree holding one
+        # (the checks read every row) ends in a NaN residual, whose draw is -1.
+        totals = [jnp.sum(target_probs)]
+        if draft_probs is not None:
+            totals.append(jnp.sum(draft_probs))
+        finite = jnp.isfinite(sum(t.astype(dtype) for t in totals))
         residual = jnp.where(finite, residual, jnp.nan)
         return depth, path, tokens, residual, thresholds
 

@@ -132,6 +132,41 @@ class AbstractVerifier(eqx.Module):
         )
         return outputs, RowReport()
 
+    def at_lengths(
+        self,
+        lengths: Int[Array, " B"],
+        draft_tokens: DraftTokens,
+        draft_probs: DraftProbs | None,
+        target_probs: TargetProbs,
+        accept_uniforms: AcceptUniforms,
+        sample_uniforms: SampleRandomnessBatch,
+    ) -> dict[str, Int[Array, "..."]]:
+        """Verifies row $b$ as a chain of its own length `lengths[b]` in $[1, G]$ (the
+        draft-length policies of [`eqx_specdec.speculative_decode`][]), its tokens
+        padded with -1 to $G + 1$.
+
+        The default runs `__call__` once per length on the sliced inputs (a static shape
+        each) and gives each row the outputs of its length; a subclass that verifies
+        rows one by one may override it to verify each row once.
+        """
+        gamma = draft_tokens.shape[1]
+        counts, tokens = [], []
+        for size in range(1, gamma + 1):
+            out = self(
+                draft_tokens[:, :size],
+                None if draft_probs is None else draft_probs[:, :size],
+                target_probs[:, : size + 1],
+                accept_uniforms[:, :size],
+                sample_uniforms,
+            )
+            pad = jnp.full((draft_tokens.shape[0], gamma - size), -1, jnp.int32)
+            counts.append(out["num_accepted"])
+            tokens.append(jnp.concatenate([out["tokens"], pad], axis=1))
+        index = (jnp.clip(lengths, 1, gamma) - 1)[:, None]
+        num_accepted = jnp.take_along_axis(jnp.stack(counts, 1), index, axis=1)[:, 0]
+        chosen = jnp.take_along_axis(jnp.stack(tokens, 1), index[..., None], axis=1)
+        return {"num_accepted": num_accepted.astype(jnp.int32), "tokens": chosen[:, 0]}
+
 
 def stage_mismatches(
     ratio_test: AbstractRatioTest,

@@ -234,13 +234,11 @@ class Verifier(AbstractVerifier):
         accept_uniforms: AcceptUniforms,
         sample_uniforms: SampleRandomnessBatch,
     ) -> dict[str, Int[Array, "..."]]:
-        """Verifies row $b$ as a chain of its own length `lengths[b]` in $[1, G]$ (the
-        draft-length policies of [`eqx_specdec.speculative_decode`][]): as
-        [`eqx_specdec.Verifier.row`][] on the row's first `lengths[b]` draft tokens and
-        `lengths[b] + 1` target rows, its tokens padded with -1 to $G + 1$. One
-        verification per row where rows are mapped one by one (`batching="map"`: a
-        branch on the length); under `vmap` the branches become a select, which runs
-        every length.
+        """As [`eqx_specdec.AbstractVerifier.at_lengths`][]: row $b$ is
+        [`eqx_specdec.Verifier.row`][] on its first `lengths[b]` draft tokens and
+        `lengths[b] + 1` target rows. One verification per row where rows are mapped
+        one by one (`batching="map"`: a branch on the length); under `vmap` the branches
+        become a select, which runs every length.
         """
         gamma = draft_tokens.shape[1]
 
