@@ -28,6 +28,7 @@ from ._evaluation.objectives import (
     expected_accepted_length_logits as expected_accepted_length_logits,
 )
 from ._models.cached import AbstractCachedModel as AbstractCachedModel
+from ._models.prompt_lookup import PromptLookupDraft as PromptLookupDraft
 from ._proposal.abstract_proposal import AbstractProposal as AbstractProposal
 from ._proposal.chain import Chain as Chain
 from ._proposal.draft_length import (

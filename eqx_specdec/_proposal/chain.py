@@ -54,11 +54,19 @@ class Chain(AbstractProposal):
         verifies a chain of its own length $L$ (the verifier runs once per possible
         length, and each row takes its own), and `DecodeResult.drafted` counts the
         $L$s.
+    - `trim`: `True` to call the target each step on only as many positions as the
+        batch's longest draft needs ($\max_b L_b + 1$, rounded up to
+        $2^j + 1$ or $G + 1$): one compiled target call per such width, chosen at run
+        time. It pays where drafts are often short (a
+        [`eqx_specdec.PromptLookupDraft`][] that finds no match) and the target's
+        cost grows with the positions it scores. Needs a `draft_length` policy that
+        stops without reading the target. Default `False` (always $G + 1$).
     """
 
     length: int = eqx.field(static=True, default=4)
     drafting: ChainDrafting = eqx.field(static=True, default="sample")
     draft_length: AbstractDraftLength = FixedDraftLength()
+    trim: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         length = self.length
@@ -77,6 +85,21 @@ class Chain(AbstractProposal):
                 "(FixedDraftLength, StopWhenUnlikely or your own), got "
                 f"{type(self.draft_length).__name__}."
             )
+        if not isinstance(self.trim, bool):
+            raise TypeError(f"Chain(`trim`=...) must be a Python bool, got {self.trim!r}.")
+        if self.trim and not self.stops_early():
+            raise ValueError(
+                "Chain(`trim`=True) needs a `draft_length` policy that stops drafting "
+                "without reading the target (such as StopWhenUnlikely()), so that the "
+                f"draft lengths are known before the target is called; got "
+                f"{type(self.draft_length).__name__}."
+            )
+
+    def stops_early(self) -> bool:
+        """Whether rows stop drafting at their own length, decided from the draft alone
+        (before the target is called)."""
+        policy = self.draft_length
+        return not policy.always_full and not policy.needs_target()
 
     def slots(self) -> int:
         return self.length + 1
@@ -106,7 +129,7 @@ class Chain(AbstractProposal):
         self, models, verifier, buffer, lengths, keys, generated, states=(None, None)
     ) -> StepOutcome:
         policy = self.draft_length
-        stops_early = not policy.always_full and not policy.needs_target()
+        stops_early = self.stops_early()
         xs, qs, p, drafted, states = draft_chain(
             models,
             buffer,
@@ -116,6 +139,7 @@ class Chain(AbstractProposal):
             self.drafting,
             policy if stops_early else None,
             states,
+            self.trim,
         )
         theory = self.theory(verifier)  # the declared test's, before it is swapped
         test = verifier.ratio_test.in_decoding_loop(generated)
@@ -201,6 +225,7 @@ def draft_chain(
     drafting: ChainDrafting,
     policy: AbstractDraftLength | None,
     states: tuple,
+    trim: bool = False,
 ):
     """Drafts up to `gamma` tokens after each row's `buffer[b, : lengths[b]]`, one draft
     call per token (sampled from $q_i$, or its argmax), then scores every row's chain
@@ -208,7 +233,10 @@ def draft_chain(
     target), a row stops drafting once the rule's length is reached, and the loop over
     draft calls ends when every row has stopped: the draft calls are the ones the rows
     need. Cached models are called on the new tokens only (see
-    [`eqx_specdec.AbstractCachedModel`][]).
+    [`eqx_specdec.AbstractCachedModel`][]). With `trim`, the target is called on the
+    positions the longest draft needs only (a width chosen at run time among
+    `trimmed_widths(gamma)`); the rows past it repeat its last row (valid, never
+    verified).
 
     **Returns:**
 
@@ -273,11 +301,41 @@ def draft_chain(
     _, buffer, xs, qs, drafted, draft_state, _ = jax.lax.while_loop(
         more, next_token, carry
     )
-    p, target_state = call_rows(
-        models.target, buffer, lengths - 1, gamma + 1, target_state
-    )
+    starts = lengths - 1
+    if trim:
+        widths = trimmed_widths(gamma)
+
+        def scored(width):
+            def call(buffer, target_state):
+                p, target_state = call_rows(
+                    models.target, buffer, starts, width, target_state
+                )
+                padding = jnp.repeat(p[:, -1:], gamma + 1 - width, axis=1)
+                return jnp.concatenate([p, padding], axis=1), target_state
+
+            return call
+
+        needed = jnp.max(drafted) + 1
+        index = jnp.sum(jnp.asarray(widths[:-1]) < needed)
+        p, target_state = jax.lax.switch(
+            index, [scored(w) for w in widths], buffer, target_state
+        )
+    else:
+        p, target_state = call_rows(
+            models.target, buffer, starts, gamma + 1, target_state
+        )
     checked_output("target_model", p[0], (gamma + 1, qs.shape[-1]))
     return xs, qs, as_probs(p, target_outputs), drafted, (draft_state, target_state)
+
+
+def trimmed_widths(gamma: int) -> tuple[int, ...]:
+    """The target widths a trimmed chain of `gamma` tokens compiles: `2^j + 1` below
+    `gamma + 1`, and `gamma + 1`."""
+    widths, size = [], 1
+    while size < gamma:
+        widths.append(size + 1)
+        size *= 2
+    return (*widths, gamma + 1)
 
 
 def reached_probabilities(passes, draft_law, draft_tokens):

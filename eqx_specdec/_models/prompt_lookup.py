@@ -1,0 +1,90 @@
+"""Prompt lookup: a draft with no model, proposing the tokens that followed the latest
+earlier occurrence of the context's last n-gram (Saxena 2023; vLLM's and llama.cpp's
+n-gram drafts). Deterministic, so its chain is verified with the one-hot rule."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from .._misc import no_type_check
+
+
+@no_type_check  # its fields are checked by `__check_init__`
+class PromptLookupDraft(eqx.Module):
+    """A draft model with no weights: at each position it looks for the latest earlier
+    occurrence of the context's last $n$ tokens (the longest $n$ from `max_ngram` down
+    to `min_ngram` that has one) and proposes the token that followed it. Text that
+    reuses its context (a summary quoting its source, an edit of code, an extraction)
+    is drafted many tokens at a time; elsewhere nothing matches.
+
+    A stateless model for [`eqx_specdec.speculative_decode`][]: it returns a
+    **one-hot** row (probabilities) where a match is found, and the **uniform** row
+    where none is. Draft with `Chain(drafting="argmax")`, so that the chain is verified
+    by the one-hot rule, and stop drafting at the first position without a match with
+    `draft_length=StopWhenUnlikely()` (the uniform row's confidence is $1/V$); with
+    `trim=True` the target is then called on the positions the drafts need only.
+    Decode with `outputs=("probs", "logits")` for a target returning logits.
+
+    **Arguments:**
+
+    - `vocab_size`: $V$, the target's vocabulary.
+    - `max_ngram`: the longest n-gram matched (default 3).
+    - `min_ngram`: the shortest (default 1).
+    """
+
+    vocab_size: int = eqx.field(static=True)
+    max_ngram: int = eqx.field(static=True, default=3)
+    min_ngram: int = eqx.field(static=True, default=1)
+
+    def __check_init__(self):
+        for name in ("vocab_size", "max_ngram", "min_ngram"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"PromptLookupDraft(`{name}`=...) must be a positive Python int, "
+                    f"got {value!r}."
+                )
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(
+                "PromptLookupDraft(`min_ngram`=...) must be at most `max_ngram` "
+                f"({self.max_ngram}), got {self.min_ngram}."
+            )
+
+    def lookup(
+        self, tokens: Int[Array, " T"], position: Int[Array, ""]
+    ) -> tuple[Int[Array, ""], Int[Array, ""]]:
+        """The proposal after `tokens[: position + 1]`: `(token, n)`, the token that
+        followed the latest earlier occurrence of the last `n` tokens, for the largest
+        `n` that has one; `(0, 0)` when none has."""
+        ends = jnp.arange(tokens.shape[0], dtype=jnp.int32)  # an occurrence's last token
+
+        def at(i):
+            return tokens[jnp.clip(i, 0, tokens.shape[0] - 1)]
+
+        found_end = jnp.asarray(-1, jnp.int32)
+        found_n = jnp.asarray(0, jnp.int32)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            match = (ends < position) & (ends >= n - 1) & (position >= n - 1)
+            for i in range(n):
+                match = match & (at(ends - i) == at(position - i))
+            latest = jnp.max(jnp.where(match, ends, -1))
+            better = (found_end < 0) & (latest >= 0)
+            found_end = jnp.where(better, latest, found_end)
+            found_n = jnp.where(better, n, found_n)
+        token = jnp.where(found_end >= 0, at(found_end + 1), 0)
+        return token.astype(jnp.int32), found_n
+
+    def __call__(
+        self, tokens: Int[Array, " T"], positions: Int[Array, " K"]
+    ) -> Float[Array, "K V"]:
+        """The draft's rows after `tokens[: positions[k] + 1]`: one-hot at the proposed
+        token where a match is found, uniform where none is. Shape `(K, V)`."""
+
+        def row(position):
+            token, n = self.lookup(tokens, position)
+            one_hot = jax.nn.one_hot(token, self.vocab_size, dtype=jnp.float32)
+            uniform = jnp.full((self.vocab_size,), 1 / self.vocab_size, jnp.float32)
+            return jnp.where(n > 0, one_hot, uniform)
+
+        return jax.vmap(row)(positions)

@@ -1,0 +1,265 @@
+"""A Llama-family decoder in Equinox, written to the cached-model interface: grouped-query
+attention with rotary position embeddings, RMS norms, a SwiGLU MLP, a tied or untied
+output head. The layers' weights are stacked and run by one `lax.scan` (one layer
+compiled, however deep the model)."""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from .._misc import no_type_check
+from .._models.cached import AbstractCachedModel
+
+
+class LlamaConfig(eqx.Module):
+    """The shape of a Llama-family model: what a GGUF file's metadata or a Hugging Face
+    `config.json` says.
+
+    **Arguments:**
+
+    - `vocab_size`: $V$.
+    - `dim`: the model width.
+    - `layers`: the decoder layers.
+    - `heads`: the query heads; `dim` must be a multiple of it.
+    - `kv_heads`: the key-value heads (grouped-query attention); divides `heads`.
+    - `hidden`: the SwiGLU MLP's inner width.
+    - `rope_base`: the rotary embedding's base ($\\theta$).
+    - `norm_eps`: the RMS norms' $\\epsilon$.
+    - `context`: the most positions the model was trained on, the longest
+        `max_length` its cache takes.
+    - `head_dim`: the width of one head; `None` for `dim // heads`.
+    """
+
+    vocab_size: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    hidden: int
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    context: int = 8192
+    head_dim: int | None = None
+
+    def __check_init__(self):
+        for name in ("vocab_size", "dim", "layers", "heads", "kv_heads", "hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"LlamaConfig(`{name}`=...) must be a positive Python int, got "
+                    f"{value!r}."
+                )
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"LlamaConfig(`kv_heads`=...) must divide `heads` ({self.heads}), got "
+                f"{self.kv_heads}."
+            )
+        if self.head_dim is None and self.dim % self.heads:
+            raise ValueError(
+                f"LlamaConfig(`heads`=...) must divide `dim` ({self.dim}) when "
+                f"`head_dim` is not given; got {self.heads}."
+            )
+
+    @property
+    def width_per_head(self) -> int:
+        """The width of one attention head."""
+        return self.head_dim if self.head_dim is not None else self.dim // self.heads
+
+
+class LlamaLayers(eqx.Module):
+    """The decoder layers' weights, stacked along a leading axis of length `layers`.
+    Linear weights are stored `(in, out)`: `x @ w`. The query and key projections'
+    output columns are in Hugging Face's order (each head's rotary pairs are the
+    entries `i` and `i + head_dim / 2`)."""
+
+    attention_norm: Float[Array, "layers dim"]
+    wq: Float[Array, "layers dim q_dim"]
+    wk: Float[Array, "layers dim kv_dim"]
+    wv: Float[Array, "layers dim kv_dim"]
+    wo: Float[Array, "layers q_dim dim"]
+    mlp_norm: Float[Array, "layers dim"]
+    gate: Float[Array, "layers dim hidden"]
+    up: Float[Array, "layers dim hidden"]
+    down: Float[Array, "layers hidden dim"]
+
+
+LlamaCache = tuple[
+    Float[Array, "layers kv_heads length head_dim"],
+    Float[Array, "layers kv_heads length head_dim"],
+]
+
+
+def _rms_norm(x, scale, eps):
+    """`x` `(K, dim)` over its root mean square, times `scale` `(dim,)`."""
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def _rotate(x, positions, base):
+    """Rotary position embedding of `x` `(K, heads, head_dim)` at `positions` `(K,)`,
+    rotating the pairs `(i, i + head_dim / 2)` (Hugging Face's convention)."""
+    half = x.shape[-1] // 2
+    inverse = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * inverse[None]
+    cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]
+    first, second = x[..., :half], x[..., half:]
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], -1)
+
+
+def _write(cache, new, positions):
+    """`cache` `(heads, M, head_dim)` with `new` `(K, heads, head_dim)` written at the
+    consecutive `positions`. A gather and a select rather than a scatter: batched by
+    `vmap` (each row at its own positions), a scatter costs several times this on the
+    CPU, and the attention reads the whole cache anyway."""
+    entries = jnp.arange(cache.shape[1], dtype=positions.dtype)
+    offset = entries - positions[0]
+    inside = (offset >= 0) & (offset < new.shape[0])
+    moved = jnp.take(new, jnp.clip(offset, 0, new.shape[0] - 1), axis=0)
+    return jnp.where(inside[None, :, None], jnp.swapaxes(moved, 0, 1), cache)
+
+
+def _attend(q, keys, values, positions):
+    """Causal grouped-query attention: queries `(K, heads, d)` at `positions` over the
+    cache's `(kv_heads, M, d)` entries at positions `0, ..., M - 1`; each query reads
+    the entries up to its own position."""
+    k_count, heads, d = q.shape
+    kv_heads = keys.shape[0]
+    q = q.reshape(k_count, kv_heads, heads // kv_heads, d)
+    scores = jnp.einsum("kgqd,gmd->gqkm", q, keys) / math.sqrt(d)
+    entries = jnp.arange(keys.shape[1], dtype=positions.dtype)
+    visible = entries[None, :] <= positions[:, None]
+    scores = jnp.where(visible, scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("gqkm,gmd->kgqd", weights, values)
+    return out.reshape(k_count, heads * d)
+
+
+@no_type_check  # its fields are checked by `__check_init__`
+class Llama(AbstractCachedModel):
+    """A Llama-family decoder (Llama 2/3, SmolLM, TinyLlama, Mistral without sliding
+    windows, and the like) with a key-value cache, in float32 or the dtype of its
+    weights. It returns **logits**: decode with `outputs="logits"`.
+
+    Load one with [`eqx_specdec.llm.load_gguf`][] (a llama.cpp file: quantised weights
+    are dequantised) or [`eqx_specdec.llm.load_safetensors`][] (a Hugging Face
+    checkpoint folder). Called through the [`eqx_specdec.AbstractCachedModel`][]
+    interface (one sequence, `tokens[K]` at `positions[K]` and the cache), or without a
+    cache on a whole sequence with `logits`.
+
+    **Arguments:**
+
+    - `config`: the model's [`eqx_specdec.llm.LlamaConfig`][].
+    - `embedding`: float `(V, dim)`, the token embedding.
+    - `layers`: the stacked decoder layers.
+    - `final_norm`: float `(dim,)`.
+    - `head`: float `(dim, V)`, the output layer, or `None` when it is the embedding's
+        transpose (tied).
+    """
+
+    config: LlamaConfig = eqx.field(static=True)
+    embedding: Float[Array, "V dim"]
+    layers: LlamaLayers
+    final_norm: Float[Array, " dim"]
+    head: Float[Array, "dim V"] | None
+
+    def __check_init__(self):
+        c = self.config
+        expected = (c.vocab_size, c.dim)
+        if tuple(self.embedding.shape) != expected:
+            raise ValueError(
+                f"Llama(`embedding`=...) must have shape {expected} (vocab_size, dim), "
+                f"got {tuple(self.embedding.shape)}."
+            )
+        q_dim, kv_dim = c.heads * c.width_per_head, c.kv_heads * c.width_per_head
+        shapes = {
+            "wq": (c.layers, c.dim, q_dim),
+            "wk": (c.layers, c.dim, kv_dim),
+            "wv": (c.layers, c.dim, kv_dim),
+            "wo": (c.layers, q_dim, c.dim),
+            "gate": (c.layers, c.dim, c.hidden),
+            "up": (c.layers, c.dim, c.hidden),
+            "down": (c.layers, c.hidden, c.dim),
+        }
+        for name, shape in shapes.items():
+            got = tuple(getattr(self.layers, name).shape)
+            if got != shape:
+                raise ValueError(
+                    f"Llama(`layers`=...): `{name}` must have shape {shape} for this "
+                    f"config, got {got}."
+                )
+
+    @property
+    def dtype(self):
+        """The dtype of the weights and of the cache."""
+        return self.embedding.dtype
+
+    def init_state(self, max_length: int) -> LlamaCache:
+        """An empty key-value cache of `max_length` positions: `(keys, values)`, each of
+        shape `(layers, kv_heads, max_length, head_dim)`."""
+        c = self.config
+        if not isinstance(max_length, int) or not 1 <= max_length <= c.context:
+            raise ValueError(
+                f"The model holds {c.context} positions, so `max_length` (the prompt "
+                "width plus the tokens to generate plus one step's slots) must lie in "
+                f"[1, {c.context}]; got {max_length!r}. Shorten the prompt or "
+                "`num_tokens`."
+            )
+        shape = (c.layers, c.kv_heads, max_length, c.width_per_head)
+        zeros = jnp.zeros(shape, self.dtype)
+        return zeros, zeros
+
+    def _run(self, tokens, positions, cache):
+        c = self.config
+        d = c.width_per_head
+        x = self.embedding[tokens]
+
+        def layer(x, weights_and_cache):
+            w, keys, values = weights_and_cache
+            h = _rms_norm(x, w.attention_norm, c.norm_eps)
+            q = _rotate((h @ w.wq).reshape(-1, c.heads, d), positions, c.rope_base)
+            k = _rotate((h @ w.wk).reshape(-1, c.kv_heads, d), positions, c.rope_base)
+            v = (h @ w.wv).reshape(-1, c.kv_heads, d)
+            if keys is None:  # no cache: the sequence attends to itself
+                keys, values = jnp.swapaxes(k, 0, 1), jnp.swapaxes(v, 0, 1)
+            else:
+                keys = _write(keys, k.astype(keys.dtype), positions)
+                values = _write(values, v.astype(values.dtype), positions)
+            x = x + _attend(q, keys, values, positions) @ w.wo
+            h = _rms_norm(x, w.mlp_norm, c.norm_eps)
+            x = x + (jax.nn.silu(h @ w.gate) * (h @ w.up)) @ w.down
+            return x, (keys, values)
+
+        if cache is None:
+            x, _ = jax.lax.scan(
+                lambda x, w: (layer(x, (w, None, None))[0], None), x, self.layers
+            )
+            new_cache = None
+        else:
+            x, new_cache = jax.lax.scan(layer, x, (self.layers, *cache))
+        x = _rms_norm(x, self.final_norm, c.norm_eps)
+        head = self.embedding.T if self.head is None else self.head
+        return (x @ head).astype(jnp.float32), new_cache
+
+    def __call__(
+        self,
+        tokens: Int[Array, " k"],
+        positions: Int[Array, " k"],
+        state: LlamaCache,
+    ) -> tuple[Float[Array, "k V"], LlamaCache]:
+        """Writes the keys and values of `tokens` at the consecutive `positions` into
+        the cache, then attends from each of them to the cache's positions up to its
+        own.
+
+        **Returns:**
+
+        `(logits, state)`: float32 `(K, V)` and the written cache.
+        """
+        return self._run(tokens, positions, state)
+
+    def logits(self, tokens: Int[Array, " length"]) -> Float[Array, "length V"]:
+        """The uncached forward pass on a whole sequence: the next-token logits after
+        each prefix `tokens[: t + 1]`, float32 of shape `(T, V)`."""
+        positions = jnp.arange(tokens.shape[0], dtype=jnp.int32)
+        return self._run(tokens, positions, None)[0]
