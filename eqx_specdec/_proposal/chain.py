@@ -55,7 +55,7 @@ class Chain(AbstractProposal):
         length, and each row takes its own), and `DecodeResult.drafted` counts the
         $L$s.
     - `trim`: `True` to call the target each step on only as many positions as the
-        batch's longest draft needs ($\max_b L_b + 1$, rounded up to
+        batch's longest draft needs ($\\max_b L_b + 1$, rounded up to
         $2^j + 1$ or $G + 1$): one compiled target call per such width, chosen at run
         time. It pays where drafts are often short (a
         [`eqx_specdec.PromptLookupDraft`][] that finds no match) and the target's

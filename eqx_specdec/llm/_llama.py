@@ -94,7 +94,7 @@ LlamaCache = tuple[
 
 def _rms_norm(x, scale, eps):
     """`x` `(K, dim)` over its root mean square, times `scale` `(dim,)`."""
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale[None]
 
 
 def _rotate(x, positions, base):
@@ -130,7 +130,7 @@ def _attend(q, keys, values, positions):
     scores = jnp.einsum("kgqd,gmd->gqkm", q, keys) / math.sqrt(d)
     entries = jnp.arange(keys.shape[1], dtype=positions.dtype)
     visible = entries[None, :] <= positions[:, None]
-    scores = jnp.where(visible, scores, -jnp.inf)
+    scores = jnp.where(visible[None, None], scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum("gqkm,gmd->kgqd", weights, values)
     return out.reshape(k_count, heads * d)

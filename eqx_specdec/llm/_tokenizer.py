@@ -4,6 +4,9 @@
 
 from collections.abc import Sequence
 
+import jax
+import numpy as np
+
 
 def _require(module: str):
     """Imports one of the `[llm]` extra's packages, or says how to install it."""
@@ -49,7 +52,9 @@ class Tokenizer:
         `<|im_start|>`, are parsed as such; no beginning-of-sequence token is added)."""
         return self.backend.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+    def decode(
+        self, ids: Sequence[int] | np.ndarray | jax.Array, *, skip_special: bool = False
+    ) -> str:
         """The text of `ids` (negative ids, the loop's padding, are dropped)."""
         ids = [int(i) for i in ids if int(i) >= 0]
         return self.backend.decode(ids, skip_special_tokens=skip_special)

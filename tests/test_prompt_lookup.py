@@ -1,0 +1,86 @@
+"""Prompt lookup and the trimmed target call: the lookup against a Python reference on
+every position of a table of sequences, and `Chain(trim=True)` emitting exactly what
+the untrimmed chain emits, with the same keys, on a cached transformer target."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqx_specdec as es
+from eqx_specdec._proposal.chain import trimmed_widths
+from test_cached_models import _small_transformer
+
+
+def _reference_lookup(tokens, position, max_ngram, min_ngram):
+    """The token after the latest earlier occurrence of the longest matching n-gram."""
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if position - n + 1 < 0:
+            continue
+        tail = tokens[position - n + 1 : position + 1]
+        for end in range(position - 1, n - 2, -1):
+            if tokens[end - n + 1 : end + 1] == tail:
+                return tokens[end + 1], n
+    return 0, 0
+
+
+@pytest.mark.parametrize(
+    "tokens, max_ngram, min_ngram",
+    [
+        ([1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2], 3, 1),  # the latest of several matches
+        ([5, 6, 7, 8, 9, 5, 6, 7, 1, 6, 7], 3, 2),  # a bigram beats the older trigram
+        ([1, 1, 1, 1, 1, 1], 2, 1),  # overlapping occurrences
+        ([3, 4, 5, 6, 7, 8], 3, 1),  # no match anywhere
+        (list(np.random.default_rng(0).integers(0, 3, 40)), 4, 1),
+    ],
+)
+def test_lookup_proposes_the_token_after_the_latest_longest_match(
+    tokens, max_ngram, min_ngram
+):
+    draft = es.PromptLookupDraft(10, max_ngram, min_ngram)
+    positions = jnp.arange(len(tokens), dtype=jnp.int32)
+    # Scratch after each position must not be read: the row is padded with 9s.
+    row = jnp.asarray(tokens + [9] * 5, jnp.int32)
+    found = jax.jit(jax.vmap(draft.lookup, in_axes=(None, 0)))(row, positions)
+    rows = jax.jit(draft)(row, positions)
+    for position in range(len(tokens)):
+        token, n = _reference_lookup(tokens, position, max_ngram, min_ngram)
+        assert (int(found[0][position]), int(found[1][position])) == (token, n)
+        expected = np.full(10, 0.1, np.float32) if n == 0 else np.eye(10)[token]
+        np.testing.assert_allclose(rows[position], expected, rtol=1e-6)
+
+
+def test_trim_needs_a_policy_that_stops_without_the_target():
+    with pytest.raises(ValueError, match="trim"):
+        es.Chain(4, trim=True)
+    with pytest.raises(ValueError, match="trim"):
+        es.Chain(4, draft_length=es.StopWhenUnlikely(predictor="oracle"), trim=True)
+
+
+def test_a_trimmed_target_call_emits_what_the_full_one_does():
+    """A prompt-lookup draft on repetitive prompts (rows draft between 1 and G tokens, and
+    several trimmed widths are taken) and a cached transformer target: the tokens, the
+    accepted-length histograms and the draft counts are identical."""
+    vocab, gamma = 5, 6
+    target = _small_transformer(vocab, context=64)
+    rng = np.random.default_rng(3)
+    prompts = jnp.asarray(np.tile(rng.integers(0, vocab, (8, 4)), (1, 4)), jnp.int32)
+    results = [
+        es.speculative_decode(
+            es.PromptLookupDraft(vocab),
+            target,
+            prompts,
+            None,
+            24,
+            jax.random.key(0),
+            proposal=es.Chain(gamma, draft_length=es.StopWhenUnlikely(), trim=trim),
+            outputs=("probs", "logits"),
+        )
+        for trim in (False, True)
+    ]
+    assert trimmed_widths(gamma) == (2, 3, 5, 7)
+    for field in ("tokens", "accepted_histogram", "drafted", "target_calls"):
+        np.testing.assert_array_equal(
+            getattr(results[0], field), getattr(results[1], field)
+        )
+    assert len(np.unique(np.asarray(results[0].accepted_histogram).nonzero()[1])) > 2
