@@ -60,7 +60,9 @@ def main():
             np.float32
         )
         arrays[f"lse_{i}"] = lse.astype(np.float32)
-    arrays["llama_cpp_version"] = np.frombuffer(llama_cpp.__version__.encode(), np.uint8)
+    arrays["llama_cpp_version"] = np.frombuffer(
+        llama_cpp.__version__.encode(), np.uint8
+    )
     OUT.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT / "smollm2_llamacpp.npz", **arrays)
     print(f"wrote {OUT / 'smollm2_llamacpp.npz'}")

@@ -112,7 +112,9 @@ def test_cached_calls_equal_the_whole_sequence(smollm2, reference):
     ids = jnp.asarray(reference[0]["ids"][:24])
     whole = np.asarray(_logits(model, ids))
     state = jax.tree.map(lambda a: jnp.stack([a, a]), model.init_state(32))
-    call = eqx.filter_jit(jax.vmap(lambda m, t, p, s: m(t, p, s), in_axes=(None, 0, 0, 0)))
+    call = eqx.filter_jit(
+        jax.vmap(lambda m, t, p, s: m(t, p, s), in_axes=(None, 0, 0, 0))
+    )
     # Row 0 writes 0..15 then 16..23; row 1 writes 0..7 then 8..15.
     first = call(
         model,
@@ -211,7 +213,9 @@ def test_sampled_speculative_decoding_is_lossless(smollm2, verifier, lossless):
         assert histogram[0] > 0 and histogram[1:].sum() > 0
     # The exact joint law: p(x1, x2) = p(x1) p(x2 | x1) for the eight most likely first
     # tokens (chosen from the model, not from the draws), one bin for every other x1.
-    first = np.asarray(jax.nn.softmax(_logits(model, jnp.asarray(prompt))[-1]), np.float64)
+    first = np.asarray(
+        jax.nn.softmax(_logits(model, jnp.asarray(prompt))[-1]), np.float64
+    )
     likely = np.sort(np.argsort(first)[-8:])
     vocab = model.config.vocab_size
     expected = np.zeros(len(likely) * vocab + 1)
@@ -277,7 +281,9 @@ def test_a_hugging_face_checkpoint_loads_as_its_gguf_twin(smollm2, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     tokenizer.backend.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "<|im_end|>", "chat_template": tokenizer.chat_template})
+        json.dumps(
+            {"eos_token": "<|im_end|>", "chat_template": tokenizer.chat_template}
+        )
     )
     loaded, loaded_tokenizer = load_safetensors(tmp_path)
     twin = Llama(

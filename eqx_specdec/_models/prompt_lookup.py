@@ -57,7 +57,9 @@ class PromptLookupDraft(eqx.Module):
         """The proposal after `tokens[: position + 1]`: `(token, n)`, the token that
         followed the latest earlier occurrence of the last `n` tokens, for the largest
         `n` that has one; `(0, 0)` when none has."""
-        ends = jnp.arange(tokens.shape[0], dtype=jnp.int32)  # an occurrence's last token
+        ends = jnp.arange(
+            tokens.shape[0], dtype=jnp.int32
+        )  # an occurrence's last token
 
         def at(i):
             return tokens[jnp.clip(i, 0, tokens.shape[0] - 1)]

@@ -86,7 +86,9 @@ class Chain(AbstractProposal):
                 f"{type(self.draft_length).__name__}."
             )
         if not isinstance(self.trim, bool):
-            raise TypeError(f"Chain(`trim`=...) must be a Python bool, got {self.trim!r}.")
+            raise TypeError(
+                f"Chain(`trim`=...) must be a Python bool, got {self.trim!r}."
+            )
         if self.trim and not self.stops_early():
             raise ValueError(
                 "Chain(`trim`=True) needs a `draft_length` policy that stops drafting "

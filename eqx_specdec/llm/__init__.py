@@ -9,6 +9,10 @@ submodule. Its loaders need the `[llm]` extra (`python -m pip install
 
 from ._fetch import fetch_smollm2 as fetch_smollm2, SMOLLM2 as SMOLLM2
 from ._gguf import load_gguf as load_gguf
-from ._llama import Llama as Llama, LlamaConfig as LlamaConfig, LlamaLayers as LlamaLayers
+from ._llama import (
+    Llama as Llama,
+    LlamaConfig as LlamaConfig,
+    LlamaLayers as LlamaLayers,
+)
 from ._safetensors import load_safetensors as load_safetensors
 from ._tokenizer import Tokenizer as Tokenizer

@@ -94,7 +94,9 @@ LlamaCache = tuple[
 
 def _rms_norm(x, scale, eps):
     """`x` `(K, dim)` over its root mean square, times `scale` `(dim,)`."""
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale[None]
+    return (
+        x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale[None]
+    )
 
 
 def _rotate(x, positions, base):
