@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_cached_models import _small_transformer
 
 import eqx_specdec as es
 from eqx_specdec._proposal.chain import trimmed_widths
-from test_cached_models import _small_transformer
 
 
 def _reference_lookup(tokens, position, max_ngram, min_ngram):
