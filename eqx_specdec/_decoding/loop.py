@@ -204,6 +204,7 @@ class _DecodeLoop(eqx.Module):
     num_tokens: int = eqx.field(static=True)
     outputs: ModelOutputs | tuple[ModelOutputs, ModelOutputs] = eqx.field(static=True)
     progress: Callable | None = eqx.field(static=True)
+    stream: Callable | None = eqx.field(static=True, default=None)
     check_models: bool = eqx.field(static=True, default=False)
     logprobs: bool = eqx.field(static=True, default=False)
     stop_tokens: tuple[int, ...] = eqx.field(static=True, default=())
@@ -302,6 +303,16 @@ class _DecodeLoop(eqx.Module):
             )
             stopped = state.stopped | (active & jnp.any(committed & is_stop(new), 1))
             lengths = jnp.where(active, lengths + n + 1, lengths)
+            if self.stream is not None:
+                # What this step emits, as the result will hold it: the committed
+                # tokens within the row's limit, up to its first stop token.
+                emitted = committed & active[:, None]
+                stops = is_stop(new).astype(jnp.int32)
+                stop_before = jnp.cumsum(stops, axis=1) - stops
+                emitted = emitted & (stop_before == 0)
+                jax.debug.callback(
+                    self.stream, jnp.where(emitted, new, -1), ordered=True
+                )
             if self.progress is not None:
                 done = jnp.minimum(lengths - prompt_lengths, self.num_tokens).sum()
                 jax.debug.callback(self.progress, done, batch * self.num_tokens)
@@ -405,6 +416,7 @@ def speculative_decode(
     proposal: AbstractProposal | None = None,
     outputs: ModelOutputs | tuple[ModelOutputs, ModelOutputs] = "probs",
     progress: Callable | None = None,
+    stream: Callable | None = None,
     check_models: bool = False,
     logprobs: bool = False,
     stop_tokens: Sequence[int] = (),
@@ -472,6 +484,10 @@ def speculative_decode(
         logits: `("probs", "logits")`).
     - `progress`: `None`, or a function `progress(done, total)` called from the host
         after every step with the number of tokens generated so far over the batch.
+    - `stream`: `None`, or a function `stream(tokens)` called from the host after
+        every step, in order, with what the step emitted: int32 `(B, slots)`, each
+        row's new tokens (as `DecodeResult.tokens` will hold them: within its limit,
+        up to its first stop token) then -1. For printing text as it is accepted.
     - `check_models`: `True` to raise [`eqx_specdec.InvalidInputError`][] when a
         model returns a distribution that is not one, naming the model, the row and
         (called from Python) the step and generated position. Default `False`: the
@@ -523,6 +539,7 @@ def speculative_decode(
         num_tokens,
         outputs,
         progress,
+        stream,
         check_models,
         logprobs,
         stop_tokens,
