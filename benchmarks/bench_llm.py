@@ -1,0 +1,387 @@
+"""A real model's wall-clock speed-up, measured as Spec-Bench measures it:
+`python benchmarks/bench_llm.py`.
+
+SmolLM2-135M-Instruct (`eqx_specdec.llm.fetch_smollm2`, float32 weights dequantised from
+its GGUF file) answers chat prompts in five categories (summarise, extract, edit code,
+continue, open question), greedily (temperature 0), by
+
+- **speculative decoding**: a prompt-lookup draft (`eqx_specdec.PromptLookupDraft`,
+  n-grams of 3 down to 1), chains of up to G tokens that stop at the first position
+  without a match (`StopWhenUnlikely`), the target called on the widths the drafts need
+  (`Chain(trim=True)`), the greedy rule, stopping at the chat's end-of-turn token;
+- **plain decoding** of the same model (`eqx_specdec.autoregressive_decode`) for exactly
+  the answer's tokens;
+- **a straightforward loop** a user would write: `jax.jit` of a `lax.scan` calling the
+  cached model directly (`vmap` over rows at B > 1), the baseline the library's plain
+  loop must match.
+
+Each prompt's answer is first decoded plainly up to its end-of-turn token (at most
+`--tokens`); every program is compiled before timing; then `--repeats` rounds time each
+run once, interleaved. Per category: tokens/s, the mean accepted length (tokens per
+target call), the acceptance rate per draft position, the speed-up mean and standard
+deviation over rounds and prompts, the cost model's prediction (per-call times of the
+draft and of the target at each width, measured in plain decoding's program), and the
+equivalence check (the speculative tokens equal plain greedy decoding's, or the first
+divergence and the target's top-2 margin there). With `--llama-cpp PYTHON` (an
+interpreter with `llama-cpp-python`), llama.cpp's plain decoding of the same file on the
+same machine is timed beside.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import eqx_specdec as es
+from eqx_specdec._decoding.autoregressive import _autoregressive
+from eqx_specdec.llm import fetch_smollm2, load_gguf
+
+
+PROMPTS = {
+    "summarise": [
+        "Summarise in two sentences: The Eiffel Tower is a wrought-iron lattice tower "
+        "on the Champ de Mars in Paris, France. It is named after the engineer Gustave "
+        "Eiffel, whose company designed and built the tower from 1887 to 1889. Locally "
+        "nicknamed the Iron Lady, it was constructed as the centrepiece of the 1889 "
+        "World's Fair, and to crown the centennial anniversary of the French Revolution.",
+        "Summarise this paragraph: Photosynthesis is the process by which green plants "
+        "and some other organisms use sunlight to synthesize foods from carbon dioxide "
+        "and water. Photosynthesis in plants generally involves the green pigment "
+        "chlorophyll and generates oxygen as a byproduct. The process takes place in the "
+        "chloroplasts of the leaves.",
+        "Give a short summary: The Great Wall of China is a series of fortifications "
+        "that were built across the historical northern borders of ancient Chinese "
+        "states to protect against various nomadic groups from the Eurasian Steppe. "
+        "Several walls were built from as early as the 7th century BC.",
+        "Summarise: Python is a high-level, general-purpose programming language. Its "
+        "design philosophy emphasizes code readability with the use of significant "
+        "indentation. Python is dynamically typed and garbage-collected. It supports "
+        "multiple programming paradigms, including structured, object-oriented and "
+        "functional programming.",
+    ],
+    "extract": [
+        "List every person named in this text, one per line: Marie Curie worked with "
+        "Pierre Curie in Paris; later Irene Joliot-Curie and Frederic Joliot continued "
+        "their research, and Albert Einstein praised Marie Curie's work.",
+        "Extract the dates from this text as a list: The treaty was signed on 12 March "
+        "1921, ratified on 4 June 1921 and came into force on 1 January 1922.",
+        "Extract the product names and prices as 'name: price' lines: The shop sells "
+        "the Alpha Kettle for 35 euros, the Beta Toaster for 49 euros and the Gamma "
+        "Blender for 89 euros.",
+        "Which cities are mentioned? Answer with a list: We flew from London to Madrid, "
+        "took a train to Barcelona, then a ferry to Palma, and flew home via Paris.",
+    ],
+    "edit code": [
+        "Rename the variable x to total in this code:\ndef add_all(values):\n    x = 0\n"
+        "    for v in values:\n        x = x + v\n    return x\n",
+        "Add type hints to this function:\ndef scale(values, factor):\n    result = []\n"
+        "    for value in values:\n        result.append(value * factor)\n    return result\n",
+        "Rewrite this loop as a list comprehension:\nsquares = []\nfor n in range(10):\n"
+        "    if n % 2 == 0:\n        squares.append(n * n)\n",
+        "Add a docstring to this function:\ndef area(width, height):\n    return width "
+        "* height\n",
+    ],
+    "continue": [
+        "Continue this list of numbers, one per line, up to twenty: one, two, three, "
+        "four, five,",
+        "Continue the pattern for ten more lines:\nstep 1: open the box\nstep 2: open "
+        "the box\nstep 3: open the box\n",
+        "Continue the story in a few sentences: The old lighthouse keeper climbed the "
+        "stairs every night.",
+        "Write the next lines of the poem: Roses are red, violets are blue,",
+    ],
+    "open question": [
+        "What are three good habits for staying healthy?",
+        "Why is the sky blue?",
+        "Give me some tips for learning a new language.",
+        "What should I pack for a weekend hiking trip?",
+    ],
+}
+
+GREEDY = es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler())
+
+
+def straightforward(model, prompts, lengths, num_tokens):
+    """The loop a user writes: prefill, then a `lax.scan` of one-token calls of the
+    cached model, greedy; `vmap` over rows when there are several."""
+    batch, width = prompts.shape
+    max_length = width + num_tokens + 1
+
+    def one_row(prompt, length):
+        state = model.init_state(max_length)
+        logits, state = model(prompt, jnp.arange(width, dtype=jnp.int32), state)
+        first = jnp.argmax(logits[length - 1]).astype(jnp.int32)
+
+        def step(carry, t):
+            token, state = carry
+            logits, state = model(token[None], (length + t)[None], state)
+            return (jnp.argmax(logits[0]).astype(jnp.int32), state), token
+
+        (last, _), tokens = jax.lax.scan(
+            step, (first, state), jnp.arange(num_tokens - 1, dtype=jnp.int32)
+        )
+        return jnp.concatenate([tokens, last[None]])
+
+    if batch == 1:
+        return one_row(prompts[0], lengths[0])[None]
+    return jax.vmap(one_row)(prompts, lengths)
+
+
+straightforward_jit = eqx.filter_jit(straightforward, donate="none")
+
+
+def pad(rows, width):
+    out = np.zeros((len(rows), width), np.int32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return jnp.asarray(out), jnp.asarray([len(r) for r in rows], jnp.int32)
+
+
+def timed(run):
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - start
+
+
+def answer_length(tokens, stops):
+    """Tokens up to and including the first stop token."""
+    hits = np.flatnonzero(np.isin(tokens, stops))
+    return int(hits[0]) + 1 if hits.size else len(tokens)
+
+
+def llama_cpp_rate(python, path, prompts, tokens):
+    """llama.cpp's plain greedy decoding of the same file, 2 threads: tokens/s of the
+    generation after the prompt, in a subprocess of `python`."""
+    script = f"""
+import json, time, llama_cpp
+llm = llama_cpp.Llama({str(path)!r}, n_ctx=1024, n_threads=2, verbose=False)
+rates = []
+for ids in {json.dumps(prompts)}:
+    for _ in range(2):
+        llm.reset(); llm.eval(ids)
+        start = time.perf_counter()
+        for _ in range({tokens}):
+            token = int(llm.scores[llm.n_tokens - 1].argmax())
+            llm.eval([token])
+        rates.append({tokens} / (time.perf_counter() - start))
+print(json.dumps({{"rate": sorted(rates)[len(rates) // 2], "version": llama_cpp.__version__}}))
+"""
+    done = subprocess.run(
+        [python, "-c", script], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--gamma", type=int, default=6)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=2, help="per category at B = 1")
+    parser.add_argument("--categories", nargs="+", default=list(PROMPTS))
+    parser.add_argument("--llama-cpp", metavar="PYTHON", default=None)
+    args = parser.parse_args(argv)
+
+    path = fetch_smollm2(quiet=True)
+    model, tokenizer = load_gguf(path)
+    stops = tokenizer.stop_ids
+    encoded = {
+        c: [tokenizer.encode(tokenizer.chat(p)) for p in PROMPTS[c]]
+        for c in args.categories
+    }
+    width = max(len(r) for rows in encoded.values() for r in rows)
+    draft = es.PromptLookupDraft(model.config.vocab_size)
+    chain = es.Chain(args.gamma, draft_length=es.StopWhenUnlikely(), trim=True)
+    print(
+        f"SmolLM2-135M-Instruct, float32, JAX {jax.__version__} on "
+        f"{jax.default_backend()}; greedy; prompt lookup, G = {args.gamma} "
+        f"(trimmed widths {es._proposal.chain.trimmed_widths(args.gamma)}); at most "
+        f"{args.tokens} tokens per answer; prompts padded to {width} tokens; "
+        f"{args.repeats} interleaved rounds\n"
+    )
+
+    def speculative(prompts, lengths, num_tokens):
+        return es.speculative_decode(
+            draft,
+            model,
+            prompts,
+            lengths,
+            num_tokens,
+            jax.random.key(0),
+            verifier=GREEDY,
+            proposal=chain,
+            outputs=("probs", "logits"),
+            stop_tokens=stops,
+        )
+
+    def plain(prompts, lengths, num_tokens):
+        return es.autoregressive_decode(
+            model, prompts, lengths, num_tokens, outputs="logits"
+        )
+
+    def calls(model_, prompts, lengths, num_tokens, width_, outputs):
+        return _autoregressive(
+            model_,
+            prompts,
+            lengths,
+            jax.random.key(0),
+            num_tokens,
+            True,
+            outputs,
+            width_,
+            False,
+        )
+
+    widths = es._proposal.chain.trimmed_widths(args.gamma)
+    summary = []
+    for batch in args.batches:
+        # The cost model's per-call times, once per batch size: plain decoding's
+        # program with every call on `w` tokens (and the draft's), over 32 tokens.
+        prompts, lengths = pad(encoded[args.categories[0]][:1] * batch, width)
+        cost_runs = {
+            "draft": lambda: calls(draft, prompts, lengths, 32, 1, "probs"),
+            "prefill": lambda: calls(model, prompts, lengths, 1, 1, "logits"),
+        }
+        for w in (1, *widths):
+            cost_runs[w] = lambda w=w: calls(model, prompts, lengths, 32, w, "logits")
+        for run in cost_runs.values():
+            jax.block_until_ready(run())
+        per_call = {
+            k: statistics.median(timed(run) for _ in range(args.repeats)) / 32
+            for k, run in cost_runs.items()
+        }
+        # The prefill (padded prompts, the same width for every prompt) and its one
+        # call.
+        prefill = 32 * per_call.pop("prefill") - per_call[1]
+        print(f"### B = {batch}\n")
+        print(
+            "Per-call times (ms, over 32 calls in plain decoding's program): draft "
+            f"{1e3 * per_call['draft']:.1f}; target on "
+            + ", ".join(f"{w}: {1e3 * per_call[w]:.1f}" for w in (1, *widths))
+            + f" tokens per row; the prefill of {width} positions {1e3 * prefill:.0f}\n"
+        )
+        print(
+            "| category | answer tokens | tokens/s: speculative / plain / "
+            "straightforward | speed-up (mean ± std) | predicted | mean accepted "
+            "length | acceptance by position | plain / straightforward | "
+            "equal to greedy |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for category in args.categories:
+            rows = encoded[category]
+            groups = (
+                [[r] for r in rows[: args.prompts]] if batch == 1 else [rows[:batch]]
+            )
+            speedups, stats = [], []
+            for group in groups:
+                prompts, lengths = pad(group, width)
+                reference = np.asarray(plain(prompts, lengths, args.tokens))
+                n = max(answer_length(r, stops) for r in reference)
+                spec = speculative(prompts, lengths, args.tokens)
+                # Equivalence: each row's answer, token for token.
+                equal, note = True, ""
+                for b, row in enumerate(np.asarray(spec.tokens)):
+                    k = int(spec.lengths[b])
+                    if not np.array_equal(row[:k], reference[b, :k]):
+                        at = int(np.argmax(row[:k] != reference[b, :k]))
+                        context = np.concatenate(
+                            [np.asarray(prompts[b, : lengths[b]]), reference[b, :at]]
+                        )
+                        logits = np.asarray(
+                            eqx.filter_jit(lambda m, x: m.logits(x))(
+                                model, jnp.asarray(context)
+                            )[-1]
+                        )
+                        top2 = np.sort(logits)[-2:]
+                        equal = False
+                        note = f" (row {b} at {at}, margin {top2[1] - top2[0]:.2g})"
+                runs = {
+                    "speculative": lambda: speculative(prompts, lengths, args.tokens),
+                    "plain": lambda: plain(prompts, lengths, n),
+                    "straightforward": lambda: straightforward_jit(
+                        model, prompts, lengths, n
+                    ),
+                }
+                for run in runs.values():
+                    jax.block_until_ready(run())
+                times = {name: [] for name in runs}
+                for _ in range(args.repeats):
+                    for name, run in runs.items():
+                        times[name].append(timed(run))
+                for s, p in zip(times["speculative"], times["plain"]):
+                    speedups.append(p / s)
+                med = {k: statistics.median(v) for k, v in times.items()}
+                steps = int(np.max(np.asarray(spec.target_calls)))
+                drafted = float(np.sum(spec.drafted)) / float(np.sum(spec.target_calls))
+                # Cost model: each step one draft call per drafted token (the batch's
+                # longest) and one target call at the width its mean draft needs.
+                need = drafted + 1
+                above = min((w for w in widths if w >= need), default=widths[-1])
+                below = max((w for w in widths if w <= need), default=widths[0])
+                if above == below:
+                    target_cost = per_call[above]
+                else:
+                    f = (need - below) / (above - below)
+                    target_cost = (1 - f) * per_call[below] + f * per_call[above]
+                spec_cost = steps * (drafted * per_call["draft"] + target_cost)
+                predicted = (prefill + n * per_call[1]) / (prefill + spec_cost)
+                stats.append(
+                    {
+                        "spec": med["speculative"],
+                        "plain": med["plain"],
+                        "straight": med["straightforward"],
+                        "tokens": int(np.sum(spec.lengths)),
+                        "tpc": spec.tokens_per_call(),
+                        "rates": np.asarray(spec.acceptance_rate()),
+                        "equal": equal,
+                        "note": note,
+                        "predicted": predicted,
+                    }
+                )
+            tokens = sum(s["tokens"] for s in stats)
+            spec_rate = tokens / sum(s["spec"] for s in stats)
+            plain_rate = tokens / sum(s["plain"] for s in stats)
+            straight_rate = tokens / sum(s["straight"] for s in stats)
+            with np.errstate(invalid="ignore"):  # positions never reached: NaN
+                stacked = np.asarray([s["rates"] for s in stats])
+                rates = np.nansum(stacked, 0) / np.sum(~np.isnan(stacked), 0)
+            mean, std = statistics.mean(speedups), statistics.pstdev(speedups)
+            predicted = statistics.mean(s["predicted"] for s in stats)
+            ratio = sum(s["plain"] for s in stats) / sum(s["straight"] for s in stats)
+            equal = all(s["equal"] for s in stats)
+            print(
+                f"| {category} | {tokens} | {spec_rate:.1f} / {plain_rate:.1f} / "
+                f"{straight_rate:.1f} | **{mean:.2f}x ± {std:.2f}** | "
+                f"{predicted:.2f}x | {statistics.mean(s['tpc'] for s in stats):.2f} | "
+                f"{' '.join('-' if r != r else f'{r:.2f}' for r in rates)} | "
+                f"{ratio:.3f} | {'yes' if equal else 'no' + stats[-1]['note']} |"
+            )
+            summary.append((batch, category, mean, std, predicted, ratio, equal))
+        print()
+    if args.llama_cpp:
+        first = [encoded[c][0] for c in args.categories]
+        out = llama_cpp_rate(args.llama_cpp, path, first, args.tokens)
+        print(
+            f"llama.cpp (llama-cpp-python {out['version']}, the same GGUF file, its "
+            f"quantised weights, 2 threads), plain greedy decoding at B = 1: "
+            f"{out['rate']:.1f} tokens/s (median over the categories' first prompts)\n"
+        )
+    print(
+        "Speed-up: plain over speculative time of the same answers, per round and "
+        "prompt. Predicted: the cost model from per-call times alone. Plain / "
+        "straightforward: the library's plain loop against the loop a user writes "
+        "(time ratio; 1.0 is equal)."
+    )
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() is not None else 1)
