@@ -6,7 +6,8 @@ that each sets its own XLA flags), `bench.py` (the verification step against its
 alternatives, the check levels, the compile times), `bench_warps.py` (logits with serving
 warps), `bench_trees.py` (tree verification), `bench_serving.py` (the serving options'
 cost), `bench_memory.py` (compiled temporaries against inputs), `bench_decoding.py`
-(speculative decoding's wall-clock speed-up) and, where JAX sees 8 or more devices or
+(speculative decoding's wall-clock speed-up), `bench_llm.py` (a real model,
+SmolLM2-135M, by prompt category; needs the `[llm]` extra) and, where JAX sees 8 or more devices or
 runs on the CPU, `bench_sharding.py`; then times the README's demo. On whatever backend
 JAX picks: on a GPU or TPU machine, this is the command that fills an accelerator's results
 (PyTorch rows run on the CPU, as the PyTorch implementations here are written).
@@ -52,6 +53,7 @@ FULL = [
     ("serving", ["bench_serving.py"]),
     ("memory", ["bench_memory.py"]),
     ("decoding", ["bench_decoding.py"]),
+    ("llm", ["bench_llm.py"]),
     ("sharding", ["bench_sharding.py"]),
 ]
 QUICK = [
@@ -62,6 +64,8 @@ QUICK = [
     ("serving", ["bench_serving.py", "--shape", "4,3,512", "--repeats", "2"]),
     ("memory", ["bench_memory.py", "--shape", "4,3,512"]),
     ("decoding", ["bench_decoding.py", "--batch", "1", "--tokens", "8", "--repeats", "1"]),
+    ("llm", ["bench_llm.py", "--batches", "1", "--prompts", "1", "--categories",
+             "summarise", "--tokens", "16", "--repeats", "1"]),
     ("sharding", ["bench_sharding.py", "--batch", "8", "--vocab", "4096", "--repeats", "2"]),
 ]  # fmt: skip
 
@@ -70,6 +74,8 @@ def _commands(quick: bool) -> list[tuple[str, list[str]]]:
     commands = [(name, list(c)) for name, c in (QUICK if quick else FULL)]
     if importlib.util.find_spec("torch") is not None and not quick:
         dict(commands)["warps"].append("--torch")
+    if importlib.util.find_spec("gguf") is None:  # the [llm] extra is not installed
+        commands = [c for c in commands if c[0] != "llm"]
     if jax.default_backend() != "cpu" and jax.device_count() < 8:
         commands = [c for c in commands if c[0] != "sharding"]
     return commands

@@ -266,7 +266,9 @@ def test_rows_stop_at_their_first_stop_token_and_their_limit():
     # The stream, step by step, holds exactly the emitted tokens, in order.
     steps = np.concatenate(streamed, axis=1)
     for b in range(4):
-        np.testing.assert_array_equal(steps[b][steps[b] >= 0], tokens[b][tokens[b] >= 0])
+        np.testing.assert_array_equal(
+            steps[b][steps[b] >= 0], tokens[b][tokens[b] >= 0]
+        )
     reasons = out.finish_reason_names()
     for b in range(4):
         spaces = np.flatnonzero(free_tokens[b] == stop[0])

@@ -199,6 +199,32 @@ def _print_timing(seed: int, full: bool = False):
         "decoding of the same target (medians of 2 interleaved runs; benchmarks/bench_decoding.py measures more):\n"
     )
     print(speedup_table(measured))
+    print(_timing_verdict(measured, gamma))
+
+
+def _timing_verdict(measured, gamma) -> str:
+    """What the wall-clock table shows, in words, from its own numbers: a speed-up, or
+    none and why (a call on G + 1 tokens costs the built-in target several one-token
+    calls, so accepted draft tokens are not free)."""
+    best_name, best = max(measured.items(), key=lambda item: item[1].speedup)
+    ratio = best.target_call_seconds / best.plain_call_seconds
+    if best.speedup >= 1.1:
+        return (
+            f"\nMeasured: {best.speedup:.2f}x with the {best_name} draft "
+            f"({best.tokens_per_call:.2f} tokens per target call; a call on "
+            f"{gamma + 1} tokens costs {ratio:.1f} one-token calls)."
+        )
+    return (
+        f"\nNo real speed-up here ({best.speedup:.2f}x at best; the cost model, from "
+        f"the per-call times alone, predicts {best.predicted_speedup:.2f}x): the "
+        f"built-in target is tiny (3.7M weights, {1e3 * best.plain_call_seconds:.1f} ms "
+        f"a call), a call on {gamma + 1} tokens costs {ratio:.1f} one-token calls, and "
+        "the step's other work (the draft's calls, verification, the loop) weighs as "
+        f"much as the {best.tokens_per_call:.2f} tokens per target call save. "
+        "Speculative decoding pays where a call costs about the same on a few tokens as "
+        "on one, as for a real model bound by reading its weights: `python -m "
+        "eqx_specdec chat` runs SmolLM2-135M (the [llm] extra).\n"
+    )
 
 
 def _print_policies(policies, gamma):
