@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 import eqx_specdec as es
-from eqx_specdec.llm import fetch_smollm2, Llama, load_gguf, load_safetensors
+from eqx_specdec.llm import (
+    fetch_smollm2,
+    Llama,
+    load_gguf,
+    load_safetensors,
+    record_rows,
+    RecordedRows,
+)
 from eqx_specdec.llm._safetensors import write_safetensors
 
 
@@ -91,15 +98,18 @@ def test_logits_agree_with_llamacpp_within_its_rounding(smollm2, reference):
     assert kl.mean() <= 0.01 and np.quantile(kl, 0.95) <= 0.05, (kl.mean(), kl.max())
 
     def interleave(w, heads):  # the converter's permutation, on (in, out) weights
-        layers, inner, out = w.shape
-        w = w.reshape(layers, inner, heads, 2, out // heads // 2)
-        return jnp.swapaxes(w, 3, 4).reshape(layers, inner, out)
+        inner, out = w.shape
+        w = w.reshape(inner, heads, 2, out // heads // 2)
+        return jnp.swapaxes(w, 2, 3).reshape(inner, out)
 
     c = model.config
     wrong = eqx.tree_at(
-        lambda m: (m.layers.wq, m.layers.wk),
+        lambda m: [(layer.wq, layer.wk) for layer in m.layers],
         model,
-        (interleave(model.layers.wq, c.heads), interleave(model.layers.wk, c.kv_heads)),
+        [
+            (interleave(layer.wq, c.heads), interleave(layer.wk, c.kv_heads))
+            for layer in model.layers
+        ],
     )
     agree, kl = _agreement(wrong, reference)
     assert agree.mean() < 0.8 and kl.mean() > 0.1
@@ -260,7 +270,7 @@ def test_a_hugging_face_checkpoint_loads_as_its_gguf_twin(smollm2, tmp_path):
     }
     for i in range(layers):
         for hf, field in names.items():
-            w = np.asarray(getattr(model.layers, field)[i])
+            w = np.asarray(getattr(model.layers[i], field))
             arrays[f"model.layers.{i}.{hf}.weight"] = w if w.ndim == 1 else w.T
     arrays["model.norm.weight"] = np.asarray(model.final_norm)
     write_safetensors(tmp_path / "model.safetensors", arrays)
@@ -289,7 +299,7 @@ def test_a_hugging_face_checkpoint_loads_as_its_gguf_twin(smollm2, tmp_path):
     twin = Llama(
         dataclasses.replace(c, layers=layers),
         model.embedding,
-        jax.tree.map(lambda a: a[:layers], model.layers),
+        model.layers[:layers],
         model.final_norm,
         None,
     )
@@ -299,3 +309,57 @@ def test_a_hugging_face_checkpoint_loads_as_its_gguf_twin(smollm2, tmp_path):
     assert loaded_tokenizer.encode(text) == tokenizer.encode(text)
     assert loaded_tokenizer.stop_ids == tokenizer.stop_ids
     assert loaded_tokenizer.chat("Hello!") == tokenizer.chat("Hello!")
+
+
+def test_recorded_rows_are_the_models_rows_and_evaluate(smollm2, tmp_path):
+    """`record_rows` keeps, per window, the draft's and the target's rows at the text's
+    positions (checked against forward passes on the regenerated text); they survive
+    `save`/`load` to float16 rounding; `evaluate_verifier` on a recorded window agrees
+    with the closed form of the standard rule's expected accepted length."""
+    model, tokenizer = smollm2
+    draft = model.first_layers(4)
+    prompt = tokenizer.encode(tokenizer.chat("Name three colours."))
+    key = jax.random.key(3)
+    rows = record_rows(
+        model, draft, [prompt], gamma=2, num_tokens=6, windows=2, key=key
+    )
+    assert rows.draft_probs.shape == (2, 2, model.config.vocab_size)
+    assert rows.target_probs.shape == (2, 3, model.config.vocab_size)
+    generated = es.autoregressive_decode(
+        model,
+        jnp.asarray([prompt]),
+        None,
+        6,
+        jax.random.fold_in(key, 0),
+        outputs="logits",
+    )[0]
+    text = jnp.concatenate([jnp.asarray(prompt, jnp.int32), generated])
+    start = len(prompt)
+    p = jax.nn.softmax(_logits(model, text), -1)
+    q = jax.nn.softmax(_logits(draft, text), -1)
+    for window, offset in enumerate((0, 3)):  # linspace(0, 6 - 2 - 1, 2)
+        first = start + offset
+        np.testing.assert_array_equal(rows.tokens[window], text[first : first + 2])
+        np.testing.assert_allclose(
+            rows.target_probs[window], p[first - 1 : first + 2], atol=1e-6
+        )
+        np.testing.assert_allclose(
+            rows.draft_probs[window], q[first - 1 : first + 1], atol=1e-6
+        )
+    rows.save(tmp_path / "rows.npz")
+    loaded = RecordedRows.load(tmp_path / "rows.npz")
+    np.testing.assert_allclose(loaded.target_probs, rows.target_probs, atol=1e-3)
+    np.testing.assert_allclose(loaded.target_probs.sum(-1), 1, atol=1e-5)
+    evaluation = es.evaluate_verifier(
+        es.Verifier(),
+        loaded.draft_probs[0],
+        loaded.target_probs[0],
+        method="monte-carlo",
+        num_draws=20_000,
+    )
+    exact = 1 + float(
+        es.expected_accepted_length(loaded.draft_probs[:1], loaded.target_probs[:1])[0]
+    )
+    assert (
+        abs(evaluation.tokens_per_step - exact) < 5 * evaluation.tokens_per_step_error
+    )

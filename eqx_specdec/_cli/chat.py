@@ -144,3 +144,29 @@ def run_fetch(args) -> None:
     from ..llm import fetch_smollm2
 
     print(fetch_smollm2(args.dir))
+
+
+def run_record(args) -> None:
+    from ..llm import CHAT_PROMPTS, fetch_smollm2, load_gguf, record_rows
+
+    model, tokenizer = load_gguf(fetch_smollm2())
+    prompts = [
+        tokenizer.encode(tokenizer.chat(text))
+        for texts in CHAT_PROMPTS.values()
+        for text in texts[:1]
+    ]
+    rows = record_rows(
+        model,
+        model.first_layers(args.draft_layers),
+        prompts,
+        gamma=args.gamma,
+        num_tokens=args.tokens,
+        windows=args.windows,
+        key=jax.random.key(args.seed),
+    )
+    rows.save(args.out)
+    count, gamma = rows.tokens.shape
+    print(
+        f"wrote {args.out}: {count} windows of G = {gamma} (draft: the first "
+        f"{args.draft_layers} of {model.config.layers} layers)"
+    )

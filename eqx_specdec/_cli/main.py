@@ -20,7 +20,7 @@ from .._evaluation.evaluate import (
     SYNTHETIC_KINDS,
 )
 from ..demo import builtin_models, encode, write_builtin_transformers
-from .chat import run_chat, run_fetch
+from .chat import run_chat, run_fetch, run_record
 from .choices import (
     CHAIN_NAMES,
     DEMO_DEFAULT,
@@ -154,6 +154,21 @@ def _lenience(text):
 
 
 def _case(args):
+    if args.rows is not None:
+        from ..llm import RecordedRows
+
+        rows = RecordedRows.load(args.rows)
+        count, gamma = rows.tokens.shape
+        if not 0 <= args.window < count:
+            fail(
+                f"--window must lie in [0, {count}) for {args.rows} ({count} windows), "
+                f"got {args.window}.",
+                "evaluate",
+            )
+        args.case = f"recorded window {args.window} of {args.rows}"
+        q = np.asarray(rows.draft_probs[args.window], np.float64)
+        p = np.asarray(rows.target_probs[args.window], np.float64)
+        return q / q.sum(-1, keepdims=True), p / p.sum(-1, keepdims=True)
     if args.case == "ngram":
         draft, target = builtin_models()
         text = encode("we hold these truths to be self-evident, that all men are ")
@@ -342,6 +357,41 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--dir", default=None, help="keep it here instead of the cache")
     fetch.set_defaults(run=run_fetch)
 
+    record = sub.add_parser(
+        "record",
+        help="record a real model's rows for evaluating acceptance rules",
+        description="SmolLM2-135M-Instruct continues the built-in chat prompts (sampled, "
+        "temperature 1); then it and a draft made of its first layers read the text, "
+        "and windows of G positions are saved with both models' rows (float16 .npz): "
+        "the inputs of `evaluate --rows` and of eqx_specdec.llm.RecordedRows.load. "
+        "Needs the [llm] extra.",
+        formatter_class=_Formatter,
+    )
+    record.add_argument(
+        "--out", metavar="FILE.npz", required=True, help="where to write"
+    )
+    record.add_argument(
+        "--draft-layers",
+        type=_positive(int),
+        default=20,
+        help="the target's first layers the draft keeps, of 30 (default 20)",
+    )
+    record.add_argument("--gamma", type=_positive(int), default=4, help="(default 4)")
+    record.add_argument(
+        "--tokens",
+        type=_positive(int),
+        default=32,
+        help="tokens generated per prompt (default 32)",
+    )
+    record.add_argument(
+        "--windows",
+        type=_positive(int),
+        default=4,
+        help="windows per prompt (default 4)",
+    )
+    record.add_argument("--seed", type=int, default=0, help="(default 0)")
+    record.set_defaults(run=run_record)
+
     evaluate = sub.add_parser(
         "evaluate",
         help="distance from the target and acceptance of one verifier",
@@ -363,6 +413,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="peaked",
         help="synthetic distributions, or 'ngram': the built-in models along a built-in "
         "text (default peaked)",
+    )
+    evaluate.add_argument(
+        "--rows",
+        metavar="FILE.npz",
+        default=None,
+        help="recorded rows of a real model (python -m eqx_specdec record) instead of "
+        "--case; G and V are the file's",
+    )
+    evaluate.add_argument(
+        "--window",
+        type=int,
+        default=0,
+        help="with --rows: the window evaluated (default 0)",
     )
     evaluate.add_argument("--gamma", type=_positive(int), default=2, help="(default 2)")
     evaluate.add_argument(

@@ -12,7 +12,9 @@ from ._gguf import load_gguf as load_gguf
 from ._llama import (
     Llama as Llama,
     LlamaConfig as LlamaConfig,
-    LlamaLayers as LlamaLayers,
+    LlamaLayer as LlamaLayer,
 )
+from ._prompts import CHAT_PROMPTS as CHAT_PROMPTS
+from ._record import record_rows as record_rows, RecordedRows as RecordedRows
 from ._safetensors import load_safetensors as load_safetensors
 from ._tokenizer import Tokenizer as Tokenizer

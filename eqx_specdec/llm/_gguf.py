@@ -6,11 +6,11 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from ._llama import Llama, LlamaConfig, LlamaLayers
+from ._llama import Llama, LlamaConfig, LlamaLayer
 from ._tokenizer import _require, bpe_tokenizer, Tokenizer
 
 
-#: GGUF's tensor names per layer, by `LlamaLayers` field.
+#: GGUF's tensor names per layer, by `LlamaLayer` field.
 _LAYER_TENSORS = {
     "attention_norm": "attn_norm",
     "wq": "attn_q",
@@ -107,13 +107,14 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32) -> tuple[Llama, Tok
             w = _unpermute(w, kv_heads)
         return w if w.ndim == 1 else w.T  # (out, in) -> (in, out)
 
-    layers = LlamaLayers(
-        **{
-            field: jnp.asarray(
-                np.stack([layer_weight(field, i) for i in range(config.layers)]), dtype
-            )
-            for field in _LAYER_TENSORS
-        }
+    layers = tuple(
+        LlamaLayer(
+            **{
+                field: jnp.asarray(layer_weight(field, i), dtype)
+                for field in _LAYER_TENSORS
+            }
+        )
+        for i in range(config.layers)
     )
     head = None
     if "output.weight" in tensors:

@@ -1,8 +1,8 @@
 """A Llama-family decoder in Equinox, written to the cached-model interface: grouped-query
 attention with rotary position embeddings, RMS norms, a SwiGLU MLP, a tied or untied
-output head. The layers' weights are stacked and run by one `lax.scan` (one layer
-compiled, however deep the model)."""
+output head. One Python loop over the layers (each layer's weights are separate arrays)."""
 
+import dataclasses
 import math
 
 import equinox as eqx
@@ -69,26 +69,29 @@ class LlamaConfig(eqx.Module):
         return self.head_dim if self.head_dim is not None else self.dim // self.heads
 
 
-class LlamaLayers(eqx.Module):
-    """The decoder layers' weights, stacked along a leading axis of length `layers`.
-    Linear weights are stored `(in, out)`: `x @ w`. The query and key projections'
-    output columns are in Hugging Face's order (each head's rotary pairs are the
-    entries `i` and `i + head_dim / 2`)."""
+class LlamaLayer(eqx.Module):
+    """One decoder layer's weights. Linear weights are stored `(in, out)`: `x @ w`. The
+    query and key projections' output columns are in Hugging Face's order (each head's
+    rotary pairs are the entries `i` and `i + head_dim / 2`)."""
 
-    attention_norm: Float[Array, "layers dim"]
-    wq: Float[Array, "layers dim q_dim"]
-    wk: Float[Array, "layers dim kv_dim"]
-    wv: Float[Array, "layers dim kv_dim"]
-    wo: Float[Array, "layers q_dim dim"]
-    mlp_norm: Float[Array, "layers dim"]
-    gate: Float[Array, "layers dim hidden"]
-    up: Float[Array, "layers dim hidden"]
-    down: Float[Array, "layers hidden dim"]
+    attention_norm: Float[Array, " dim"]
+    wq: Float[Array, "dim q_dim"]
+    wk: Float[Array, "dim kv_dim"]
+    wv: Float[Array, "dim kv_dim"]
+    wo: Float[Array, "q_dim dim"]
+    mlp_norm: Float[Array, " dim"]
+    gate: Float[Array, "dim hidden"]
+    up: Float[Array, "dim hidden"]
+    down: Float[Array, "hidden dim"]
 
 
+#: One `(keys, values)` pair per layer, each `(kv_heads, max_length, head_dim)`.
 LlamaCache = tuple[
-    Float[Array, "layers kv_heads length head_dim"],
-    Float[Array, "layers kv_heads length head_dim"],
+    tuple[
+        Float[Array, "kv_heads length head_dim"],
+        Float[Array, "kv_heads length head_dim"],
+    ],
+    ...,
 ]
 
 
@@ -154,7 +157,10 @@ class Llama(AbstractCachedModel):
 
     - `config`: the model's [`eqx_specdec.llm.LlamaConfig`][].
     - `embedding`: float `(V, dim)`, the token embedding.
-    - `layers`: the stacked decoder layers.
+    - `layers`: the decoder layers, a tuple of [`eqx_specdec.llm.LlamaLayer`][]. (Kept
+        as separate arrays, not stacked under a `lax.scan`: on the CPU, XLA copies a
+        layer's weights out of stacked arrays at every call, which cost more than the
+        matrix products.)
     - `final_norm`: float `(dim,)`.
     - `head`: float `(dim, V)`, the output layer, or `None` when it is the embedding's
         transpose (tied).
@@ -162,7 +168,7 @@ class Llama(AbstractCachedModel):
 
     config: LlamaConfig = eqx.field(static=True)
     embedding: Float[Array, "V dim"]
-    layers: LlamaLayers
+    layers: tuple[LlamaLayer, ...]
     final_norm: Float[Array, " dim"]
     head: Float[Array, "dim V"] | None
 
@@ -176,21 +182,49 @@ class Llama(AbstractCachedModel):
             )
         q_dim, kv_dim = c.heads * c.width_per_head, c.kv_heads * c.width_per_head
         shapes = {
-            "wq": (c.layers, c.dim, q_dim),
-            "wk": (c.layers, c.dim, kv_dim),
-            "wv": (c.layers, c.dim, kv_dim),
-            "wo": (c.layers, q_dim, c.dim),
-            "gate": (c.layers, c.dim, c.hidden),
-            "up": (c.layers, c.dim, c.hidden),
-            "down": (c.layers, c.hidden, c.dim),
+            "wq": (c.dim, q_dim),
+            "wk": (c.dim, kv_dim),
+            "wv": (c.dim, kv_dim),
+            "wo": (q_dim, c.dim),
+            "gate": (c.dim, c.hidden),
+            "up": (c.dim, c.hidden),
+            "down": (c.hidden, c.dim),
         }
-        for name, shape in shapes.items():
-            got = tuple(getattr(self.layers, name).shape)
-            if got != shape:
-                raise ValueError(
-                    f"Llama(`layers`=...): `{name}` must have shape {shape} for this "
-                    f"config, got {got}."
-                )
+        if len(self.layers) != c.layers:
+            raise ValueError(
+                f"Llama(`layers`=...) must hold {c.layers} layers for this config, got "
+                f"{len(self.layers)}."
+            )
+        for i, layer in enumerate(self.layers):
+            for name, shape in shapes.items():
+                got = tuple(getattr(layer, name).shape)
+                if got != shape:
+                    raise ValueError(
+                        f"Llama(`layers`=...): layer {i}'s `{name}` must have shape "
+                        f"{shape} for this config, got {got}."
+                    )
+
+    def first_layers(self, count: int) -> "Llama":
+        """The model cut after its first `count` layers, with the same final norm and
+        head: an early-exit draft that shares the target's weights (without training it
+        accepts little; see LayerSkip, Elhoushi et al. 2024).
+
+        **Arguments:**
+
+        - `count`: the layers kept, in `[1, layers]`.
+        """
+        c = self.config
+        if not isinstance(count, int) or not 1 <= count <= c.layers:
+            raise ValueError(
+                f"`count` must be a Python int in [1, {c.layers}], got {count!r}."
+            )
+        return Llama(
+            dataclasses.replace(c, layers=count),
+            self.embedding,
+            self.layers[:count],
+            self.final_norm,
+            self.head,
+        )
 
     @property
     def dtype(self):
@@ -198,8 +232,8 @@ class Llama(AbstractCachedModel):
         return self.embedding.dtype
 
     def init_state(self, max_length: int) -> LlamaCache:
-        """An empty key-value cache of `max_length` positions: `(keys, values)`, each of
-        shape `(layers, kv_heads, max_length, head_dim)`."""
+        """An empty key-value cache of `max_length` positions: one `(keys, values)` pair
+        per layer, each of shape `(kv_heads, max_length, head_dim)`."""
         c = self.config
         if not isinstance(max_length, int) or not 1 <= max_length <= c.context:
             raise ValueError(
@@ -208,9 +242,9 @@ class Llama(AbstractCachedModel):
                 f"[1, {c.context}]; got {max_length!r}. Shorten the prompt or "
                 "`num_tokens`."
             )
-        shape = (c.layers, c.kv_heads, max_length, c.width_per_head)
+        shape = (c.kv_heads, max_length, c.width_per_head)
         zeros = jnp.zeros(shape, self.dtype)
-        return zeros, zeros
+        return tuple((zeros, zeros) for _ in range(c.layers))
 
     def _run(self, tokens, positions, cache):
         c = self.config
@@ -233,16 +267,17 @@ class Llama(AbstractCachedModel):
             x = x + (jax.nn.silu(h @ w.gate) * (h @ w.up)) @ w.down
             return x, (keys, values)
 
-        if cache is None:
-            x, _ = jax.lax.scan(
-                lambda x, w: (layer(x, (w, None, None))[0], None), x, self.layers
-            )
-            new_cache = None
-        else:
-            x, new_cache = jax.lax.scan(layer, x, (self.layers, *cache))
-        x = _rms_norm(x, self.final_norm, c.norm_eps)
+        new_cache = []
+        for i, w in enumerate(self.layers):
+            keys, values = (None, None) if cache is None else cache[i]
+            x, kv = layer(x, (w, keys, values))
+            new_cache.append(kv)
+        return x, None if cache is None else tuple(new_cache)
+
+    def _logits(self, x):
+        x = _rms_norm(x, self.final_norm, self.config.norm_eps)
         head = self.embedding.T if self.head is None else self.head
-        return (x @ head).astype(jnp.float32), new_cache
+        return (x @ head).astype(jnp.float32)
 
     def __call__(
         self,
@@ -258,10 +293,16 @@ class Llama(AbstractCachedModel):
 
         `(logits, state)`: float32 `(K, V)` and the written cache.
         """
-        return self._run(tokens, positions, state)
+        x, state = self._run(tokens, positions, state)
+        return self._logits(x), state
 
     def logits(self, tokens: Int[Array, " length"]) -> Float[Array, "length V"]:
         """The uncached forward pass on a whole sequence: the next-token logits after
         each prefix `tokens[: t + 1]`, float32 of shape `(T, V)`."""
+        return self._logits(self.hidden(tokens))
+
+    def hidden(self, tokens: Int[Array, " length"]) -> Float[Array, "length dim"]:
+        """The last layer's output on a whole sequence, before the final norm and the
+        head (the features a draft head reads), shape `(T, dim)`."""
         positions = jnp.arange(tokens.shape[0], dtype=jnp.int32)
         return self._run(tokens, positions, None)[0]

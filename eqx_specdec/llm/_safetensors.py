@@ -10,13 +10,13 @@ import struct
 import jax.numpy as jnp
 import numpy as np
 
-from ._llama import Llama, LlamaConfig, LlamaLayers
+from ._llama import Llama, LlamaConfig, LlamaLayer
 from ._tokenizer import _require, Tokenizer
 
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 
-#: Hugging Face's tensor names per layer, by `LlamaLayers` field.
+#: Hugging Face's tensor names per layer, by `LlamaLayer` field.
 _LAYER_TENSORS = {
     "attention_norm": "input_layernorm",
     "wq": "self_attn.q_proj",
@@ -136,19 +136,14 @@ def load_safetensors(
         w = tensors[name]
         return w if w.ndim == 1 else w.T  # (out, in) -> (in, out)
 
-    layers = LlamaLayers(
-        **{
-            field: jnp.asarray(
-                np.stack(
-                    [
-                        weight(f"model.layers.{i}.{name}.weight")
-                        for i in range(config.layers)
-                    ]
-                ),
-                dtype,
-            )
-            for field, name in _LAYER_TENSORS.items()
-        }
+    layers = tuple(
+        LlamaLayer(
+            **{
+                field: jnp.asarray(weight(f"model.layers.{i}.{name}.weight"), dtype)
+                for field, name in _LAYER_TENSORS.items()
+            }
+        )
+        for i in range(config.layers)
     )
     head = None
     if not settings.get("tie_word_embeddings", False) and "lm_head.weight" in tensors:
