@@ -138,7 +138,9 @@ def main(argv=None):
     }
     width = max(len(r) for rows in encoded.values() for r in rows)
     draft = es.PromptLookupDraft(model.config.vocab_size)
-    chain = es.Chain(args.gamma, draft_length=es.StopWhenUnlikely(), trim=True)
+    chain = es.Chain(
+        args.gamma, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
+    )
     print(
         f"SmolLM2-135M-Instruct, float32, JAX {jax.__version__} on "
         f"{jax.default_backend()}; greedy; prompt lookup, G = {args.gamma} "

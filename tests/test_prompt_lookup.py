@@ -2,6 +2,8 @@
 every position of a table of sequences, and `Chain(trim=True)` emitting exactly what
 the untrimmed chain emits, with the same keys, on a cached transformer target."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,10 +59,12 @@ def test_trim_needs_a_policy_that_stops_without_the_target():
         es.Chain(4, draft_length=es.StopWhenUnlikely(predictor="oracle"), trim=True)
 
 
-def test_a_trimmed_target_call_emits_what_the_full_one_does():
-    """A prompt-lookup draft on repetitive prompts (rows draft between 1 and G tokens, and
-    several trimmed widths are taken) and a cached transformer target: the tokens, the
-    accepted-length histograms and the draft counts are identical."""
+@pytest.mark.parametrize("keep_crossing", [True, False])
+def test_a_trimmed_target_call_emits_what_the_full_one_does(keep_crossing):
+    """A prompt-lookup draft on repetitive prompts (rows draft between 1 and G tokens,
+    or between 0 and G when the crossing token is not kept) and a cached transformer
+    target: the tokens, the accepted-length histograms and the draft counts are
+    identical."""
     vocab, gamma = 5, 6
     target = _small_transformer(vocab, context=64)
     rng = np.random.default_rng(3)
@@ -73,14 +77,90 @@ def test_a_trimmed_target_call_emits_what_the_full_one_does():
             None,
             24,
             jax.random.key(0),
-            proposal=es.Chain(gamma, draft_length=es.StopWhenUnlikely(), trim=trim),
+            proposal=es.Chain(
+                gamma,
+                draft_length=es.StopWhenUnlikely(keep_crossing=keep_crossing),
+                trim=trim,
+            ),
             outputs=("probs", "logits"),
         )
         for trim in (False, True)
     ]
-    assert trimmed_widths(gamma) == (2, 3, 5, 7)
+    assert trimmed_widths(gamma) == (1, 7)
     for field in ("tokens", "accepted_histogram", "drafted", "target_calls"):
         np.testing.assert_array_equal(
             getattr(results[0], field), getattr(results[1], field)
         )
     assert len(np.unique(np.asarray(results[0].accepted_histogram).nonzero()[1])) > 2
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    [
+        es.Verifier(),
+        es.Verifier(residual_sampler=es.GumbelSampler()),
+    ],
+    ids=["standard", "key-driven sampler"],
+)
+def test_rows_that_draft_nothing_keep_the_loop_lossless(verifier):
+    """With `keep_crossing=False` a row whose lookup finds nothing drafts no token and
+    takes a plain step (its token drawn from the target's first row): over the whole
+    loop the emitted sequences follow the target's law exactly (chi-square over every
+    sequence of 3 tokens, 24,000 rows), with rows of every draft length from 0 up."""
+    vocab, length, rows = 3, 3, 24_000
+    target = _small_transformer(vocab)
+    # The first step finds no match (2 and (1, 2) occur nowhere earlier), later ones
+    # often do.
+    prompt = jnp.tile(jnp.asarray([[0, 1, 2]], jnp.int32), (rows, 1))
+    result = es.speculative_decode(
+        es.PromptLookupDraft(vocab, 2),
+        target,
+        prompt,
+        None,
+        length,
+        jax.random.key(0),
+        verifier=verifier,
+        proposal=es.Chain(
+            2, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
+        ),
+        outputs=("probs", "logits"),
+    )
+    tokens = np.asarray(result.tokens)
+    codes = (tokens * vocab ** np.arange(length)[::-1]).sum(-1)
+    counts = np.bincount(codes, minlength=vocab**length).astype(np.float64)
+    expected = _sequence_probabilities(target, [0, 1, 2], length, vocab)
+    estimate = es.EmissionEstimate(counts[None], np.array([float(rows)]), rows)
+    chi = estimate.chi_square(expected[None])
+    assert float(chi["statistic"][0]) < float(chi["threshold"][0])
+    # Drafts were accepted in later steps; the first step drafted nothing (a one-token
+    # run: every row's draft length is 0).
+    assert np.asarray(result.accepted_histogram)[:, 1:].sum() > 0
+    first = es.speculative_decode(
+        es.PromptLookupDraft(vocab, 2),
+        target,
+        prompt[:4],
+        None,
+        1,
+        jax.random.key(0),
+        verifier=verifier,
+        proposal=es.Chain(
+            2, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
+        ),
+        outputs=("probs", "logits"),
+    )
+    assert (np.asarray(first.drafted) == 0).all()
+
+
+def _sequence_probabilities(model, prompt, length, vocab):
+    """The model's own distribution of `length` tokens after `prompt`, by enumeration
+    with its uncached forward pass."""
+    seqs = np.asarray(list(itertools.product(range(vocab), repeat=length)), np.int32)
+    full = np.concatenate(
+        [np.tile(np.asarray([prompt], np.int32), (len(seqs), 1)), seqs], 1
+    )
+    logits = jax.vmap(model.logits)(jnp.asarray(full[:, :-1]))
+    log_probs = np.asarray(jax.nn.log_softmax(logits, -1), np.float64)[
+        :, len(prompt) - 1 :
+    ]
+    picked = np.take_along_axis(log_probs, seqs[..., None], -1)[..., 0]
+    return np.exp(picked.sum(-1))

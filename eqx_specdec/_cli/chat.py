@@ -62,7 +62,9 @@ def run_chat(args) -> dict:
         verifier, key = Verifier(), jax.random.key(args.seed)
         model = Tempered(model, args.temperature)
     draft = PromptLookupDraft(model.config.vocab_size)
-    chain = Chain(args.gamma, draft_length=StopWhenUnlikely(), trim=True)
+    chain = Chain(
+        args.gamma, draft_length=StopWhenUnlikely(keep_crossing=False), trim=True
+    )
     print(
         f"SmolLM2-135M-Instruct (loaded in {loaded:.1f} s), temperature "
         f"{args.temperature:g}, prompt-lookup draft, G = {args.gamma}"

@@ -20,11 +20,14 @@ class PromptLookupDraft(eqx.Module):
 
     A stateless model for [`eqx_specdec.speculative_decode`][]: it returns a
     **one-hot** row (probabilities) where a match is found, and the **uniform** row
-    where none is. Draft with `Chain(drafting="argmax")`, so that the chain is verified
-    by the one-hot rule, and stop drafting at the first position without a match with
-    `draft_length=StopWhenUnlikely()` (the uniform row's confidence is $1/V$); with
-    `trim=True` the target is then called on the positions the drafts need only.
-    Decode with `outputs=("probs", "logits")` for a target returning logits.
+    where none is. Drafted with the default `Chain(drafting="sample")`, a matched
+    position's token is the lookup's, and the standard rule verifies it as the one-hot
+    rule does ($q$ is one-hot there). Stop drafting before the first position without a
+    match with `draft_length=StopWhenUnlikely(keep_crossing=False)` (the uniform row's
+    confidence is $1/V$): a row with no match drafts nothing and takes a plain step, and
+    with `Chain(trim=True)` the target is called on the positions the drafts need only
+    (one, when no row has a match). Decode with `outputs=("probs", "logits")` for a
+    target returning logits.
 
     **Arguments:**
 

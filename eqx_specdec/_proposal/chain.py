@@ -11,6 +11,7 @@ from jaxtyping import Array, Int, Key
 from .._capabilities import has_capability
 from .._misc import no_type_check
 from .._models.cached import call_rows, is_cached
+from .._search import inverse_cdf
 from .._stages.row_fields import per_row_values, with_row_values
 from .._verify.abstract_verifier import AbstractVerifier
 from .._verify.logprobs import emitted_logprobs
@@ -54,12 +55,12 @@ class Chain(AbstractProposal):
         verifies a chain of its own length $L$ (the verifier runs once per possible
         length, and each row takes its own), and `DecodeResult.drafted` counts the
         $L$s.
-    - `trim`: `True` to call the target each step on only as many positions as the
-        batch's longest draft needs ($\\max_b L_b + 1$, rounded up to
-        $2^j + 1$ or $G + 1$): one compiled target call per such width, chosen at run
-        time. It pays where drafts are often short (a
-        [`eqx_specdec.PromptLookupDraft`][] that finds no match) and the target's
-        cost grows with the positions it scores. Needs a `draft_length` policy that
+    - `trim`: `True` to call the target on one position only in the steps where no
+        row drafted a token (a draft-length policy that allows $L = 0$, such as
+        `StopWhenUnlikely(keep_crossing=False)`), and on $G + 1$ otherwise: two
+        compiled target calls, chosen at run time. It pays where drafts are often
+        empty (a [`eqx_specdec.PromptLookupDraft`][] that finds no match): such a step
+        then costs what a plain decoding step does. Needs a `draft_length` policy that
         stops without reading the target. Default `False` (always $G + 1$).
     """
 
@@ -157,8 +158,9 @@ class Chain(AbstractProposal):
         else:
             if not stops_early:
                 drafted = jax.vmap(policy)(xs, law, p).astype(jnp.int32)
-            drafted = jnp.clip(drafted, 1, self.length)
-            out = verifier.at_lengths(drafted, *arrays)
+            drafted = jnp.clip(drafted, 0, self.length)
+            out = verifier.at_lengths(jnp.maximum(drafted, 1), *arrays)
+            out = _plain_step_where_none(verifier, drafted, p[:, 0], sample, out)
         drafted_rows = jnp.arange(self.length, dtype=jnp.int32)[None] < drafted[:, None]
         checked = (("draft_model", qs, drafted_rows), ("target_model", p, None))
         logprobs = emitted_logprobs(out["tokens"], p) if models.logprobs else None
@@ -190,6 +192,29 @@ class Chain(AbstractProposal):
             checked,
             logprobs,
         )
+
+
+def _plain_step_where_none(verifier, drafted, first_rows, sample, out):
+    """The rows that drafted no token take a plain decoding step: their token is drawn
+    from the target's first row $p_0$ with the row's sampling randomness (its argmax
+    for a rule whose sampler draws `"argmax"`), what any exact rule emits with nothing
+    to verify."""
+    sampler = verifier.residual_sampler
+    if sampler.draws == "argmax":
+        token = jnp.argmax(first_rows, axis=-1)
+    elif sampler.randomness == "key":
+        token = jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(
+            sample, first_rows
+        )
+    else:
+        token = jax.vmap(inverse_cdf)(first_rows, sample.astype(first_rows.dtype))
+    none = drafted == 0
+    tokens = out["tokens"]
+    plain = jnp.full_like(tokens, -1).at[:, 0].set(token.astype(tokens.dtype))
+    return {
+        "num_accepted": jnp.where(none, 0, out["num_accepted"]),
+        "tokens": jnp.where(none[:, None], plain, tokens),
+    }
 
 
 def _with_ratio_test(verifier, test):
@@ -265,9 +290,11 @@ def draft_chain(
         property, decided by the first `count` tokens and rows alone."""
         if policy is None:
             return jnp.zeros((batch,), bool)
+        return length_of(xs, qs) + policy.lookahead() <= count
+
+    def length_of(xs, qs):
         dummy_target = jnp.zeros((batch, gamma + 1, qs.shape[-1]), qs.dtype)
-        length = jax.vmap(policy)(xs, draft_law(xs, qs, drafting), dummy_target)
-        return length <= count
+        return jax.vmap(policy)(xs, draft_law(xs, qs, drafting), dummy_target)
 
     # The first draft call: the last committed positions (two for a cached draft).
     width = CATCH_UP if is_cached(models.draft) else 1
@@ -303,6 +330,8 @@ def draft_chain(
     _, buffer, xs, qs, drafted, draft_state, _ = jax.lax.while_loop(
         more, next_token, carry
     )
+    if policy is not None:  # the rows' lengths, now that each has stopped
+        drafted = jnp.clip(length_of(xs, qs), 0, gamma).astype(jnp.int32)
     starts = lengths - 1
     if trim:
         widths = trimmed_widths(gamma)
@@ -317,7 +346,7 @@ def draft_chain(
 
             return call
 
-        needed = jnp.max(drafted) + 1
+        needed = jnp.max(drafted) + 1  # 1 when no row drafted a token
         index = jnp.sum(jnp.asarray(widths[:-1]) < needed)
         p, target_state = jax.lax.switch(
             index, [scored(w) for w in widths], buffer, target_state
@@ -331,13 +360,11 @@ def draft_chain(
 
 
 def trimmed_widths(gamma: int) -> tuple[int, ...]:
-    """The target widths a trimmed chain of `gamma` tokens compiles: `2^j + 1` below
-    `gamma + 1`, and `gamma + 1`."""
-    widths, size = [], 1
-    while size < gamma:
-        widths.append(size + 1)
-        size *= 2
-    return (*widths, gamma + 1)
+    """The target widths a trimmed chain of `gamma` tokens compiles: 1 (no row drafted)
+    and `gamma + 1`. (Intermediate widths were tried: on the CPU a call's cost is flat
+    from 2 to 5 positions and jumps from 1 to 2, and each width compiles the target
+    once more.)"""
+    return (1, gamma + 1)
 
 
 def reached_probabilities(passes, draft_law, draft_tokens):

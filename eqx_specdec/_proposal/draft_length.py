@@ -15,8 +15,10 @@ from .._misc import check_hyperparameter, no_type_check
 
 class AbstractDraftLength(eqx.Module):
     """Decides, for one row and step of [`eqx_specdec.speculative_decode`][], how many
-    draft tokens $L \\in [1, G]$ the row drafts; the verifier then verifies a chain of
-    length $L$ (the loop keeps fixed buffers of $G$ slots and masks the rest).
+    draft tokens $L \\in [0, G]$ the row drafts; the verifier then verifies a chain of
+    length $L$ (the loop keeps fixed buffers of $G$ slots and masks the rest). A row
+    that drafts none ($L = 0$) takes a plain decoding step: its token is drawn from the
+    target's first row $p_0$ (its argmax for a rule whose sampler draws `"argmax"`).
 
     For the loop to stay lossless, the decision to draft token $k + 1$ may depend on the
     draft tokens before it and on the distributions at positions up to $k$ only (the
@@ -32,6 +34,18 @@ class AbstractDraftLength(eqx.Module):
     """
 
     always_full: ClassVar[bool] = False
+
+    def lookahead(self) -> int:
+        """How many draft tokens past its length $L$ the rule reads to decide $L$: 0 (the
+        default) when the first $L$ tokens and rows decide it, 1 when the rule stops
+        *before* a token it has seen (`StopWhenUnlikely(keep_crossing=False)`). The
+        loop keeps calling the draft for a row until its length plus this is reached.
+
+        **Returns:**
+
+        A Python int.
+        """
+        return 0
 
     def needs_target(self) -> bool:
         """Whether the rule reads `target_probs`. If not (return `False`), the decoding
@@ -66,7 +80,7 @@ class AbstractDraftLength(eqx.Module):
 
         **Returns:**
 
-        An int32 scalar in $[1, G]$ (the loop clips other values into it).
+        An int32 scalar in $[0, G]$ (the loop clips other values into it).
         """
 
 
@@ -101,20 +115,31 @@ class StopWhenUnlikely(AbstractDraftLength):
         upper bound on what any learned predictor of acceptance reaches, not a
         deployable rule.
 
+    With `keep_crossing=False` the token whose risk crosses $h$ is not drafted:
+    $L = \\min\\{k : 1 - \\prod_{j \\le k + 1} a_j > h\\}$, which may be 0 (the row
+    drafts nothing this step). For a draft whose rows say when it has nothing to
+    propose ([`eqx_specdec.PromptLookupDraft`][]'s uniform row), that skips a token
+    that is almost surely rejected and, with `Chain(trim=True)`, the target's call on
+    its position.
+
     Lossless with any lossless verifier: $L$ depends on the rows up to position $L$
-    only, which are functions of the draft tokens before them.
+    (with `keep_crossing=False`, $L + 1$) only, which are functions of the draft tokens
+    before them.
 
     **Arguments:**
 
     - `threshold`: $h \\in [0, 1]$; 0 drafts one token, 1 drafts all $G$. A float or a
         scalar array (traced: sweep it without recompiling). Default 0.5.
     - `predictor`: `"confidence"` (the default) or `"oracle"`.
+    - `keep_crossing`: `True` (the default, SpecDec++'s rule) to draft the token whose
+        risk crosses $h$; `False` to stop before it ($L \\in [0, G]$).
     """
 
     threshold: Float[Array, ""] | float = 0.5
     predictor: Literal["confidence", "oracle"] = eqx.field(
         static=True, default="confidence"
     )
+    keep_crossing: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         check_hyperparameter("threshold", self.threshold, 0.0, 1.0, low_open=False)
@@ -123,6 +148,15 @@ class StopWhenUnlikely(AbstractDraftLength):
                 'StopWhenUnlikely(`predictor`=...) must be "confidence" or "oracle", '
                 f"got {self.predictor!r}."
             )
+        if not isinstance(self.keep_crossing, bool):
+            raise TypeError(
+                "StopWhenUnlikely(`keep_crossing`=...) must be a Python bool, got "
+                f"{self.keep_crossing!r}."
+            )
+
+    def lookahead(self) -> int:
+        """1 with `keep_crossing=False` (the crossing token is read, not drafted)."""
+        return 0 if self.keep_crossing else 1
 
     def needs_target(self) -> bool:
         """`True` for the oracle predictor only."""
@@ -148,6 +182,6 @@ class StopWhenUnlikely(AbstractDraftLength):
         risk = 1 - jnp.cumprod(accepted)
         threshold = jnp.asarray(self.threshold, risk.dtype)
         # Risk never falls: positions at or under the threshold are a prefix, and the
-        # token that crosses it is still drafted.
-        length = 1 + jnp.sum(risk <= threshold, dtype=jnp.int32)
+        # token that crosses it is drafted too unless `keep_crossing` is False.
+        length = jnp.sum(risk <= threshold, dtype=jnp.int32) + int(self.keep_crossing)
         return jnp.minimum(length, draft_tokens.shape[0]).astype(jnp.int32)
