@@ -45,6 +45,7 @@ def test_the_public_api_is_what_the_docs_list():
         "AbstractResidualSampler", "ResidualSampler",
         "AbstractTokenAssembler", "TokenAssembler",
         "Verdict", "Verifier", "EmissionEstimate", "Warp", "Evaluation", "ChiSquare",
+        "PromptLookupDraft", "Tempered",
         "GreedyRatioTest", "LenientRatioTest", "TypicalRatioTest", "BlockRatioTest",
         "LastSuccessCounter", "AbstractNodeRule", "IIDCandidates",
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",

@@ -17,6 +17,7 @@ from .._proposal.chain import Chain
 from .._proposal.draft_length import StopWhenUnlikely
 from .._stages.greedy import ArgmaxSampler, GreedyRatioTest
 from .._verify.verifier import Verifier
+from ..llm import CHAT_PROMPTS, fetch_smollm2, load_gguf, record_rows
 
 
 class TextStream:
@@ -46,8 +47,6 @@ class TextStream:
 
 
 def run_chat(args) -> dict:
-    from ..llm import fetch_smollm2, load_gguf
-
     start = time.perf_counter()
     model, tokenizer = load_gguf(args.model or fetch_smollm2())
     loaded = time.perf_counter() - start
@@ -143,14 +142,10 @@ def run_chat(args) -> dict:
 
 
 def run_fetch(args) -> None:
-    from ..llm import fetch_smollm2
-
     print(fetch_smollm2(args.dir))
 
 
 def run_record(args) -> None:
-    from ..llm import CHAT_PROMPTS, fetch_smollm2, load_gguf, record_rows
-
     model, tokenizer = load_gguf(fetch_smollm2())
     prompts = [
         tokenizer.encode(tokenizer.chat(text))

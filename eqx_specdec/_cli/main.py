@@ -20,6 +20,7 @@ from .._evaluation.evaluate import (
     SYNTHETIC_KINDS,
 )
 from ..demo import builtin_models, encode, write_builtin_transformers
+from ..llm import RecordedRows
 from .chat import run_chat, run_fetch, run_record
 from .choices import (
     CHAIN_NAMES,
@@ -155,8 +156,6 @@ def _lenience(text):
 
 def _case(args):
     if args.rows is not None:
-        from ..llm import RecordedRows
-
         rows = RecordedRows.load(args.rows)
         count, gamma = rows.tokens.shape
         if not 0 <= args.window < count:
@@ -231,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"eqx-specdec {importlib.metadata.version('eqx_specdec')}",
     )
     sub = parser.add_subparsers(
-        dest="command", metavar="{demo,chat,fetch,evaluate,train-transformers}"
+        dest="command", metavar="{demo,chat,fetch,record,evaluate,train-transformers}"
     )
     sub.required = True
     demo = sub.add_parser(

@@ -11,17 +11,17 @@ from ._tokenizer import _require, bpe_tokenizer, Tokenizer
 
 
 #: GGUF's tensor names per layer, by `LlamaLayer` field.
-_LAYER_TENSORS = {
-    "attention_norm": "attn_norm",
-    "wq": "attn_q",
-    "wk": "attn_k",
-    "wv": "attn_v",
-    "wo": "attn_output",
-    "mlp_norm": "ffn_norm",
-    "gate": "ffn_gate",
-    "up": "ffn_up",
-    "down": "ffn_down",
-}
+_LAYER_TENSORS = (
+    ("attention_norm", "attn_norm"),
+    ("wq", "attn_q"),
+    ("wk", "attn_k"),
+    ("wv", "attn_v"),
+    ("wo", "attn_output"),
+    ("mlp_norm", "ffn_norm"),
+    ("gate", "ffn_gate"),
+    ("up", "ffn_up"),
+    ("down", "ffn_down"),
+)
 
 
 def _field(reader, key, default=None):
@@ -100,7 +100,7 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32) -> tuple[Llama, Tok
         raise ValueError("load_gguf supports rotary embeddings over whole heads only.")
 
     def layer_weight(field, i):
-        w = weight(f"blk.{i}.{_LAYER_TENSORS[field]}.weight")
+        w = weight(f"blk.{i}.{dict(_LAYER_TENSORS)[field]}.weight")
         if field == "wq":
             w = _unpermute(w, heads)
         elif field == "wk":
@@ -111,7 +111,7 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32) -> tuple[Llama, Tok
         LlamaLayer(
             **{
                 field: jnp.asarray(layer_weight(field, i), dtype)
-                for field in _LAYER_TENSORS
+                for field, _ in _LAYER_TENSORS
             }
         )
         for i in range(config.layers)

@@ -14,20 +14,25 @@ from ._llama import Llama, LlamaConfig, LlamaLayer
 from ._tokenizer import _require, Tokenizer
 
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+_DTYPES = (
+    ("F32", np.float32),
+    ("F16", np.float16),
+    ("BF16", np.uint16),
+    ("F64", np.float64),
+)
 
 #: Hugging Face's tensor names per layer, by `LlamaLayer` field.
-_LAYER_TENSORS = {
-    "attention_norm": "input_layernorm",
-    "wq": "self_attn.q_proj",
-    "wk": "self_attn.k_proj",
-    "wv": "self_attn.v_proj",
-    "wo": "self_attn.o_proj",
-    "mlp_norm": "post_attention_layernorm",
-    "gate": "mlp.gate_proj",
-    "up": "mlp.up_proj",
-    "down": "mlp.down_proj",
-}
+_LAYER_TENSORS = (
+    ("attention_norm", "input_layernorm"),
+    ("wq", "self_attn.q_proj"),
+    ("wk", "self_attn.k_proj"),
+    ("wv", "self_attn.v_proj"),
+    ("wo", "self_attn.o_proj"),
+    ("mlp_norm", "post_attention_layernorm"),
+    ("gate", "mlp.gate_proj"),
+    ("up", "mlp.up_proj"),
+    ("down", "mlp.down_proj"),
+)
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -41,13 +46,14 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        if entry["dtype"] not in _DTYPES:
+        dtypes = dict(_DTYPES)
+        if entry["dtype"] not in dtypes:
             raise ValueError(
                 f"{os.fspath(path)!r}: tensor `{name}` has dtype {entry['dtype']}; "
-                f"load_safetensors reads {', '.join(_DTYPES)}."
+                f"load_safetensors reads {', '.join(dtypes)}."
             )
         begin, end = entry["data_offsets"]
-        raw = np.frombuffer(data[begin:end], _DTYPES[entry["dtype"]])
+        raw = np.frombuffer(data[begin:end], dtypes[entry["dtype"]])
         if entry["dtype"] == "BF16":  # the high half of a float32
             raw = (raw.astype(np.uint32) << 16).view(np.float32)
         arrays[name] = raw.astype(np.float32).reshape(entry["shape"])
@@ -140,7 +146,7 @@ def load_safetensors(
         LlamaLayer(
             **{
                 field: jnp.asarray(weight(f"model.layers.{i}.{name}.weight"), dtype)
-                for field, name in _LAYER_TENSORS.items()
+                for field, name in _LAYER_TENSORS
             }
         )
         for i in range(config.layers)
