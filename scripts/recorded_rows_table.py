@@ -19,6 +19,7 @@ import numpy as np
 import eqx_specdec as es
 from eqx_specdec.llm import (
     CHAT_PROMPTS,
+    continue_prompts,
     fetch_smollm2,
     load_gguf,
     record_rows,
@@ -45,9 +46,8 @@ def main(argv=None):
             tokenizer.encode(tokenizer.chat(texts[0]))
             for texts in CHAT_PROMPTS.values()
         ]
-        rows = record_rows(
-            model, model.first_layers(20), prompts, gamma=4, num_tokens=32, windows=4
-        )
+        texts = continue_prompts(model, prompts, 32)
+        rows = record_rows(model, model.first_layers(20), texts, gamma=4, windows=4)
         source = "python -m eqx_specdec record (defaults)"
     count, gamma = rows.tokens.shape
     q, p = rows.draft_probs, rows.target_probs

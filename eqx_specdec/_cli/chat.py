@@ -17,7 +17,14 @@ from .._proposal.chain import Chain
 from .._proposal.draft_length import StopWhenUnlikely
 from .._stages.greedy import ArgmaxSampler, GreedyRatioTest
 from .._verify.verifier import Verifier
-from ..llm import CHAT_PROMPTS, fetch_smollm2, load_gguf, record_rows
+from ..llm import (
+    CHAT_PROMPTS,
+    continue_prompts,
+    fetch_smollm2,
+    load_gguf,
+    record_rows,
+)
+from .choices import fail
 
 
 class TextStream:
@@ -152,14 +159,15 @@ def run_record(args) -> None:
         for texts in CHAT_PROMPTS.values()
         for text in texts[:1]
     ]
+    if args.tokens < args.gamma + 1:
+        fail(f"--tokens must be at least --gamma + 1 = {args.gamma + 1}.", "record")
+    texts = continue_prompts(model, prompts, args.tokens, jax.random.key(args.seed))
     rows = record_rows(
         model,
         model.first_layers(args.draft_layers),
-        prompts,
+        texts,
         gamma=args.gamma,
-        num_tokens=args.tokens,
         windows=args.windows,
-        key=jax.random.key(args.seed),
     )
     rows.save(args.out)
     count, gamma = rows.tokens.shape

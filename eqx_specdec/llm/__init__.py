@@ -15,6 +15,10 @@ from ._llama import (
     LlamaLayer as LlamaLayer,
 )
 from ._prompts import CHAT_PROMPTS as CHAT_PROMPTS
-from ._record import record_rows as record_rows, RecordedRows as RecordedRows
+from ._record import (
+    continue_prompts as continue_prompts,
+    record_rows as record_rows,
+    RecordedRows as RecordedRows,
+)
 from ._safetensors import load_safetensors as load_safetensors
 from ._tokenizer import Tokenizer as Tokenizer

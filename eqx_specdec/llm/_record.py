@@ -66,55 +66,76 @@ def _probs(model, tokens):
 def record_rows(
     target: Llama,
     draft: Llama,
-    prompts: list[list[int]],
+    texts: list[tuple[list[int], int]],
     *,
     gamma: int = 4,
-    num_tokens: int = 48,
     windows: int = 8,
-    key=None,
 ) -> RecordedRows:
-    """Records verification inputs from real models: each prompt is continued by the
-    target (plain decoding, sampled at its own temperature), then both models read the
-    whole text once (uncached forward passes), and `windows` windows of `gamma`
-    positions per prompt, evenly spaced over the continuation, are kept.
+    """Records verification inputs from real models on given texts: both models read
+    each text once (uncached forward passes), and `windows` windows of `gamma`
+    positions, evenly spaced over the part of the text after its prompt, are kept.
+    [`eqx_specdec.llm.continue_prompts`][] makes such texts (the target continues
+    prompts), as `python -m eqx_specdec record` does.
 
     **Arguments:**
 
     - `target`, `draft`: [`eqx_specdec.llm.Llama`][] models over the same vocabulary
         (a draft made of the target's first layers: `target.first_layers(k)`).
-    - `prompts`: token ids, one list per prompt.
+    - `texts`: `(tokens, start)` pairs: a text's token ids, and where its continuation
+        starts (its prompt's length); at least `gamma + 1` tokens after `start`.
     - `gamma`: $G$, the positions per window.
-    - `num_tokens`: the tokens generated per prompt; at least `gamma + 1`.
-    - `windows`: the windows per prompt.
-    - `key`: the sampling key; default `jax.random.key(0)`.
+    - `windows`: the windows per text.
 
     **Returns:**
 
-    A [`eqx_specdec.llm.RecordedRows`][] of `len(prompts) * windows` windows.
+    A [`eqx_specdec.llm.RecordedRows`][] of `len(texts) * windows` windows.
     """
-    if num_tokens < gamma + 1:
-        raise ValueError(
-            f"`num_tokens` must be at least `gamma` + 1 = {gamma + 1}, got {num_tokens}."
-        )
-    key = jax.random.key(0) if key is None else key
     qs, ps, xs = [], [], []
+    for tokens, start in texts:
+        text = jnp.asarray(tokens, jnp.int32)
+        room = len(tokens) - start - gamma - 1
+        if start < 1 or room < 0:
+            raise ValueError(
+                f"Each text in `texts` needs a prompt (`start` >= 1) and at least "
+                f"`gamma` + 1 = {gamma + 1} tokens after it; got start {start} in "
+                f"{len(tokens)} tokens."
+            )
+        p, q = _probs(target, text), _probs(draft, text)
+        # Row t is the distribution of the token at t + 1. A window at offset o drafts
+        # the tokens at start + o .. start + o + G - 1.
+        for offset in np.linspace(0, room, windows).astype(int):
+            first = start + int(offset)
+            qs.append(q[first - 1 : first - 1 + gamma])
+            ps.append(p[first - 1 : first + gamma])
+            xs.append(text[first : first + gamma])
+    return RecordedRows(jnp.stack(qs), jnp.stack(ps), jnp.stack(xs).astype(jnp.int32))
+
+
+def continue_prompts(
+    model: Llama, prompts: list[list[int]], num_tokens: int, key=None
+) -> list[tuple[list[int], int]]:
+    """Texts the model writes: each prompt continued by `num_tokens` tokens of plain
+    decoding sampled from the model (at its own temperature), as `(tokens, start)`
+    pairs for [`eqx_specdec.llm.record_rows`][].
+
+    **Arguments:**
+
+    - `model`: the [`eqx_specdec.llm.Llama`][] that writes.
+    - `prompts`: token ids, one list per prompt.
+    - `num_tokens`: tokens generated per prompt.
+    - `key`: the sampling key; default `jax.random.key(0)` (prompt `i` samples with
+        `fold_in(key, i)`).
+    """
+    key = jax.random.key(0) if key is None else key
+    texts = []
     for i, prompt in enumerate(prompts):
-        start = len(prompt)
         tokens = autoregressive_decode(
-            target,
+            model,
             jnp.asarray([prompt], jnp.int32),
             None,
             num_tokens,
             jax.random.fold_in(key, i),
             outputs="logits",
         )[0]
-        text = jnp.concatenate([jnp.asarray(prompt, jnp.int32), tokens])
-        p, q = _probs(target, text), _probs(draft, text)
-        # Row t is the distribution of the token at t + 1. A window at generated offset
-        # o drafts the tokens at start + o .. start + o + G - 1.
-        for offset in np.linspace(0, num_tokens - gamma - 1, windows).astype(int):
-            first = start + int(offset)
-            qs.append(q[first - 1 : first - 1 + gamma])
-            ps.append(p[first - 1 : first + gamma])
-            xs.append(text[first : first + gamma])
-    return RecordedRows(jnp.stack(qs), jnp.stack(ps), jnp.stack(xs).astype(jnp.int32))
+        texts.append(([*prompt, *np.asarray(tokens).tolist()], len(prompt)))
+    return texts
