@@ -6,9 +6,11 @@ its GGUF file) answers chat prompts in five categories (summarise, extract, edit
 continue, open question), greedily (temperature 0), by
 
 - **speculative decoding**: a prompt-lookup draft (`eqx_specdec.PromptLookupDraft`,
-  n-grams of 3 down to 1), chains of up to G tokens that stop at the first position
-  without a match (`StopWhenUnlikely`), the target called on the widths the drafts need
-  (`Chain(trim=True)`), the greedy rule, stopping at the chat's end-of-turn token;
+  n-grams of 3 down to 1), chains of up to G tokens that stop before the first position
+  without a match (`StopWhenUnlikely(keep_crossing=False)`: a row with no match drafts
+  nothing), the target called on one position when no row drafted and on G + 1
+  otherwise (`Chain(trim=True)`), the greedy rule, stopping at the chat's end-of-turn
+  token;
 - **plain decoding** of the same model (`eqx_specdec.autoregressive_decode`) for exactly
   the answer's tokens;
 - **a straightforward loop** a user would write: `jax.jit` of a `lax.scan` calling the
@@ -144,7 +146,7 @@ def main(argv=None):
     print(
         f"SmolLM2-135M-Instruct, float32, JAX {jax.__version__} on "
         f"{jax.default_backend()}; greedy; prompt lookup, G = {args.gamma} "
-        f"(trimmed widths {es._proposal.chain.trimmed_widths(args.gamma)}); at most "
+        f"(target widths {es._proposal.chain.trimmed_widths(args.gamma)}); at most "
         f"{args.tokens} tokens per answer; prompts padded to {width} tokens; "
         f"{args.repeats} interleaved rounds\n"
     )
@@ -191,7 +193,7 @@ def main(argv=None):
             "draft": lambda: calls(draft, prompts, lengths, 32, 1, "probs"),
             "prefill": lambda: calls(model, prompts, lengths, 1, 1, "logits"),
         }
-        for w in (1, *widths):
+        for w in widths:
             cost_runs[w] = lambda w=w: calls(model, prompts, lengths, 32, w, "logits")
         for run in cost_runs.values():
             jax.block_until_ready(run())
@@ -206,7 +208,7 @@ def main(argv=None):
         print(
             "Per-call times (ms, over 32 calls in plain decoding's program): draft "
             f"{1e3 * per_call['draft']:.1f}; target on "
-            + ", ".join(f"{w}: {1e3 * per_call[w]:.1f}" for w in (1, *widths))
+            + ", ".join(f"{w}: {1e3 * per_call[w]:.1f}" for w in widths)
             + f" tokens per row; the prefill of {width} positions {1e3 * prefill:.0f}\n"
         )
         print(
@@ -263,16 +265,15 @@ def main(argv=None):
                 steps = int(np.max(np.asarray(spec.target_calls)))
                 drafted = float(np.sum(spec.drafted)) / float(np.sum(spec.target_calls))
                 # Cost model: each step one draft call per drafted token (the batch's
-                # longest) and one target call at the width its mean draft needs.
-                need = drafted + 1
-                above = min((w for w in widths if w >= need), default=widths[-1])
-                below = max((w for w in widths if w <= need), default=widths[0])
-                if above == below:
-                    target_cost = per_call[above]
-                else:
-                    f = (need - below) / (above - below)
-                    target_cost = (1 - f) * per_call[below] + f * per_call[above]
-                spec_cost = steps * (drafted * per_call["draft"] + target_cost)
+                # longest), and one target call on G + 1 positions, or on one where no
+                # row drafted (at B > 1 the steps where some row drafted are taken as
+                # the most any row had: a lower bound).
+                full = int(np.max(np.asarray(spec.drafting_steps)))
+                spec_cost = (
+                    steps * drafted * per_call["draft"]
+                    + full * per_call[widths[-1]]
+                    + (steps - full) * per_call[1]
+                )
                 predicted = (prefill + n * per_call[1]) / (prefill + spec_cost)
                 stats.append(
                     {

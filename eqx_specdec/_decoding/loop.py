@@ -185,6 +185,7 @@ class _LoopState(typing.NamedTuple):
     hist: Int[Array, "B depth_plus_1"]
     reached: Array
     drafted: Int[Array, " B"]
+    drafting_steps: Int[Array, " B"]  # steps in which the row drafted a token
     states: tuple
     status: Int[Array, "2"]
     logprobs: Array | None  # (B, W) float32 when asked for, like `buffer`
@@ -327,6 +328,8 @@ class _DecodeLoop(eqx.Module):
                 reached=state.reached
                 + jnp.where(active[:, None], outcome.reached, 0.0),
                 drafted=state.drafted + jnp.where(active, outcome.drafted, 0),
+                drafting_steps=state.drafting_steps
+                + (active & (outcome.drafted > 0)).astype(jnp.int32),
                 states=states,
                 status=status,
                 logprobs=logprob_buffer,
@@ -346,6 +349,7 @@ class _DecodeLoop(eqx.Module):
             hist=jnp.zeros((batch, hist_size), jnp.int32),
             reached=jnp.zeros((batch, hist_size), jnp.float32),
             drafted=jnp.zeros((batch,), jnp.int32),
+            drafting_steps=jnp.zeros((batch,), jnp.int32),
             states=states,
             status=jnp.full((2,), -1, jnp.int32),
             logprobs=jnp.zeros(buffer.shape, jnp.float32) if self.logprobs else None,
@@ -385,6 +389,7 @@ class _DecodeLoop(eqx.Module):
             end.reached,
             theory,
             drafted=end.drafted,
+            drafting_steps=end.drafting_steps,
             logprobs=logprobs,
             lengths=generated,
             finish_reasons=finish.astype(jnp.int32),

@@ -42,6 +42,9 @@ class DecodeResult(eqx.Module):
     - `drafted`: int32 of shape `(B,)`, the draft tokens each row drafted (one draft
         call each for a chain: $G$ per step, or the draft-length policy's choice; a
         tree's node count per step).
+    - `drafting_steps`: int32 of shape `(B,)`, the steps in which the row drafted at
+        least one token (the others, under a draft-length policy that allows none, were
+        plain decoding steps).
     - `logprobs`: float32 of shape `(B, L)`, the target's log-probability of each
         generated token under the distribution it was verified against, with
         `speculative_decode(..., logprobs=True)`; `None` otherwise. -inf after a
@@ -71,6 +74,7 @@ class DecodeResult(eqx.Module):
     finish_reasons: Int[Array, " B"] | None = None
     error_steps: Int[Array, " B"] | None = None
     error_positions: Int[Array, " B"] | None = None
+    drafting_steps: Int[Array, " B"] | None = None
 
     def _theory_reached(self) -> np.ndarray:
         if self.theory == "none":
