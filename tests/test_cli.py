@@ -275,3 +275,38 @@ def test_the_demo_models_have_no_side_effects(tmp_path, monkeypatch):
         _training.write_builtin_transformers(None)
     with pytest.raises(SystemExit):  # argparse: --out is required
         _cli.main(["train-transformers"])
+
+
+def test_evaluate_reads_recorded_rows(tmp_path, capsys):
+    """`evaluate --rows` evaluates a window of a `RecordedRows` file (here made of
+    synthetic rows) exactly as `evaluate_verifier` does on the same rows, and names a
+    window outside the file in one line."""
+    import numpy as np
+
+    import eqx_specdec as es
+    from eqx_specdec.llm import RecordedRows
+
+    q, p, _ = es.synthetic_distributions("peaked", 2, 6, 0)
+    q2, p2, _ = es.synthetic_distributions("flat", 2, 6, 1)
+    rows = RecordedRows(
+        np.stack([q, q2]).astype(np.float32),
+        np.stack([p, p2]).astype(np.float32),
+        np.zeros((2, 2), np.int32),
+    )
+    rows.save(tmp_path / "rows.npz")
+    loaded = RecordedRows.load(tmp_path / "rows.npz")
+    out = json.loads(
+        _run(["evaluate", "--rows", str(tmp_path / "rows.npz"), "--window", "1",
+              "--json"], capsys)
+    )  # fmt: skip
+    direct = es.evaluate_verifier(
+        es.Verifier(),
+        np.asarray(loaded.draft_probs[1], np.float64),
+        np.asarray(loaded.target_probs[1], np.float64),
+    )
+    assert out["method"] == "quadrature" and out["vocab"] == 6 and out["gamma"] == 2
+    assert out["tokens_per_step"] == pytest.approx(direct.tokens_per_step, abs=1e-9)
+    assert out["distance"] < 1e-6
+    with pytest.raises(SystemExit):
+        _cli.main(["evaluate", "--rows", str(tmp_path / "rows.npz"), "--window", "2"])
+    assert "--window must lie in [0, 2)" in capsys.readouterr().err

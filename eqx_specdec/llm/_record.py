@@ -30,9 +30,9 @@ class RecordedRows(eqx.Module):
     - `tokens`: int32 `(N, G)`, the text's tokens at the window's positions.
     """
 
-    draft_probs: Float[Array, "N G V"]
-    target_probs: Float[Array, "N G_plus_1 V"]
-    tokens: Int[Array, "N G"]
+    draft_probs: Float[Array, "N G V"] = eqx.field(converter=jnp.asarray)
+    target_probs: Float[Array, "N G_plus_1 V"] = eqx.field(converter=jnp.asarray)
+    tokens: Int[Array, "N G"] = eqx.field(converter=jnp.asarray)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the rows to `path` (a `.npz` file, float16: half the bytes; `load`
