@@ -2,7 +2,7 @@
 distilled from the full model on text the model generates, trained for acceptance with
 the library's own objective.
 
-    python scripts/distil_draft.py [--layers 6] [--steps 300]
+    python scripts/distil_draft.py [--layers 6] [--steps 150]
 
 1. SmolLM2 continues the built-in chat prompts (`eqx_specdec.llm.CHAT_PROMPTS`), sampled
    at temperature 1, several continuations each: the training text (the last prompt of
@@ -37,10 +37,10 @@ from eqx_specdec.llm import CHAT_PROMPTS, fetch_smollm2, load_gguf
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--samples", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=128)
     args = parser.parse_args(argv)
 
     model, tokenizer = load_gguf(fetch_smollm2())
@@ -49,24 +49,24 @@ def main(argv=None):
     held_texts = [texts[-1] for texts in CHAT_PROMPTS.values()]
 
     def generated(texts, seed):
-        """Prompt + sampled continuation, and the positions whose rows predict the
-        continuation's tokens."""
-        out = []
-        for i, text in enumerate(texts):
-            prompt = tokenizer.encode(tokenizer.chat(text))
-            for s in range(args.samples):
-                tokens = es.autoregressive_decode(
-                    model,
-                    jnp.asarray([prompt]),
-                    None,
-                    args.tokens,
-                    jax.random.key(1000 * seed + 10 * i + s),
-                    outputs="logits",
-                )[0]
-                out.append(
-                    (jnp.concatenate([jnp.asarray(prompt), tokens]), len(prompt))
-                )
-        return out
+        """Prompt + sampled continuation for each text, `--samples` times, decoded as
+        one batch; and where each continuation starts."""
+        prompts = [tokenizer.encode(tokenizer.chat(t)) for t in texts] * args.samples
+        width = max(map(len, prompts))
+        padded = np.zeros((len(prompts), width), np.int32)
+        for i, prompt in enumerate(prompts):
+            padded[i, : len(prompt)] = prompt
+        lengths = jnp.asarray([len(r) for r in prompts], jnp.int32)
+        keys = jax.random.split(jax.random.key(seed), len(prompts))
+        tokens = np.asarray(
+            es.autoregressive_decode(
+                model, jnp.asarray(padded), lengths, args.tokens, keys, outputs="logits"
+            )
+        )
+        return [
+            (jnp.asarray([*prompt, *row.tolist()], jnp.int32), len(prompt))
+            for prompt, row in zip(prompts, tokens)
+        ]
 
     @eqx.filter_jit
     def rows_and_features(model, draft, text):
@@ -78,10 +78,14 @@ def main(argv=None):
 
     def dataset(texts, seed):
         ps, fs = [], []
-        for text, first in generated(texts, seed):
-            p, f = rows_and_features(model, draft_base, text)
-            ps.append(p[first - 1 : -1])
-            fs.append(f[first - 1 : -1])
+        sequences = generated(texts, seed)
+        width = max(len(text) for text, _ in sequences)
+        for text, first in sequences:
+            # Padded to one width (the rows are causal), so that one program serves.
+            padded = jnp.zeros((width,), jnp.int32).at[: len(text)].set(text)
+            p, f = rows_and_features(model, draft_base, padded)
+            ps.append(p[first - 1 : len(text) - 1])
+            fs.append(f[first - 1 : len(text) - 1])
         return jnp.concatenate(ps), jnp.concatenate(fs)
 
     train_p, train_f = dataset(train_texts, 1)

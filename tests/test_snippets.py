@@ -29,7 +29,7 @@ BLOCK = re.compile(
 SKETCHES = {
     "a sketch for several processes (tests/test_multihost.py runs these calls in two)",
     "a sketch with Flax NNX, which the test environment does not install",
-    "loads the 98 MB model (tests/test_llm.py runs these calls)",
+    "loads the real model (tests/test_llm.py runs these calls)",
     "reads rows.npz, which the command above writes (tests/test_llm.py runs these calls)",
 }
 
