@@ -185,7 +185,7 @@ def test_greedy_speculative_decoding_equals_plain_greedy_decoding(smollm2):
         model,
         prompts,
         lengths,
-        32,
+        24,
         jax.random.key(0),
         verifier=GREEDY,
         proposal=chain,
@@ -193,7 +193,7 @@ def test_greedy_speculative_decoding_equals_plain_greedy_decoding(smollm2):
         stop_tokens=tokenizer.stop_ids,
     )
     plain = np.asarray(
-        es.autoregressive_decode(model, prompts, lengths, 32, outputs="logits")
+        es.autoregressive_decode(model, prompts, lengths, 24, outputs="logits")
     )
     spec = np.asarray(result.tokens)
     for row in range(len(spec)):
