@@ -136,15 +136,17 @@ def test_the_transformer_cache_agrees_with_its_uncached_forward_pass():
     np.testing.assert_allclose(jnp.concatenate(pieces), full, rtol=1e-5, atol=1e-5)
 
 
-def _transformer_sequence_probabilities(model, prompt_token, length, vocab):
-    """The cached transformer's own distribution of `length` tokens after the prompt,
-    by enumeration with its uncached forward pass."""
+def _transformer_sequence_probabilities(model, prompt, length, vocab):
+    """The cached transformer's own distribution of `length` tokens after the prompt
+    (one token, or a list of them), by enumeration with its uncached forward pass."""
+    prompt = [int(t) for t in np.atleast_1d(prompt)]
     seqs = np.asarray(list(itertools.product(range(vocab), repeat=length)), np.int32)
-    full = np.concatenate([np.full((len(seqs), 1), prompt_token, np.int32), seqs], 1)
+    start = np.tile(np.asarray([prompt], np.int32), (len(seqs), 1))
+    full = np.concatenate([start, seqs], 1)
     logits = jax.vmap(model.logits)(jnp.asarray(full[:, :-1]))
     log_probs = np.asarray(jax.nn.log_softmax(logits, -1), np.float64)
-    picked = np.take_along_axis(log_probs, seqs[..., None], -1)[..., 0]
-    return np.exp(picked.sum(-1))
+    picked = np.take_along_axis(log_probs[:, len(prompt) - 1 :], seqs[..., None], -1)
+    return np.exp(picked[..., 0].sum(-1))
 
 
 @pytest.mark.parametrize(

@@ -199,6 +199,16 @@ def _plain_step_where_none(verifier, drafted, first_rows, sample, out):
     from the target's first row $p_0$ with the row's sampling randomness (its argmax
     for a rule whose sampler draws `"argmax"`), what any exact rule emits with nothing
     to verify."""
+
+    def replaced(out):
+        return _replace_empty_rows(verifier, drafted, first_rows, sample, out)
+
+    # A batch-wide branch (the loop's step is not vmapped): steps where every row
+    # drafted skip the draw over the vocabulary.
+    return jax.lax.cond(jnp.any(drafted == 0), replaced, lambda out: out, out)
+
+
+def _replace_empty_rows(verifier, drafted, first_rows, sample, out):
     sampler = verifier.residual_sampler
     if sampler.draws == "argmax":
         token = jnp.argmax(first_rows, axis=-1)
