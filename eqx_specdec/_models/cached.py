@@ -88,6 +88,20 @@ class AbstractCachedModel(eqx.Module):
         """
 
 
+def write_at(cache, new, positions):
+    """A key-value cache `(heads, M, head_dim)` with `new` `(K, heads, head_dim)` written
+    at the consecutive `positions` (the cached-model contract's calls). A gather and a
+    select rather than a scatter: batched by `vmap` (each row at its own positions), a
+    scatter cost the built-in transformer's plain loop 1.47x a straightforward
+    `jax.jit` loop on the CPU (1.12x with this), and attention reads the whole cache
+    anyway."""
+    entries = jnp.arange(cache.shape[1], dtype=positions.dtype)
+    offset = entries - positions[0]
+    inside = (offset >= 0) & (offset < new.shape[0])
+    moved = jnp.take(new, jnp.clip(offset, 0, new.shape[0] - 1), axis=0)
+    return jnp.where(inside[None, :, None], jnp.swapaxes(moved, 0, 1), cache)
+
+
 def is_cached(model: Any) -> bool:
     """Whether the loops call `model` through the cached interface."""
     return isinstance(model, AbstractCachedModel)

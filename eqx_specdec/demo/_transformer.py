@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._misc import no_type_check
-from .._models.cached import AbstractCachedModel
+from .._models.cached import AbstractCachedModel, write_at
 
 
 KVCache = tuple[tuple[Float[Array, "heads length head_dim"], ...], ...]
@@ -182,10 +182,8 @@ class Transformer(AbstractCachedModel):
 
         def attend(i, q, k, v):
             keys, values = state[i]
-            keys = keys.at[:, positions].set(jnp.swapaxes(k, 0, 1).astype(keys.dtype))
-            values = values.at[:, positions].set(
-                jnp.swapaxes(v, 0, 1).astype(values.dtype)
-            )
+            keys = write_at(keys, k.astype(keys.dtype), positions)
+            values = write_at(values, v.astype(values.dtype), positions)
             return _attend(q, keys, values, positions), (keys, values)
 
         return self._run(tokens, positions, attend)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._misc import no_type_check
-from .._models.cached import AbstractCachedModel
+from .._models.cached import AbstractCachedModel, write_at
 
 
 class LlamaConfig(eqx.Module):
@@ -111,18 +111,6 @@ def _rotate(x, positions, base):
     cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]
     first, second = x[..., :half], x[..., half:]
     return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], -1)
-
-
-def _write(cache, new, positions):
-    """`cache` `(heads, M, head_dim)` with `new` `(K, heads, head_dim)` written at the
-    consecutive `positions`. A gather and a select rather than a scatter: batched by
-    `vmap` (each row at its own positions), a scatter costs several times this on the
-    CPU, and the attention reads the whole cache anyway."""
-    entries = jnp.arange(cache.shape[1], dtype=positions.dtype)
-    offset = entries - positions[0]
-    inside = (offset >= 0) & (offset < new.shape[0])
-    moved = jnp.take(new, jnp.clip(offset, 0, new.shape[0] - 1), axis=0)
-    return jnp.where(inside[None, :, None], jnp.swapaxes(moved, 0, 1), cache)
 
 
 def _attend(q, keys, values, positions):
@@ -260,8 +248,8 @@ class Llama(AbstractCachedModel):
             if keys is None:  # no cache: the sequence attends to itself
                 keys, values = jnp.swapaxes(k, 0, 1), jnp.swapaxes(v, 0, 1)
             else:
-                keys = _write(keys, k.astype(keys.dtype), positions)
-                values = _write(values, v.astype(values.dtype), positions)
+                keys = write_at(keys, k.astype(keys.dtype), positions)
+                values = write_at(values, v.astype(values.dtype), positions)
             x = x + _attend(q, keys, values, positions) @ w.wo
             h = _rms_norm(x, w.mlp_norm, c.norm_eps)
             x = x + (jax.nn.silu(h @ w.gate) * (h @ w.up)) @ w.down
