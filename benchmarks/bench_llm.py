@@ -129,6 +129,9 @@ def main(argv=None):
     parser.add_argument("--prompts", type=int, default=2, help="per category at B = 1")
     parser.add_argument("--categories", nargs="+", default=list(CHAT_PROMPTS))
     parser.add_argument("--llama-cpp", metavar="PYTHON", default=None)
+    parser.add_argument(
+        "--min-ngram", type=int, default=1, help="the lookup's shortest n-gram"
+    )
     args = parser.parse_args(argv)
 
     path = fetch_smollm2(quiet=True)
@@ -139,7 +142,9 @@ def main(argv=None):
         for c in args.categories
     }
     width = max(len(r) for rows in encoded.values() for r in rows)
-    draft = es.PromptLookupDraft(model.config.vocab_size)
+    draft = es.PromptLookupDraft(
+        model.config.vocab_size, max_ngram=max(3, args.min_ngram), min_ngram=args.min_ngram
+    )
     chain = es.Chain(
         args.gamma, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
     )

@@ -57,28 +57,32 @@ def reference():
     ]
 
 
+#: Every uncached forward pass in this file is of one width (the sequences padded after
+#: their end; the rows are causal, so padding leaves the rows before it as they are):
+#: one compiled program per model shape.
+WIDTH = 96
+
+
 @eqx.filter_jit
-def _logits(model, tokens):
+def _padded_logits(model, tokens):
     return model.logits(tokens)
 
 
-@eqx.filter_jit
-def _batched_logits(model, tokens):
-    return jax.vmap(model.logits)(tokens)
+def _logits(model, ids):
+    """The model's logits at every position of `ids` (at most `WIDTH` tokens)."""
+    ids = np.asarray(ids, np.int32)
+    assert len(ids) <= WIDTH, len(ids)
+    padded = np.zeros(WIDTH, np.int32)
+    padded[: len(ids)] = ids
+    return np.asarray(_padded_logits(model, jnp.asarray(padded)))[: len(ids)]
 
 
 def _agreement(model, reference):
     """Top-1 agreement with llama.cpp over every position of every prompt, and each
     position's KL(llama.cpp || model) over llama.cpp's top entries plus the rest."""
     agree, kls = [], []
-    # Every prompt padded to the longest (the rows are causal: padding after a prompt
-    # leaves its rows as they are), so that one program serves them all.
-    width = max(len(case["ids"]) for case in reference)
     for case in reference:
-        ids = np.zeros(width, np.int32)
-        ids[: len(case["ids"])] = case["ids"]
-        logits = np.asarray(_logits(model, jnp.asarray(ids)), np.float64)
-        logits = logits[: len(case["ids"])]
+        logits = _logits(model, case["ids"]).astype(np.float64)
         peak = logits.max(-1, keepdims=True)
         lse = peak[:, 0] + np.log(np.exp(logits - peak).sum(-1))
         ref = case["top_logits"] - case["lse"][:, None]
@@ -132,26 +136,24 @@ def test_logits_agree_with_llamacpp_within_its_rounding(smollm2, reference):
 
 def test_cached_calls_equal_the_whole_sequence(smollm2, reference):
     """The cache, written in chunks at each row's own positions (two rows batched by
-    `vmap`), gives the rows of the uncached forward pass."""
+    `vmap`, one of them writing a chunk twice), gives the rows of the uncached forward
+    pass."""
     model, _ = smollm2
-    ids = jnp.asarray(reference[0]["ids"][:24])
-    whole = np.asarray(_logits(model, ids))
+    ids = reference[0]["ids"][:24]
+    whole = _logits(model, ids)
     state = jax.tree.map(lambda a: jnp.stack([a, a]), model.init_state(32))
     call = eqx.filter_jit(
         jax.vmap(lambda m, t, p, s: m(t, p, s), in_axes=(None, 0, 0, 0))
     )
-    # Row 0 writes 0..15 then 16..23; row 1 writes 0..7 then 8..15.
-    first = call(
-        model,
-        jnp.stack([ids[:16], ids[:16]]),
-        jnp.stack([jnp.arange(16), jnp.arange(16)]).astype(jnp.int32),
-        state,
-    )[1]
-    tail = jnp.stack([ids[16:24], ids[8:16]])
-    positions = jnp.stack([jnp.arange(16, 24), jnp.arange(8, 16)]).astype(jnp.int32)
-    out, _ = call(model, tail, positions, first)
-    np.testing.assert_allclose(out[0], whole[16:24], atol=2e-4, rtol=1e-4)
-    np.testing.assert_allclose(out[1], whole[8:16], atol=2e-4, rtol=1e-4)
+    # Chunks of 8 (one program): row 0 writes 0..7, 8..15, 16..23; row 1 writes 0..7
+    # twice, then 8..15.
+    for row_0, row_1 in ((0, 0), (8, 0), (16, 8)):
+        positions = np.stack([np.arange(row_0, row_0 + 8), np.arange(row_1, row_1 + 8)])
+        out, state = call(
+            model, jnp.asarray(ids[positions]), jnp.asarray(positions, jnp.int32), state
+        )
+        np.testing.assert_allclose(out[0], whole[positions[0]], atol=2e-4, rtol=1e-4)
+        np.testing.assert_allclose(out[1], whole[positions[1]], atol=2e-4, rtol=1e-4)
 
 
 def _prompts(tokenizer, texts):
@@ -192,21 +194,28 @@ def test_greedy_speculative_decoding_equals_plain_greedy_decoding(smollm2):
         outputs=("probs", "logits"),
         stop_tokens=tokenizer.stop_ids,
     )
-    plain = np.asarray(
-        es.autoregressive_decode(model, prompts, lengths, 24, outputs="logits")
-    )
+    # Plain greedy decoding emits, at each position, the argmax of the model's row
+    # after the prompt and the tokens before it: one uncached forward pass of the
+    # prompt and the speculative answer reads every such row (by induction, the answers
+    # are equal up to the first position where the argmax differs).
     spec = np.asarray(result.tokens)
+    stops = set(tokenizer.stop_ids)
     for row in range(len(spec)):
-        n = int(result.lengths[row])
-        if not np.array_equal(spec[row, :n], plain[row, :n]):
-            at = int(np.argmax(spec[row, :n] != plain[row, :n]))
-            context = np.concatenate([prompts[row, : lengths[row]], plain[row, :at]])
-            top2 = np.sort(np.asarray(_logits(model, jnp.asarray(context)))[-1])[-2:]
+        n, start = int(result.lengths[row]), int(lengths[row])
+        answer = spec[row, :n]
+        logits = _logits(model, np.concatenate([prompts[row, :start], answer]))
+        greedy = np.argmax(logits[start - 1 :], -1)[:n]
+        if not np.array_equal(answer, greedy):
+            at = int(np.argmax(answer != greedy))
+            top2 = np.sort(logits[start - 1 + at])[-2:]
             pytest.fail(
                 f"row {row} diverges at generated position {at}: speculative "
-                f"{spec[row, at]}, plain {plain[row, at]}; the target's top-2 margin "
+                f"{answer[at]}, plain greedy {greedy[at]}; the target's top-2 margin "
                 f"there is {top2[1] - top2[0]:.3g}"
             )
+        # It stopped where plain decoding stops: at its first stop token, or full.
+        assert not stops & set(answer[:-1].tolist())
+        assert n == 24 or answer[-1] in stops
     # Prompt lookup drafted, and more than one token per target call came out.
     assert float(result.tokens_per_call()) > 1.5
 
@@ -247,17 +256,16 @@ def _check_first_two_tokens(smollm2, lenience, lossless):
     # tokens (chosen from the model, not from the draws), one bin for every other x1.
     vocab = model.config.vocab_size
 
-    # Batched forward passes of eight sequences `prompt + [x1]` (one program): the row
-    # at the prompt's last position is the first token's law (the rows are causal),
-    # the last row the second token's given x1.
-    def rows_after(firsts):
-        sequences = jnp.asarray([[*prompt, int(x1)] for x1 in firsts], jnp.int32)
-        probs = jax.nn.softmax(_batched_logits(model, sequences), -1)
-        return np.asarray(probs, np.float64)
+    # Forward passes of `prompt + [x1]`: the row at the prompt's last position is the
+    # first token's law (the rows are causal), the last row the second token's given x1.
+    def rows_after(x1):
+        logits = _logits(model, [*prompt, int(x1)]).astype(np.float64)
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        return probs / probs.sum(-1, keepdims=True)
 
-    first = rows_after(np.zeros(8, np.int32))[0, len(prompt) - 1]
+    first = rows_after(0)[len(prompt) - 1]
     likely = np.sort(np.argsort(first)[-8:])
-    second = rows_after(likely)[:, -1]
+    second = [rows_after(x1)[-1] for x1 in likely]
     expected = np.zeros(len(likely) * vocab + 1)
     for i, x1 in enumerate(likely):
         expected[i * vocab : (i + 1) * vocab] = first[x1] * second[i]
