@@ -154,6 +154,15 @@ def finite_or_invalid(token: Int[Array, ""], total: Float[Array, ""]) -> Int[Arr
 FLAT_SEARCH_MAX_VOCAB = 32
 
 
+def draw(key: Array, weights: Float[Array, " V"]) -> Int[Array, ""]:
+    """A token drawn from `weights / sum(weights)` with `key`: one uniform and
+    [`inverse_cdf`][eqx_specdec._search.inverse_cdf]'s search. The loops' draws from a
+    draft's rows: at a vocabulary of 49,152 on the CPU, 0.03 ms a row against 1.3 ms for
+    `jax.random.categorical` (a Gumbel variate per entry). -1 if `weights` hold a NaN or
+    an infinity."""
+    return inverse_cdf(weights, jax.random.uniform(key, (), weights.dtype))
+
+
 def inverse_cdf(
     weights: Float[Array, " V"],
     uniform: Float[Array, ""] | None,

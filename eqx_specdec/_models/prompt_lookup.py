@@ -33,12 +33,16 @@ class PromptLookupDraft(eqx.Module):
 
     - `vocab_size`: $V$, the target's vocabulary.
     - `max_ngram`: the longest n-gram matched (default 3).
-    - `min_ngram`: the shortest (default 1).
+    - `min_ngram`: the shortest (default 2). A match of one token proposes too often:
+        on SmolLM2's chat answers the first token it proposed was accepted about a
+        third of the time, so a step that drafted on it cost a wide target call for
+        little (the cost model's speed-up on an open question 0.91x with 1, 0.99x with
+        2; on a summary 2.44x and 2.21x).
     """
 
     vocab_size: int = eqx.field(static=True)
     max_ngram: int = eqx.field(static=True, default=3)
-    min_ngram: int = eqx.field(static=True, default=1)
+    min_ngram: int = eqx.field(static=True, default=2)
 
     def __check_init__(self):
         for name in ("vocab_size", "max_ngram", "min_ngram"):
@@ -51,7 +55,8 @@ class PromptLookupDraft(eqx.Module):
         if self.min_ngram > self.max_ngram:
             raise ValueError(
                 "PromptLookupDraft(`min_ngram`=...) must be at most `max_ngram` "
-                f"({self.max_ngram}), got {self.min_ngram}."
+                f"({self.max_ngram}), got {self.min_ngram} (its default is 2: pass "
+                "`min_ngram=1` too for single-token matches)."
             )
 
     def lookup(

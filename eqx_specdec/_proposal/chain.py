@@ -11,7 +11,7 @@ from jaxtyping import Array, Int, Key
 from .._capabilities import has_capability
 from .._misc import no_type_check
 from .._models.cached import call_rows, is_cached
-from .._search import inverse_cdf
+from .._search import draw as draw_token, inverse_cdf
 from .._stages.row_fields import per_row_values, with_row_values
 from .._verify.abstract_verifier import AbstractVerifier
 from .._verify.logprobs import emitted_logprobs
@@ -291,9 +291,9 @@ def draft_chain(
     def draw(q, i):
         if drafting == "argmax":
             return jnp.argmax(q, axis=-1).astype(jnp.int32)
-        return jax.vmap(lambda k, q: jax.random.categorical(k, jnp.log(q)))(
-            token_keys[:, i], q
-        ).astype(jnp.int32)
+        # -1 for a row that is not a distribution: the loop stops that row (its
+        # check reads q) before anything is committed; 0 meanwhile, a valid id.
+        return jnp.maximum(jax.vmap(draw_token)(token_keys[:, i], q), 0)
 
     def stopped_after(xs, qs, count):
         """Rows whose draft length is at most `count`: by the rule's stopping-time
@@ -384,7 +384,9 @@ def reached_probabilities(passes, draft_law, draft_tokens):
     $\\beta_j = \\sum_v q_j(v) a_j(v)$, $P(n \\ge k) = E[\\prod_{j<k-1} a_j(x_j) \\beta_{k-1}]$
     over the draft $x \\sim q$; the last factor is averaged exactly.
     """
-    beta = jnp.sum(draft_law * passes, axis=-1)
+    # A contraction, not `sum(draft_law * passes)`: on the CPU, XLA runs the product
+    # and sum over a 49,152-entry vocabulary as a slow fused loop (0.8 ms against 0.2).
+    beta = jnp.einsum("gv,gv->g", draft_law, passes)
     a_x = jnp.take_along_axis(passes, draft_tokens[:, None], axis=-1)[:, 0]
     before = jnp.concatenate([jnp.ones((1,), a_x.dtype), jnp.cumprod(a_x)[:-1]])
     return jnp.concatenate([jnp.ones((1,), beta.dtype), before * beta])

@@ -8,6 +8,7 @@ from jaxtyping import Array, Float, Int, Key
 
 from .._capabilities import require
 from .._misc import no_type_check
+from .._search import draw as draw_token
 from .._tree.abstract_tree_verifier import (
     AbstractTreeVerifier,
     check_static_depth,
@@ -167,7 +168,9 @@ def draft_tree(
             laws[parent] = as_probs(q, models.outputs[0])
             drafted[parent] = jnp.zeros(laws[parent].shape, bool)
         law = node_rule.candidate_law(laws[parent], drafted[parent])
-        x = jax.random.categorical(keys[i], jnp.log(law)).astype(jnp.int32)
+        x = jnp.maximum(
+            draw_token(keys[i], law), 0
+        )  # -1 (invalid law): the check stops the row
         ids = jnp.arange(law.shape[0], dtype=jnp.int32)
         drafted[parent] = drafted[parent] | (ids == x)
         node_tokens.append(x)
