@@ -6,7 +6,7 @@ its GGUF file) answers chat prompts in five categories (summarise, extract, edit
 continue, open question), greedily (temperature 0), by
 
 - **speculative decoding**: a prompt-lookup draft (`eqx_specdec.PromptLookupDraft`,
-  n-grams of 3 down to 1), chains of up to G tokens that stop before the first position
+  n-grams of 3 down to 2), chains of up to G tokens that stop before the first position
   without a match (`StopWhenUnlikely(keep_crossing=False)`: a row with no match drafts
   nothing), the target called on one position when no row drafted and on G + 1
   otherwise (`Chain(trim=True)`), the greedy rule, stopping at the chat's end-of-turn
@@ -130,7 +130,7 @@ def main(argv=None):
     parser.add_argument("--categories", nargs="+", default=list(CHAT_PROMPTS))
     parser.add_argument("--llama-cpp", metavar="PYTHON", default=None)
     parser.add_argument(
-        "--min-ngram", type=int, default=1, help="the lookup's shortest n-gram"
+        "--min-ngram", type=int, default=2, help="the lookup's shortest n-gram"
     )
     args = parser.parse_args(argv)
 
@@ -143,7 +143,9 @@ def main(argv=None):
     }
     width = max(len(r) for rows in encoded.values() for r in rows)
     draft = es.PromptLookupDraft(
-        model.config.vocab_size, max_ngram=max(3, args.min_ngram), min_ngram=args.min_ngram
+        model.config.vocab_size,
+        max_ngram=max(3, args.min_ngram),
+        min_ngram=args.min_ngram,
     )
     chain = es.Chain(
         args.gamma, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
