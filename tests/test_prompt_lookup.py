@@ -61,34 +61,59 @@ def test_a_trimmed_target_call_emits_what_the_full_one_does():
     """A prompt-lookup draft on repetitive prompts (rows draft between 0 and G tokens:
     the crossing token is not kept, so some steps call the target on one position) and
     a cached transformer target: the tokens, the accepted-length histograms and the
-    draft counts are identical."""
+    draft counts are identical, and the trimmed run scores no more positions. Rows
+    that have finished draft nothing: with seven rows done after one step, the last
+    row's tokens and scored positions are those of the row decoded alone (a finished
+    row's repetitive context would otherwise keep drafting and widen every later
+    target call)."""
     vocab, gamma = 5, 6
     target = _small_transformer(vocab, context=64)
     rng = np.random.default_rng(3)
     prompts = jnp.asarray(np.tile(rng.integers(0, vocab, (8, 4)), (1, 4)), jnp.int32)
-    results = [
-        es.speculative_decode(
+
+    keys = jax.random.split(jax.random.key(0), 8)  # one per row
+
+    def decode(trim, rows=slice(None), max_lengths=None):
+        return es.speculative_decode(
             es.PromptLookupDraft(vocab),
             target,
-            prompts,
+            prompts[rows],
             None,
             24,
-            jax.random.key(0),
+            keys[rows],
             proposal=es.Chain(
                 gamma,
                 draft_length=es.StopWhenUnlikely(keep_crossing=False),
                 trim=trim,
             ),
             outputs=("probs", "logits"),
+            max_lengths=max_lengths,
         )
-        for trim in (False, True)
-    ]
+
+    results = [decode(trim) for trim in (False, True)]
     assert trimmed_widths(gamma) == (1, 7)
     for field in ("tokens", "accepted_histogram", "drafted", "target_calls"):
         np.testing.assert_array_equal(
             getattr(results[0], field), getattr(results[1], field)
         )
     assert len(np.unique(np.asarray(results[0].accepted_histogram).nonzero()[1])) > 2
+    calls = np.asarray(results[0].target_calls)
+    np.testing.assert_array_equal(results[0].scored_positions, (gamma + 1) * calls)
+    scored = np.asarray(results[1].scored_positions)
+    assert np.all(scored >= calls) and np.all(scored <= (gamma + 1) * calls)
+
+    limits = jnp.asarray([1] * 7 + [24], jnp.int32)
+    done_early = decode(True, max_lengths=limits)
+    alone = decode(True, slice(7, None))
+    np.testing.assert_array_equal(done_early.target_calls[:7], 1)
+    for field in ("tokens", "target_calls", "scored_positions", "drafted"):
+        np.testing.assert_array_equal(
+            getattr(done_early, field)[7:], getattr(alone, field)
+        )
+    # Alone, a step scores G + 1 positions where the row drafted and one otherwise, and
+    # some steps scored one: the check above bites.
+    calls, steps = int(alone.target_calls[0]), int(alone.drafting_steps[0])
+    assert int(alone.scored_positions[0]) == calls + gamma * steps < (gamma + 1) * calls
 
 
 @pytest.mark.parametrize(

@@ -186,6 +186,7 @@ class _LoopState(typing.NamedTuple):
     reached: Array
     drafted: Int[Array, " B"]
     drafting_steps: Int[Array, " B"]  # steps in which the row drafted a token
+    scored: Int[Array, " B"]  # positions the target scored while the row ran
     states: tuple
     status: Int[Array, "2"]
     logprobs: Array | None  # (B, W) float32 when asked for, like `buffer`
@@ -270,6 +271,7 @@ class _DecodeLoop(eqx.Module):
                 keys,
                 generated,
                 state.states,
+                active,
             )
             n, new, states = outcome.num_accepted, outcome.tokens, outcome.states
             status = state.status
@@ -330,6 +332,7 @@ class _DecodeLoop(eqx.Module):
                 drafted=state.drafted + jnp.where(active, outcome.drafted, 0),
                 drafting_steps=state.drafting_steps
                 + (active & (outcome.drafted > 0)).astype(jnp.int32),
+                scored=state.scored + jnp.where(active, outcome.scored, 0),
                 states=states,
                 status=status,
                 logprobs=logprob_buffer,
@@ -350,6 +353,7 @@ class _DecodeLoop(eqx.Module):
             reached=jnp.zeros((batch, hist_size), jnp.float32),
             drafted=jnp.zeros((batch,), jnp.int32),
             drafting_steps=jnp.zeros((batch,), jnp.int32),
+            scored=jnp.zeros((batch,), jnp.int32),
             states=states,
             status=jnp.full((2,), -1, jnp.int32),
             logprobs=jnp.zeros(buffer.shape, jnp.float32) if self.logprobs else None,
@@ -390,6 +394,7 @@ class _DecodeLoop(eqx.Module):
             theory,
             drafted=end.drafted,
             drafting_steps=end.drafting_steps,
+            scored_positions=end.scored,
             logprobs=logprobs,
             lengths=generated,
             finish_reasons=finish.astype(jnp.int32),

@@ -45,6 +45,12 @@ class DecodeResult(eqx.Module):
     - `drafting_steps`: int32 of shape `(B,)`, the steps in which the row drafted at
         least one token (the others, under a draft-length policy that allows none, were
         plain decoding steps).
+    - `scored_positions`: int32 of shape `(B,)`, the positions per row the target's
+        calls scored over the steps the row ran (a step's call scores every row at one
+        width: $G + 1$, a tree's node count plus one, or 1 in a step where no running
+        row drafted). Rows run for a prefix of the loop's steps, so the row with the
+        most `target_calls` holds the whole batch's count: with per-call times, the
+        cost model of the run.
     - `logprobs`: float32 of shape `(B, L)`, the target's log-probability of each
         generated token under the distribution it was verified against, with
         `speculative_decode(..., logprobs=True)`; `None` otherwise. -inf after a
@@ -75,6 +81,7 @@ class DecodeResult(eqx.Module):
     error_steps: Int[Array, " B"] | None = None
     error_positions: Int[Array, " B"] | None = None
     drafting_steps: Int[Array, " B"] | None = None
+    scored_positions: Int[Array, " B"] | None = None
 
     def _theory_reached(self) -> np.ndarray:
         if self.theory == "none":

@@ -9,7 +9,7 @@ from typing import Literal, NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Key
+from jaxtyping import Array, Bool, Float, Int, Key
 
 from .._models.cached import checked_output as checked_output, is_cached
 
@@ -37,8 +37,10 @@ class StepOutcome(NamedTuple):
     model), and `distributions`, what the models returned this step as probabilities,
     for the loop's `check_models` mode: `(name, probs (B, ..., V), used (B, ...))`
     triples (`used` marks the rows the step used; empty when the proposal offers none),
-    and `logprobs` (B, slots), the target's log-probability of each token the step
-    emits (-inf after them), when the loop asks for them (`Models.logprobs`)."""
+    `logprobs` (B, slots), the target's log-probability of each token the step
+    emits (-inf after them), when the loop asks for them (`Models.logprobs`), and
+    `scored` (a scalar), the positions per row the step's target call scored (its
+    width: the whole batch is scored at once)."""
 
     num_accepted: Int[Array, " B"]
     tokens: Int[Array, "B slots"]
@@ -47,6 +49,7 @@ class StepOutcome(NamedTuple):
     states: tuple = (None, None)
     distributions: tuple = ()
     logprobs: Float[Array, "B slots"] | None = None
+    scored: Int[Array, ""] | None = None
 
 
 class AbstractProposal(eqx.Module):
@@ -132,6 +135,7 @@ class AbstractProposal(eqx.Module):
         keys: Key[Array, "B 4"],
         generated: Int[Array, " B"],
         states: tuple = (None, None),
+        active: Bool[Array, " B"] | None = None,
     ) -> StepOutcome:
         """Drafts, scores and verifies one step for every row. Traced.
 
@@ -147,6 +151,10 @@ class AbstractProposal(eqx.Module):
         - `generated`: int32 `(B,)`, the tokens each row has generated so far.
         - `states`: `(draft_state, target_state)`, the cached models' states (each
             `None` for a stateless model; see [`eqx_specdec.AbstractCachedModel`][]).
+        - `active`: bool `(B,)`, the rows still running (`None`: all of them). The
+            loop discards a finished row's outcome, so a proposal may skip its work
+            (a chain drafts nothing for it, so a finished row neither keeps the
+            drafting loop going nor widens the target's call).
 
         **Returns:**
 

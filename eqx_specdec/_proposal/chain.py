@@ -6,7 +6,7 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Int, Key
+from jaxtyping import Array, Bool, Int, Key
 
 from .._capabilities import has_capability
 from .._misc import no_type_check
@@ -129,11 +129,21 @@ class Chain(AbstractProposal):
         """A chain runs stateless and cached models alike (either or both)."""
 
     def step(
-        self, models, verifier, buffer, lengths, keys, generated, states=(None, None)
+        self,
+        models,
+        verifier,
+        buffer,
+        lengths,
+        keys,
+        generated,
+        states=(None, None),
+        active=None,
     ) -> StepOutcome:
         policy = self.draft_length
         stops_early = self.stops_early()
-        xs, qs, p, drafted, states = draft_chain(
+        if active is None:
+            active = jnp.ones(lengths.shape, bool)
+        xs, qs, p, drafted, states, scored = draft_chain(
             models,
             buffer,
             lengths,
@@ -143,6 +153,7 @@ class Chain(AbstractProposal):
             policy if stops_early else None,
             states,
             self.trim,
+            active,
         )
         theory = self.theory(verifier)  # the declared test's, before it is swapped
         test = verifier.ratio_test.in_decoding_loop(generated)
@@ -160,7 +171,9 @@ class Chain(AbstractProposal):
                 drafted = jax.vmap(policy)(xs, law, p).astype(jnp.int32)
             drafted = jnp.clip(drafted, 0, self.length)
             out = verifier.at_lengths(jnp.maximum(drafted, 1), *arrays)
-            out = _plain_step_where_none(verifier, drafted, p[:, 0], sample, out)
+            out = _plain_step_where_none(
+                verifier, drafted, active, p[:, 0], sample, out
+            )
         drafted_rows = jnp.arange(self.length, dtype=jnp.int32)[None] < drafted[:, None]
         checked = (("draft_model", qs, drafted_rows), ("target_model", p, None))
         logprobs = emitted_logprobs(out["tokens"], p) if models.logprobs else None
@@ -174,6 +187,7 @@ class Chain(AbstractProposal):
                 states,
                 checked,
                 logprobs,
+                scored,
             )
 
         def passes_of(values, law, p):
@@ -191,10 +205,11 @@ class Chain(AbstractProposal):
             states,
             checked,
             logprobs,
+            scored,
         )
 
 
-def _plain_step_where_none(verifier, drafted, first_rows, sample, out):
+def _plain_step_where_none(verifier, drafted, active, first_rows, sample, out):
     """The rows that drafted no token take a plain decoding step: their token is drawn
     from the target's first row $p_0$ with the row's sampling randomness (its argmax
     for a rule whose sampler draws `"argmax"`), what any exact rule emits with nothing
@@ -203,9 +218,11 @@ def _plain_step_where_none(verifier, drafted, first_rows, sample, out):
     def replaced(out):
         return _replace_empty_rows(verifier, drafted, first_rows, sample, out)
 
-    # A batch-wide branch (the loop's step is not vmapped): steps where every row
-    # drafted skip the draw over the vocabulary.
-    return jax.lax.cond(jnp.any(drafted == 0), replaced, lambda out: out, out)
+    # A batch-wide branch (the loop's step is not vmapped): steps where every running
+    # row drafted skip the draw over the vocabulary (finished rows draft nothing, and
+    # their outcome is discarded).
+    empty = jnp.any((drafted == 0) & active)
+    return jax.lax.cond(empty, replaced, lambda out: out, out)
 
 
 def _replace_empty_rows(verifier, drafted, first_rows, sample, out):
@@ -263,13 +280,16 @@ def draft_chain(
     policy: AbstractDraftLength | None,
     states: tuple,
     trim: bool = False,
+    active: Bool[Array, " B"] | None = None,
 ):
     """Drafts up to `gamma` tokens after each row's `buffer[b, : lengths[b]]`, one draft
     call per token (sampled from $q_i$, or its argmax), then scores every row's chain
     with one target call. With a `policy` (a draft-length rule that does not read the
     target), a row stops drafting once the rule's length is reached, and the loop over
     draft calls ends when every row has stopped: the draft calls are the ones the rows
-    need. Cached models are called on the new tokens only (see
+    need; rows that are not `active` (finished in the decoding loop) draft nothing, so
+    they neither keep that loop going nor widen the target's call. Cached models are
+    called on the new tokens only (see
     [`eqx_specdec.AbstractCachedModel`][]). With `trim`, the target is called on the
     positions the longest draft needs only (a width chosen at run time among
     `trimmed_widths(gamma)`); the rows past it repeat its last row (valid, never
@@ -315,8 +335,10 @@ def draft_chain(
     xs = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x)
     qs = jnp.zeros((batch, gamma, q.shape[-1]), q.dtype).at[:, 0].set(q)
     buffer = buffer.at[rows, lengths].set(x)
-    drafted = jnp.ones((batch,), jnp.int32)
-    stopped = stopped_after(xs, qs, 1)
+    if active is None:
+        active = jnp.ones((batch,), bool)
+    drafted = active.astype(jnp.int32)
+    stopped = stopped_after(xs, qs, 1) | ~active
 
     def more(carry):
         i, *_, stopped = carry
@@ -342,6 +364,7 @@ def draft_chain(
     )
     if policy is not None:  # the rows' lengths, now that each has stopped
         drafted = jnp.clip(length_of(xs, qs), 0, gamma).astype(jnp.int32)
+        drafted = jnp.where(active, drafted, 0)
     starts = lengths - 1
     if trim:
         widths = trimmed_widths(gamma)
@@ -361,12 +384,15 @@ def draft_chain(
         p, target_state = jax.lax.switch(
             index, [scored(w) for w in widths], buffer, target_state
         )
+        width = jnp.asarray(widths, jnp.int32)[index]
     else:
         p, target_state = call_rows(
             models.target, buffer, starts, gamma + 1, target_state
         )
+        width = jnp.asarray(gamma + 1, jnp.int32)
     checked_output("target_model", p[0], (gamma + 1, qs.shape[-1]))
-    return xs, qs, as_probs(p, target_outputs), drafted, (draft_state, target_state)
+    states = (draft_state, target_state)
+    return xs, qs, as_probs(p, target_outputs), drafted, states, width
 
 
 def trimmed_widths(gamma: int) -> tuple[int, ...]:

@@ -89,8 +89,17 @@ class Tree(AbstractProposal):
         return "none"
 
     def step(
-        self, models, verifier, buffer, lengths, keys, generated, states=(None, None)
+        self,
+        models,
+        verifier,
+        buffer,
+        lengths,
+        keys,
+        generated,
+        states=(None, None),
+        active=None,
     ) -> StepOutcome:
+        del active  # every row's tree is drafted: the tree's shape is static
         rule = verifier.drafting_rule()
         nodes, dq, p = jax.vmap(
             lambda t, n, k: draft_tree(models, t, n, k, self.parents, rule)
@@ -122,6 +131,7 @@ class Tree(AbstractProposal):
             drafted,
             distributions=distributions,
             logprobs=logprobs,
+            scored=jnp.asarray(len(self.parents) + 1, jnp.int32),
         )
 
 
