@@ -132,6 +132,12 @@ def main(argv=None):
     parser.add_argument(
         "--min-ngram", type=int, default=2, help="the lookup's shortest n-gram"
     )
+    parser.add_argument(
+        "--confirm",
+        type=int,
+        default=0,
+        help="the lookup proposes where it predicted the last CONFIRM tokens",
+    )
     args = parser.parse_args(argv)
 
     path = fetch_smollm2(quiet=True)
@@ -146,13 +152,16 @@ def main(argv=None):
         model.config.vocab_size,
         max_ngram=max(3, args.min_ngram),
         min_ngram=args.min_ngram,
+        confirm=args.confirm,
     )
     chain = es.Chain(
         args.gamma, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
     )
     print(
         f"SmolLM2-135M-Instruct, float32, JAX {jax.__version__} on "
-        f"{jax.default_backend()}; greedy; prompt lookup, G = {args.gamma} "
+        f"{jax.default_backend()}; greedy; prompt lookup (n-grams of "
+        f"{draft.min_ngram} to {draft.max_ngram}, confirm {draft.confirm}), "
+        f"G = {args.gamma} "
         f"(target widths {es._proposal.chain.trimmed_widths(args.gamma)}); at most "
         f"{args.tokens} tokens per answer; prompts padded to {width} tokens; "
         f"{args.repeats} interleaved rounds\n"
@@ -271,11 +280,13 @@ def main(argv=None):
                 med = {k: statistics.median(v) for k, v in times.items()}
                 steps = int(np.max(np.asarray(spec.target_calls)))
                 drafted = float(np.sum(spec.drafted)) / float(np.sum(spec.target_calls))
-                # Cost model: each step one draft call per drafted token (the batch's
-                # longest), and one target call on G + 1 positions, or on one where no
-                # row drafted (at B > 1 the steps where some row drafted are taken as
-                # the most any row had: a lower bound).
-                full = int(np.max(np.asarray(spec.drafting_steps)))
+                # Cost model: each step one draft call per drafted token (the rows'
+                # mean), and one target call on G + 1 positions, or on one where no
+                # running row drafted: the row with the most steps ran in every step,
+                # so its scored positions count the batch's wide calls exactly.
+                longest = int(np.argmax(np.asarray(spec.target_calls)))
+                scored = int(spec.scored_positions[longest])
+                full = (scored - steps) // (widths[-1] - 1)
                 spec_cost = (
                     steps * drafted * per_call["draft"]
                     + full * per_call[widths[-1]]

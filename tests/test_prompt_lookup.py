@@ -42,12 +42,26 @@ def test_lookup_proposes_the_token_after_the_latest_longest_match(
     # Scratch after each position must not be read: the row is padded with 9s.
     row = jnp.asarray(tokens + [9] * 5, jnp.int32)
     found = jax.jit(jax.vmap(draft.lookup, in_axes=(None, 0)))(row, positions)
-    rows = jax.jit(draft)(row, positions)
-    for position in range(len(tokens)):
-        token, n = _reference_lookup(tokens, position, max_ngram, min_ngram)
+    reference = [
+        _reference_lookup(tokens, position, max_ngram, min_ngram)
+        for position in range(len(tokens))
+    ]
+    for position, (token, n) in enumerate(reference):
         assert (int(found[0][position]), int(found[1][position])) == (token, n)
-        expected = np.full(10, 0.1, np.float32) if n == 0 else np.eye(10)[token]
-        np.testing.assert_allclose(rows[position], expected, rtol=1e-6)
+    # With `confirm`, a row proposes only where the lookup predicted each of the last
+    # `confirm` tokens.
+    for confirm in (0, 1, 2):
+        draft = es.PromptLookupDraft(10, max_ngram, min_ngram, confirm)
+        rows = jax.jit(draft)(row, positions)
+        for position, (token, n) in enumerate(reference):
+            for back in range(1, confirm + 1):
+                earlier = position - back
+                if earlier < 0 or reference[earlier][1] == 0:
+                    n = 0
+                elif reference[earlier][0] != tokens[earlier + 1]:
+                    n = 0
+            expected = np.full(10, 0.1, np.float32) if n == 0 else np.eye(10)[token]
+            np.testing.assert_allclose(rows[position], expected, rtol=1e-6)
 
 
 def test_trim_needs_a_policy_that_stops_without_the_target():
@@ -88,6 +102,7 @@ def test_a_trimmed_target_call_emits_what_the_full_one_does():
             ),
             outputs=("probs", "logits"),
             max_lengths=max_lengths,
+            logprobs=True,
         )
 
     results = [decode(trim) for trim in (False, True)]
@@ -96,6 +111,7 @@ def test_a_trimmed_target_call_emits_what_the_full_one_does():
         np.testing.assert_array_equal(
             getattr(results[0], field), getattr(results[1], field)
         )
+    np.testing.assert_allclose(results[0].logprobs, results[1].logprobs, rtol=1e-5)
     assert len(np.unique(np.asarray(results[0].accepted_histogram).nonzero()[1])) > 2
     calls = np.asarray(results[0].target_calls)
     np.testing.assert_array_equal(results[0].scored_positions, (gamma + 1) * calls)
@@ -114,6 +130,9 @@ def test_a_trimmed_target_call_emits_what_the_full_one_does():
     # some steps scored one: the check above bites.
     calls, steps = int(alone.target_calls[0]), int(alone.drafting_steps[0])
     assert int(alone.scored_positions[0]) == calls + gamma * steps < (gamma + 1) * calls
+    # The one-position steps emit what the full call emits, log-probabilities included.
+    np.testing.assert_array_equal(alone.tokens, results[0].tokens[7:])
+    np.testing.assert_allclose(alone.logprobs, results[0].logprobs[7:], rtol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -277,7 +277,7 @@ class _DecodeLoop(eqx.Module):
             status = state.status
             # A row whose models returned something that is not a distribution stops
             # here, before anything drawn from it is committed.
-            problems = model_problems(outcome.distributions, active)
+            problems = model_problems(outcome.invalid, active)
             invalid = jnp.zeros_like(active)
             for flags, _ in problems:
                 invalid = invalid | flags

@@ -34,9 +34,9 @@ class StepOutcome(NamedTuple):
     then -1), `reached` (B, depth + 1) (the theory's $P(n \\ge k)$, NaN without
     theory), `drafted` (B,) (the draft tokens drafted), `states`, the cached models'
     states after the step (`(draft_state, target_state)`, `None` for a stateless
-    model), and `distributions`, what the models returned this step as probabilities,
-    for the loop's `check_models` mode: `(name, probs (B, ..., V), used (B, ...))`
-    triples (`used` marks the rows the step used; empty when the proposal offers none),
+    model), `invalid`, the draft's and the target's flags (B,) of the rows where what
+    the model returned this step, among the rows the step used, is not a distribution
+    (`invalid_distributions`; the loop stops those rows before committing anything),
     `logprobs` (B, slots), the target's log-probability of each token the step
     emits (-inf after them), when the loop asks for them (`Models.logprobs`), and
     `scored` (a scalar), the positions per row the step's target call scored (its
@@ -47,7 +47,7 @@ class StepOutcome(NamedTuple):
     reached: Float[Array, "B depth_plus_1"]
     drafted: Int[Array, " B"]
     states: tuple = (None, None)
-    distributions: tuple = ()
+    invalid: tuple = ()
     logprobs: Float[Array, "B slots"] | None = None
     scored: Int[Array, ""] | None = None
 

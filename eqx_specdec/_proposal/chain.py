@@ -14,6 +14,7 @@ from .._models.cached import call_rows, is_cached
 from .._search import draw as draw_token, inverse_cdf
 from .._stages.row_fields import per_row_values, with_row_values
 from .._verify.abstract_verifier import AbstractVerifier
+from .._verify.checks import invalid_distributions
 from .._verify.logprobs import emitted_logprobs
 from .abstract_proposal import (
     AbstractProposal,
@@ -143,7 +144,8 @@ class Chain(AbstractProposal):
         stops_early = self.stops_early()
         if active is None:
             active = jnp.ones(lengths.shape, bool)
-        xs, qs, p, drafted, states, scored = draft_chain(
+        draft_state, target_state = states
+        xs, qs, drafted, buffer, draft_state = draft_chain(
             models,
             buffer,
             lengths,
@@ -151,8 +153,7 @@ class Chain(AbstractProposal):
             self.length,
             self.drafting,
             policy if stops_early else None,
-            states,
-            self.trim,
+            draft_state,
             active,
         )
         theory = self.theory(verifier)  # the declared test's, before it is swapped
@@ -161,62 +162,136 @@ class Chain(AbstractProposal):
             verifier = _with_ratio_test(verifier, test)
         key_sampler = verifier.residual_sampler.randomness == "key"
         accept, sample = uniforms(keys, self.length, key_sampler)
-        law = draft_law(xs, qs, self.drafting)
-        given = None if self.drafting == "argmax" else qs
-        arrays = (xs, given, p, accept, sample)
-        if policy.always_full:
-            out = verifier(*arrays)
-        else:
-            if not stops_early:
-                drafted = jax.vmap(policy)(xs, law, p).astype(jnp.int32)
-            drafted = jnp.clip(drafted, 0, self.length)
-            out = verifier.at_lengths(jnp.maximum(drafted, 1), *arrays)
-            out = _plain_step_where_none(
-                verifier, drafted, active, p[:, 0], sample, out
+        batch, slots, vocab = xs.shape[0], self.length + 1, qs.shape[-1]
+
+        def verified(p):
+            """The verifier on the target's $G + 1$ rows."""
+            law = draft_law(xs, qs, self.drafting)
+            given = None if self.drafting == "argmax" else qs
+            arrays = (xs, given, p, accept, sample)
+            drafted_ = drafted
+            if policy.always_full:
+                out = verifier(*arrays)
+            else:
+                if not stops_early:
+                    drafted_ = jax.vmap(policy)(xs, law, p).astype(jnp.int32)
+                drafted_ = jnp.clip(drafted_, 0, self.length)
+                out = verifier.at_lengths(jnp.maximum(drafted_, 1), *arrays)
+                out = _plain_step_where_none(
+                    verifier, drafted_, active, p[:, 0], sample, out
+                )
+            positions = jnp.arange(self.length, dtype=jnp.int32)
+            drafted_rows = positions[None] < drafted_[:, None]
+            invalid = (
+                invalid_distributions(qs, drafted_rows),
+                invalid_distributions(p),
             )
-        drafted_rows = jnp.arange(self.length, dtype=jnp.int32)[None] < drafted[:, None]
-        checked = (("draft_model", qs, drafted_rows), ("target_model", p, None))
-        logprobs = emitted_logprobs(out["tokens"], p) if models.logprobs else None
-        if theory == "none":
-            reached = jnp.full((xs.shape[0], self.length + 1), jnp.nan, jnp.float32)
+            logprobs = emitted_logprobs(out["tokens"], p) if models.logprobs else None
+            if theory == "none":
+                reached = jnp.full((batch, slots), jnp.nan, jnp.float32)
+            else:
+
+                def passes_of(values, law, p):
+                    return with_row_values(test, values).pass_probabilities(law, p)
+
+                passes = jax.vmap(passes_of)(
+                    per_row_values(test), law, p[:, : self.length]
+                )
+                # Positions past a row's draft length are never drafted: they never
+                # pass.
+                passes = jnp.where(drafted_rows[..., None], passes, 0)
+                reached = jax.vmap(reached_probabilities)(passes, law, xs)
             return StepOutcome(
                 out["num_accepted"],
                 out["tokens"],
-                reached,
-                drafted,
-                states,
-                checked,
+                reached.astype(jnp.float32),
+                drafted_,
+                (draft_state, None),
+                invalid,
                 logprobs,
-                scored,
+                jnp.asarray(slots, jnp.int32),
             )
 
-        def passes_of(values, law, p):
-            return with_row_values(test, values).pass_probabilities(law, p)
+        def plain(p):
+            """No running row drafted: a plain decoding step for every row from the
+            target's one row (what the verifier emits for a row that drafted nothing:
+            its first row's token, drawn with the row's sampling randomness)."""
+            token = _plain_tokens(verifier, p[:, 0], sample)
+            tokens = jnp.full((batch, slots), -1, jnp.int32).at[:, 0].set(token)
+            invalid = (jnp.zeros((batch,), bool), invalid_distributions(p))
+            logprobs = None
+            if models.logprobs:
+                first = jnp.log(jnp.take_along_axis(p[:, 0], token[:, None], axis=-1))
+                logprobs = jnp.full((batch, slots), -jnp.inf, jnp.float32)
+                logprobs = logprobs.at[:, 0].set(first[:, 0].astype(jnp.float32))
+            if theory == "none":
+                reached = jnp.full((batch, slots), jnp.nan, jnp.float32)
+            else:  # P(n >= 0) = 1; no draft token to accept
+                reached = jnp.zeros((batch, slots), jnp.float32).at[:, 0].set(1)
+            return StepOutcome(
+                jnp.zeros((batch,), jnp.int32),
+                tokens,
+                reached,
+                jnp.zeros((batch,), jnp.int32),
+                (draft_state, None),
+                invalid,
+                logprobs,
+                jnp.asarray(1, jnp.int32),
+            )
 
-        passes = jax.vmap(passes_of)(per_row_values(test), law, p[:, : self.length])
-        # Positions past a row's draft length are never drafted: they never pass.
-        passes = jnp.where(drafted_rows[..., None], passes, 0)
-        reached = jax.vmap(reached_probabilities)(passes, law, xs)
-        return StepOutcome(
-            out["num_accepted"],
-            out["tokens"],
-            reached.astype(jnp.float32),
-            drafted,
-            states,
-            checked,
-            logprobs,
-            scored,
-        )
+        def scored(width):
+            def call(carry):
+                return score_chain(models, buffer, lengths, width, vocab, carry[1])
+
+            return call
+
+        if not self.trim:
+            p, target_state = scored(slots)((None, target_state))
+            outcome = verified(p)
+        else:
+            # Batch-wide branches (the loop's step is not vmapped): a step where no
+            # running row drafted calls the target on one position and costs what a
+            # plain decoding step does. The target's calls run as loops of at most one
+            # trip, which update its cache in place (a `lax.cond` copies its operands
+            # and results, the cache included: 2.5 ms a step for SmolLM2 at B = 1).
+            wide = jnp.any(drafted > 0)
+
+            def run_if(pred, width, target_state):
+                shape = jax.eval_shape(scored(width), (None, target_state))[0]
+                init = (jnp.zeros(shape.shape, shape.dtype), target_state)
+                return _run_if(pred, scored(width), init)
+
+            one, target_state = run_if(~wide, 1, target_state)
+            every, target_state = run_if(wide, slots, target_state)
+            outcome = jax.lax.cond(wide, lambda: verified(every), lambda: plain(one))
+        return outcome._replace(states=(draft_state, target_state))
+
+
+def _run_if(pred, fn, init):
+    """`fn(init)` where the scalar `pred` holds, `init` otherwise: a loop of at most one
+    trip, whose carry XLA updates in place."""
+
+    def body(carry):
+        return jnp.zeros((), bool), fn(carry[1])
+
+    return jax.lax.while_loop(lambda carry: carry[0], body, (pred, init))[1]
 
 
 def _plain_step_where_none(verifier, drafted, active, first_rows, sample, out):
     """The rows that drafted no token take a plain decoding step: their token is drawn
     from the target's first row $p_0$ with the row's sampling randomness (its argmax
     for a rule whose sampler draws `"argmax"`), what any exact rule emits with nothing
-    to verify."""
+    to accept."""
 
     def replaced(out):
-        return _replace_empty_rows(verifier, drafted, first_rows, sample, out)
+        none = drafted == 0
+        tokens = out["tokens"]
+        token = _plain_tokens(verifier, first_rows, sample).astype(tokens.dtype)
+        plain = jnp.full_like(tokens, -1).at[:, 0].set(token)
+        return {
+            "num_accepted": jnp.where(none, 0, out["num_accepted"]),
+            "tokens": jnp.where(none[:, None], plain, tokens),
+        }
 
     # A batch-wide branch (the loop's step is not vmapped): steps where every running
     # row drafted skip the draw over the vocabulary (finished rows draft nothing, and
@@ -225,7 +300,9 @@ def _plain_step_where_none(verifier, drafted, active, first_rows, sample, out):
     return jax.lax.cond(empty, replaced, lambda out: out, out)
 
 
-def _replace_empty_rows(verifier, drafted, first_rows, sample, out):
+def _plain_tokens(verifier, first_rows, sample) -> Int[Array, " B"]:
+    """Each row's plain decoding token from `first_rows` $p_0$ `(B, V)`, drawn as the
+    verifier's sampler draws: the argmax, by its key, or by inverse CDF."""
     sampler = verifier.residual_sampler
     if sampler.draws == "argmax":
         token = jnp.argmax(first_rows, axis=-1)
@@ -235,13 +312,7 @@ def _replace_empty_rows(verifier, drafted, first_rows, sample, out):
         )
     else:
         token = jax.vmap(inverse_cdf)(first_rows, sample.astype(first_rows.dtype))
-    none = drafted == 0
-    tokens = out["tokens"]
-    plain = jnp.full_like(tokens, -1).at[:, 0].set(token.astype(tokens.dtype))
-    return {
-        "num_accepted": jnp.where(none, 0, out["num_accepted"]),
-        "tokens": jnp.where(none[:, None], plain, tokens),
-    }
+    return token.astype(jnp.int32)
 
 
 def _with_ratio_test(verifier, test):
@@ -278,34 +349,28 @@ def draft_chain(
     gamma: int,
     drafting: ChainDrafting,
     policy: AbstractDraftLength | None,
-    states: tuple,
-    trim: bool = False,
+    draft_state,
     active: Bool[Array, " B"] | None = None,
 ):
     """Drafts up to `gamma` tokens after each row's `buffer[b, : lengths[b]]`, one draft
-    call per token (sampled from $q_i$, or its argmax), then scores every row's chain
-    with one target call. With a `policy` (a draft-length rule that does not read the
-    target), a row stops drafting once the rule's length is reached, and the loop over
-    draft calls ends when every row has stopped: the draft calls are the ones the rows
-    need; rows that are not `active` (finished in the decoding loop) draft nothing, so
-    they neither keep that loop going nor widen the target's call. Cached models are
-    called on the new tokens only (see
-    [`eqx_specdec.AbstractCachedModel`][]). With `trim`, the target is called on the
-    positions the longest draft needs only (a width chosen at run time among
-    `trimmed_widths(gamma)`); the rows past it repeat its last row (valid, never
-    verified).
+    call per token (sampled from $q_i$, or its argmax). With a `policy` (a draft-length
+    rule that does not read the target), a row stops drafting once the rule's length
+    is reached, and the loop over draft calls ends when every row has stopped: the
+    draft calls are the ones the rows need; rows that are not `active` (finished in
+    the decoding loop) draft nothing, so they neither keep that loop going nor make
+    the target score their chain. A cached draft is called on the new tokens only
+    (see [`eqx_specdec.AbstractCachedModel`][]).
 
     **Returns:**
 
-    `(x, q, p, drafted, states)`: int32 `(B, G)`, the draft's distributions
-    `(B, G, V)` (rows past a row's draft length are zero or scratch), the target's
-    `(B, G + 1, V)`, int32 `(B,)` the tokens each row drafted, and the models'
-    states.
+    `(x, q, drafted, buffer, draft_state)`: int32 `(B, G)`, the draft's distributions
+    `(B, G, V)` (rows past a row's draft length are zero or scratch), int32 `(B,)` the
+    tokens each row drafted, the buffer with the draft tokens after each row's
+    context, and the draft's state.
     """
-    draft_outputs, target_outputs = models.outputs
+    draft_outputs = models.outputs[0]
     batch = buffer.shape[0]
     rows = jnp.arange(batch)
-    draft_state, target_state = states
     token_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(keys)
 
     def draw(q, i):
@@ -365,34 +430,16 @@ def draft_chain(
     if policy is not None:  # the rows' lengths, now that each has stopped
         drafted = jnp.clip(length_of(xs, qs), 0, gamma).astype(jnp.int32)
         drafted = jnp.where(active, drafted, 0)
-    starts = lengths - 1
-    if trim:
-        widths = trimmed_widths(gamma)
+    return xs, qs, drafted, buffer, draft_state
 
-        def scored(width):
-            def call(buffer, target_state):
-                p, target_state = call_rows(
-                    models.target, buffer, starts, width, target_state
-                )
-                padding = jnp.repeat(p[:, -1:], gamma + 1 - width, axis=1)
-                return jnp.concatenate([p, padding], axis=1), target_state
 
-            return call
-
-        needed = jnp.max(drafted) + 1  # 1 when no row drafted a token
-        index = jnp.sum(jnp.asarray(widths[:-1]) < needed)
-        p, target_state = jax.lax.switch(
-            index, [scored(w) for w in widths], buffer, target_state
-        )
-        width = jnp.asarray(widths, jnp.int32)[index]
-    else:
-        p, target_state = call_rows(
-            models.target, buffer, starts, gamma + 1, target_state
-        )
-        width = jnp.asarray(gamma + 1, jnp.int32)
-    checked_output("target_model", p[0], (gamma + 1, qs.shape[-1]))
-    states = (draft_state, target_state)
-    return xs, qs, as_probs(p, target_outputs), drafted, states, width
+def score_chain(models: Models, buffer, lengths, width: int, vocab: int, target_state):
+    """The target's rows `(B, width, V)` as probabilities, at each row's positions
+    `lengths[b] - 1 + [0, width)` (its last committed token, then the draft tokens),
+    and its state."""
+    p, target_state = call_rows(models.target, buffer, lengths - 1, width, target_state)
+    checked_output("target_model", p[0], (width, vocab))
+    return as_probs(p, models.outputs[1]), target_state
 
 
 def trimmed_widths(gamma: int) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ from .._tree.abstract_tree_verifier import (
     tree_of,
 )
 from .._tree.node_rules import AbstractNodeRule
+from .._verify.checks import invalid_distributions
 from .._verify.logprobs import emitted_logprobs, tree_rows
 from .abstract_proposal import (
     AbstractProposal,
@@ -123,13 +124,13 @@ class Tree(AbstractProposal):
         parents = set(self.parents)
         with_children = [c in parents for c in [-1, *range(len(self.parents))]]
         used = jnp.broadcast_to(jnp.asarray(with_children), dq.shape[:-1])
-        distributions = (("draft_model", dq, used), ("target_model", p, None))
+        invalid = (invalid_distributions(dq, used), invalid_distributions(p))
         return StepOutcome(
             out["num_accepted"],
             tokens,
             reached,
             drafted,
-            distributions=distributions,
+            invalid=invalid,
             logprobs=logprobs,
             scored=jnp.asarray(len(self.parents) + 1, jnp.int32),
         )

@@ -308,13 +308,11 @@ def invalid_distributions(probs, used=None):
     return _per_row(bad)
 
 
-def model_problems(distributions, active):
-    """Per-row flags `(B,)` for what the loop's models returned this step (the
-    `distributions` of a proposal's step: `(name, probs, used)` triples), on the rows
-    still `active`; in the order of `MODEL_MESSAGES`."""
-    flags = {
-        name: jnp.zeros(active.shape, bool) for name in ("draft_model", "target_model")
-    }
-    for name, probs, used in distributions:
-        flags[name] = flags[name] | (invalid_distributions(probs, used) & active)
-    return [(flags[name], message) for name, message in zip(flags, MODEL_MESSAGES)]
+def model_problems(invalid, active):
+    """Per-row flags `(B,)` for what the loop's models returned this step (a proposal
+    step's `invalid`: the draft's and the target's flags, from
+    `invalid_distributions`), on the rows still `active`; in the order of
+    `MODEL_MESSAGES`."""
+    return [
+        (flags & active, message) for flags, message in zip(invalid, MODEL_MESSAGES)
+    ]
