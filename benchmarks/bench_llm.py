@@ -132,12 +132,6 @@ def main(argv=None):
     parser.add_argument(
         "--min-ngram", type=int, default=2, help="the lookup's shortest n-gram"
     )
-    parser.add_argument(
-        "--confirm",
-        type=int,
-        default=0,
-        help="the lookup proposes where it predicted the last CONFIRM tokens",
-    )
     args = parser.parse_args(argv)
 
     path = fetch_smollm2(quiet=True)
@@ -152,7 +146,6 @@ def main(argv=None):
         model.config.vocab_size,
         max_ngram=max(3, args.min_ngram),
         min_ngram=args.min_ngram,
-        confirm=args.confirm,
     )
     chain = es.Chain(
         args.gamma, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
@@ -160,7 +153,7 @@ def main(argv=None):
     print(
         f"SmolLM2-135M-Instruct, float32, JAX {jax.__version__} on "
         f"{jax.default_backend()}; greedy; prompt lookup (n-grams of "
-        f"{draft.min_ngram} to {draft.max_ngram}, confirm {draft.confirm}), "
+        f"{draft.min_ngram} to {draft.max_ngram}), "
         f"G = {args.gamma} "
         f"(target widths {es._proposal.chain.trimmed_widths(args.gamma)}); at most "
         f"{args.tokens} tokens per answer; prompts padded to {width} tokens; "

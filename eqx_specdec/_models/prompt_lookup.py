@@ -38,29 +38,18 @@ class PromptLookupDraft(eqx.Module):
         third of the time, so a step that drafted on it cost a wide target call for
         little (the cost model's speed-up on an open question 0.91x with 1, 0.99x with
         2; on a summary 2.44x and 2.21x).
-    - `confirm`: propose only where the lookup also predicted each of the last
-        `confirm` tokens of the context (the text is being copied); elsewhere the
-        row is uniform, as without a match. Default 0 (no confirmation). A match that
-        did not predict the token just written is rarely right about the next one:
-        on SmolLM2's answers the first proposed token of a step was accepted 4% of
-        the time (an edit of code, an open question) to 40% (an extraction), the
-        later ones, inside a copied span, mostly over 90% (a summary). The cost is a
-        plain step at the start of each copied span.
     """
 
     vocab_size: int = eqx.field(static=True)
     max_ngram: int = eqx.field(static=True, default=3)
     min_ngram: int = eqx.field(static=True, default=2)
-    confirm: int = eqx.field(static=True, default=0)
 
     def __check_init__(self):
-        for name in ("vocab_size", "max_ngram", "min_ngram", "confirm"):
+        for name in ("vocab_size", "max_ngram", "min_ngram"):
             value = getattr(self, name)
-            least = 0 if name == "confirm" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                kind = "a non-negative" if least == 0 else "a positive"
+            if not isinstance(value, int) or value < 1:
                 raise ValueError(
-                    f"PromptLookupDraft(`{name}`=...) must be {kind} Python int, "
+                    f"PromptLookupDraft(`{name}`=...) must be a positive Python int, "
                     f"got {value!r}."
                 )
         if self.min_ngram > self.max_ngram:
@@ -100,16 +89,10 @@ class PromptLookupDraft(eqx.Module):
         self, tokens: Int[Array, " T"], positions: Int[Array, " K"]
     ) -> Float[Array, "K V"]:
         """The draft's rows after `tokens[: positions[k] + 1]`: one-hot at the proposed
-        token where a match is found (and, with `confirm`, the lookup predicted the
-        last `confirm` tokens), uniform elsewhere. Shape `(K, V)`."""
+        token where a match is found, uniform where none is. Shape `(K, V)`."""
 
         def row(position):
             token, n = self.lookup(tokens, position)
-            for back in range(1, self.confirm + 1):
-                before, found = self.lookup(tokens, position - back)
-                written = tokens[jnp.clip(position - back + 1, 0, tokens.shape[0] - 1)]
-                hit = (position >= back) & (found > 0) & (before == written)
-                n = jnp.where(hit, n, 0)
             one_hot = jax.nn.one_hot(token, self.vocab_size, dtype=jnp.float32)
             uniform = jnp.full((self.vocab_size,), 1 / self.vocab_size, jnp.float32)
             return jnp.where(n > 0, one_hot, uniform)

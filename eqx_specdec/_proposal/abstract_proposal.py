@@ -32,24 +32,25 @@ class StepOutcome(NamedTuple):
     """What one step of a proposal hands back to the loop, one entry per row:
     `num_accepted` (B,), `tokens` (B, slots) (the accepted draft tokens, the correction,
     then -1), `reached` (B, depth + 1) (the theory's $P(n \\ge k)$, NaN without
-    theory), `drafted` (B,) (the draft tokens drafted), `states`, the cached models'
-    states after the step (`(draft_state, target_state)`, `None` for a stateless
-    model), `invalid`, the draft's and the target's flags (B,) of the rows where what
-    the model returned this step, among the rows the step used, is not a distribution
-    (`invalid_distributions`; the loop stops those rows before committing anything),
-    `logprobs` (B, slots), the target's log-probability of each token the step
-    emits (-inf after them), when the loop asks for them (`Models.logprobs`), and
-    `scored` (a scalar), the positions per row the step's target call scored (its
-    width: the whole batch is scored at once)."""
+    theory), `drafted` (B,) (the draft tokens drafted), `scored` (a scalar), the
+    positions per row the step's target call scored (its width: the whole batch is
+    scored at once), `states`, the cached models' states after the step
+    (`(draft_state, target_state)`, `None` for a stateless model), `invalid`, the
+    draft's and the target's flags (B,) of the rows where what the model returned
+    this step, among the rows the step used, is not a distribution
+    (`invalid_distributions`; the loop stops those rows before committing anything;
+    `None` for a model whose outputs the step did not use), and `logprobs` (B, slots),
+    the target's log-probability of each token the step emits (-inf after them), when
+    the loop asks for them (`Models.logprobs`)."""
 
     num_accepted: Int[Array, " B"]
     tokens: Int[Array, "B slots"]
     reached: Float[Array, "B depth_plus_1"]
     drafted: Int[Array, " B"]
+    scored: Int[Array, ""]
     states: tuple = (None, None)
-    invalid: tuple = ()
+    invalid: tuple = (None, None)
     logprobs: Float[Array, "B slots"] | None = None
-    scored: Int[Array, ""] | None = None
 
 
 class AbstractProposal(eqx.Module):

@@ -143,7 +143,7 @@ class Chain(AbstractProposal):
         policy = self.draft_length
         stops_early = self.stops_early()
         if active is None:
-            active = jnp.ones(lengths.shape, bool)
+            active = jnp.ones(lengths.shape, bool)  # a step outside the loop
         draft_state, target_state = states
         xs, qs, drafted, buffer, draft_state = draft_chain(
             models,
@@ -206,10 +206,9 @@ class Chain(AbstractProposal):
                 out["tokens"],
                 reached.astype(jnp.float32),
                 drafted_,
-                (draft_state, None),
-                invalid,
-                logprobs,
                 jnp.asarray(slots, jnp.int32),
+                invalid=invalid,
+                logprobs=logprobs,
             )
 
         def plain(p):
@@ -218,12 +217,10 @@ class Chain(AbstractProposal):
             its first row's token, drawn with the row's sampling randomness)."""
             token = _plain_tokens(verifier, p[:, 0], sample)
             tokens = jnp.full((batch, slots), -1, jnp.int32).at[:, 0].set(token)
-            invalid = (jnp.zeros((batch,), bool), invalid_distributions(p))
             logprobs = None
-            if models.logprobs:
-                first = jnp.log(jnp.take_along_axis(p[:, 0], token[:, None], axis=-1))
-                logprobs = jnp.full((batch, slots), -jnp.inf, jnp.float32)
-                logprobs = logprobs.at[:, 0].set(first[:, 0].astype(jnp.float32))
+            if models.logprobs:  # the one row stands for every slot (-inf after 0)
+                rows = jnp.broadcast_to(p, (batch, slots, vocab))
+                logprobs = emitted_logprobs(tokens, rows)
             if theory == "none":
                 reached = jnp.full((batch, slots), jnp.nan, jnp.float32)
             else:  # P(n >= 0) = 1; no draft token to accept
@@ -233,10 +230,9 @@ class Chain(AbstractProposal):
                 tokens,
                 reached,
                 jnp.zeros((batch,), jnp.int32),
-                (draft_state, None),
-                invalid,
-                logprobs,
                 jnp.asarray(1, jnp.int32),
+                invalid=(jnp.zeros((batch,), bool), invalid_distributions(p)),
+                logprobs=logprobs,
             )
 
         def scored(width):
@@ -350,7 +346,7 @@ def draft_chain(
     drafting: ChainDrafting,
     policy: AbstractDraftLength | None,
     draft_state,
-    active: Bool[Array, " B"] | None = None,
+    active: Bool[Array, " B"],
 ):
     """Drafts up to `gamma` tokens after each row's `buffer[b, : lengths[b]]`, one draft
     call per token (sampled from $q_i$, or its argmax). With a `policy` (a draft-length
@@ -400,8 +396,6 @@ def draft_chain(
     xs = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x)
     qs = jnp.zeros((batch, gamma, q.shape[-1]), q.dtype).at[:, 0].set(q)
     buffer = buffer.at[rows, lengths].set(x)
-    if active is None:
-        active = jnp.ones((batch,), bool)
     drafted = active.astype(jnp.int32)
     stopped = stopped_after(xs, qs, 1) | ~active
 

@@ -130,9 +130,9 @@ class Tree(AbstractProposal):
             tokens,
             reached,
             drafted,
+            jnp.asarray(len(self.parents) + 1, jnp.int32),
             invalid=invalid,
             logprobs=logprobs,
-            scored=jnp.asarray(len(self.parents) + 1, jnp.int32),
         )
 
 

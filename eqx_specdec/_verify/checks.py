@@ -311,8 +311,9 @@ def invalid_distributions(probs, used=None):
 def model_problems(invalid, active):
     """Per-row flags `(B,)` for what the loop's models returned this step (a proposal
     step's `invalid`: the draft's and the target's flags, from
-    `invalid_distributions`), on the rows still `active`; in the order of
-    `MODEL_MESSAGES`."""
+    `invalid_distributions`, `None` for none), on the rows still `active`; in the
+    order of `MODEL_MESSAGES`."""
     return [
-        (flags & active, message) for flags, message in zip(invalid, MODEL_MESSAGES)
+        (jnp.zeros_like(active) if flags is None else flags & active, message)
+        for flags, message in zip(invalid, MODEL_MESSAGES, strict=True)
     ]
