@@ -222,11 +222,11 @@ def main(argv=None):
         )
         print(
             "| category | answer tokens | tokens/s: speculative / plain / "
-            "straightforward | speed-up (mean ± std) | predicted | mean accepted "
+            "straightforward | speed-up (mean ± std) | predicted | ceiling | mean accepted "
             "length | acceptance by position | plain / straightforward | "
             "equal to greedy |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for category in args.categories:
             rows = encoded[category]
             groups = (
@@ -285,7 +285,13 @@ def main(argv=None):
                     + full * per_call[widths[-1]]
                     + (steps - full) * per_call[1]
                 )
-                predicted = (prefill + n * per_call[1]) / (prefill + spec_cost)
+                plain_cost = prefill + n * per_call[1]
+                predicted = plain_cost / (prefill + spec_cost)
+                # The ceiling: a draft that is always right (G + 1 tokens a wide
+                # call), at the same per-call times.
+                ceiling = plain_cost / (
+                    prefill + -(-n // widths[-1]) * per_call[widths[-1]]
+                )
                 stats.append(
                     {
                         "spec": med["speculative"],
@@ -297,6 +303,7 @@ def main(argv=None):
                         "equal": equal,
                         "note": note,
                         "predicted": predicted,
+                        "ceiling": ceiling,
                     }
                 )
             tokens = sum(s["tokens"] for s in stats)
@@ -308,12 +315,14 @@ def main(argv=None):
                 rates = np.nansum(stacked, 0) / np.sum(~np.isnan(stacked), 0)
             mean, std = statistics.mean(speedups), statistics.pstdev(speedups)
             predicted = statistics.mean(s["predicted"] for s in stats)
+            ceiling = statistics.mean(s["ceiling"] for s in stats)
             ratio = sum(s["plain"] for s in stats) / sum(s["straight"] for s in stats)
             equal = all(s["equal"] for s in stats)
             print(
                 f"| {category} | {tokens} | {spec_rate:.1f} / {plain_rate:.1f} / "
                 f"{straight_rate:.1f} | **{mean:.2f}x ± {std:.2f}** | "
-                f"{predicted:.2f}x | {statistics.mean(s['tpc'] for s in stats):.2f} | "
+                f"{predicted:.2f}x | {ceiling:.2f}x | "
+                f"{statistics.mean(s['tpc'] for s in stats):.2f} | "
                 f"{' '.join('-' if r != r else f'{r:.2f}' for r in rates)} | "
                 f"{ratio:.3f} | {'yes' if equal else 'no' + stats[-1]['note']} |"
             )
@@ -329,7 +338,9 @@ def main(argv=None):
         )
     print(
         "Speed-up: plain over speculative time of the same answers, per round and "
-        "prompt. Predicted: the cost model from per-call times alone. Plain / "
+        "prompt. Predicted: the cost model from per-call times alone. Ceiling: the "
+        "cost model for a draft that is always right (G + 1 tokens a wide call). "
+        "Plain / "
         "straightforward: the library's plain loop against the loop a user writes "
         "(time ratio; 1.0 is equal)."
     )

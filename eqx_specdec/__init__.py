@@ -113,7 +113,10 @@ from ._verify.verifier import Verifier as Verifier
 from ._verify.warp import Warp as Warp
 
 
-__version__ = importlib.metadata.version("eqx_specdec")
+try:
+    __version__ = importlib.metadata.version("eqx_specdec")
+except importlib.metadata.PackageNotFoundError:  # a source checkout on the path
+    __version__ = "unknown"
 
 
 def __getattr__(name: str):
