@@ -1,6 +1,8 @@
-"""Prompt lookup and the trimmed target call: the lookup against a Python reference on
-every position of a table of sequences, and `Chain(trim=True)` emitting exactly what
-the untrimmed chain emits, with the same keys, on a cached transformer target."""
+"""Prompt lookup and the trimmed target call: the lookup and its whole-chain proposal
+against a Python reference on every position of a table of sequences, `Chain(trim=True)`
+emitting exactly what the untrimmed chain emits, with the same keys, on a cached
+transformer target, and the loop lossless with rows of every draft length, drafted one
+token a call or proposed at once."""
 
 import jax
 import jax.numpy as jnp
@@ -12,16 +14,34 @@ import eqx_specdec as es
 from eqx_specdec._proposal.chain import trimmed_widths
 
 
-def _reference_lookup(tokens, position, max_ngram, min_ngram):
-    """The token after the latest earlier occurrence of the longest matching n-gram."""
+def _reference_match(tokens, position, max_ngram, min_ngram):
+    """`(end, n)`: the latest earlier occurrence of the longest matching n-gram."""
     for n in range(max_ngram, min_ngram - 1, -1):
         if position - n + 1 < 0:
             continue
         tail = tokens[position - n + 1 : position + 1]
         for end in range(position - 1, n - 2, -1):
             if tokens[end - n + 1 : end + 1] == tail:
-                return tokens[end + 1], n
-    return 0, 0
+                return end, n
+    return -1, 0
+
+
+def _reference_lookup(tokens, position, max_ngram, min_ngram):
+    """The token after the latest earlier occurrence of the longest matching n-gram."""
+    end, n = _reference_match(tokens, position, max_ngram, min_ngram)
+    return (tokens[end + 1], n) if n else (0, 0)
+
+
+def _reference_propose(tokens, length, count, max_ngram, min_ngram):
+    """The `count` tokens that followed the match, read on through the proposal itself
+    where they reach the context's end."""
+    context = list(tokens[:length])
+    end, n = _reference_match(context, length - 1, max_ngram, min_ngram)
+    if not n:
+        return [0] * count, 0
+    for k in range(count):
+        context.append(context[end + 1 + k])
+    return context[length:], count
 
 
 @pytest.mark.parametrize(
@@ -48,6 +68,30 @@ def test_lookup_proposes_the_token_after_the_latest_longest_match(
         assert (int(found[0][position]), int(found[1][position])) == (token, n)
         expected = np.full(10, 0.1, np.float32) if n == 0 else np.eye(10)[token]
         np.testing.assert_allclose(rows[position], expected, rtol=1e-6)
+    # The whole chain after each context at once, for G = 5.
+    lengths = jnp.arange(1, len(tokens) + 1, dtype=jnp.int32)
+    proposed, drafted = jax.jit(jax.vmap(lambda n: draft.propose(row, n, 5)))(lengths)
+    for length in range(1, len(tokens) + 1):
+        chain, count = _reference_propose(tokens, length, 5, max_ngram, min_ngram)
+        assert list(np.asarray(proposed[length - 1])) == chain
+        assert int(drafted[length - 1]) == count
+
+
+def test_propose_drafting_needs_a_proposing_draft_and_its_own_lengths():
+    with pytest.raises(ValueError, match="draft_length"):
+        es.Chain(4, drafting="propose", draft_length=es.StopWhenUnlikely())
+    target = _small_transformer(5)
+    with pytest.raises(TypeError, match="draft_model"):
+        es.speculative_decode(
+            target,
+            target,
+            jnp.zeros((1, 3), jnp.int32),
+            None,
+            2,
+            jax.random.key(0),
+            proposal=es.Chain(2, drafting="propose"),
+            outputs="logits",
+        )
 
 
 def test_trim_needs_a_policy_that_stops_without_the_target():
@@ -121,19 +165,27 @@ def test_a_trimmed_target_call_emits_what_the_full_one_does():
     np.testing.assert_allclose(alone.logprobs, results[0].logprobs[7:], rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "verifier",
-    [
-        es.Verifier(),
-        es.Verifier(residual_sampler=es.GumbelSampler()),
-    ],
-    ids=["standard", "key-driven sampler"],
+STOP_BEFORE_MISS = es.Chain(
+    2, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
 )
-def test_rows_that_draft_nothing_keep_the_loop_lossless(verifier):
+
+
+@pytest.mark.parametrize(
+    "verifier, proposal",
+    [
+        (es.Verifier(), STOP_BEFORE_MISS),
+        (es.Verifier(residual_sampler=es.GumbelSampler()), STOP_BEFORE_MISS),
+        (es.Verifier(), es.Chain(2, drafting="propose", trim=True)),
+    ],
+    ids=["standard", "key-driven sampler", "proposed at once"],
+)
+def test_rows_that_draft_nothing_keep_the_loop_lossless(verifier, proposal):
     """With `keep_crossing=False` a row whose lookup finds nothing drafts no token and
     takes a plain step (its token drawn from the target's first row): over the whole
     loop the emitted sequences follow the target's law exactly (chi-square over every
-    sequence of 3 tokens, 12,000 rows), with rows of every draft length from 0 up."""
+    sequence of 3 tokens, 12,000 rows), with rows of every draft length from 0 up. The
+    same with the chain proposed at once (`drafting="propose"`: 0 or G tokens, one-hot
+    drafts)."""
     vocab, length, rows = 3, 3, 12_000
     target = _small_transformer(vocab)
     # The first step finds no match (2 and (1, 2) occur nowhere earlier), later ones
@@ -147,9 +199,7 @@ def test_rows_that_draft_nothing_keep_the_loop_lossless(verifier):
         length,
         jax.random.key(0),
         verifier=verifier,
-        proposal=es.Chain(
-            2, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
-        ),
+        proposal=proposal,
         outputs=("probs", "logits"),
     )
     tokens = np.asarray(result.tokens)

@@ -59,15 +59,13 @@ class PromptLookupDraft(eqx.Module):
                 "`min_ngram=1` too for single-token matches)."
             )
 
-    def lookup(
+    def _latest(
         self, tokens: Int[Array, " T"], position: Int[Array, ""]
     ) -> tuple[Int[Array, ""], Int[Array, ""]]:
-        """The proposal after `tokens[: position + 1]`: `(token, n)`, the token that
-        followed the latest earlier occurrence of the last `n` tokens, for the largest
-        `n` that has one; `(0, 0)` when none has."""
-        ends = jnp.arange(
-            tokens.shape[0], dtype=jnp.int32
-        )  # an occurrence's last token
+        """`(end, n)`: the last position of the latest earlier occurrence of the last
+        `n` tokens of `tokens[: position + 1]`, for the largest `n` that has one;
+        `(-1, 0)` when none has."""
+        ends = jnp.arange(tokens.shape[0], dtype=jnp.int32)  # an occurrence's last
 
         def at(i):
             return tokens[jnp.clip(i, 0, tokens.shape[0] - 1)]
@@ -82,8 +80,48 @@ class PromptLookupDraft(eqx.Module):
             better = (found_end < 0) & (latest >= 0)
             found_end = jnp.where(better, latest, found_end)
             found_n = jnp.where(better, n, found_n)
-        token = jnp.where(found_end >= 0, at(found_end + 1), 0)
-        return token.astype(jnp.int32), found_n
+        return found_end, found_n
+
+    def lookup(
+        self, tokens: Int[Array, " T"], position: Int[Array, ""]
+    ) -> tuple[Int[Array, ""], Int[Array, ""]]:
+        """The proposal after `tokens[: position + 1]`: `(token, n)`, the token that
+        followed the latest earlier occurrence of the last `n` tokens, for the largest
+        `n` that has one; `(0, 0)` when none has."""
+        end, n = self._latest(tokens, position)
+        token = jnp.where(
+            end >= 0, tokens[jnp.clip(end + 1, 0, tokens.shape[0] - 1)], 0
+        )
+        return token.astype(jnp.int32), n
+
+    def propose(
+        self, tokens: Int[Array, " T"], length: Int[Array, ""], count: int
+    ) -> tuple[Int[Array, " count"], Int[Array, ""]]:
+        """A whole chain after the context `tokens[: length]` in one call (what
+        `Chain(drafting="propose")` calls): the `count` tokens that followed the latest
+        earlier occurrence of the context's last n-gram (as `lookup` finds it), read on
+        periodically where that continuation reaches the end of the context (a match
+        $d$ tokens back proposes the last $d$ tokens again and again, as a repeating
+        pattern continues). Entries at or past `length` are never read.
+
+        **Arguments:**
+
+        - `tokens`: int `(T,)`, the row's buffer.
+        - `length`: its context's length, at least 1.
+        - `count`: $G$, a Python int.
+
+        **Returns:**
+
+        `(proposed, drafted)`: int32 `(count,)`, and `count` where a match is found, 0
+        where none is (the row drafts nothing).
+        """
+        end, n = self._latest(tokens, length - 1)
+        period = jnp.maximum(length - 1 - end, 1)  # >= 1 where a match is found
+        offsets = jnp.arange(count, dtype=jnp.int32) % period
+        index = jnp.clip(end + 1 + offsets, 0, tokens.shape[0] - 1)
+        proposed = jnp.where(n > 0, tokens[index], 0).astype(jnp.int32)
+        drafted = jnp.where(n > 0, count, 0).astype(jnp.int32)
+        return proposed, drafted
 
     def __call__(
         self, tokens: Int[Array, " T"], positions: Int[Array, " K"]

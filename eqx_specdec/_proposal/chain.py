@@ -29,7 +29,7 @@ from .abstract_proposal import (
 from .draft_length import AbstractDraftLength, FixedDraftLength
 
 
-ChainDrafting = Literal["sample", "argmax"]
+ChainDrafting = Literal["sample", "argmax", "propose"]
 
 
 @no_type_check  # its fields are checked by `__check_init__`
@@ -48,7 +48,14 @@ class Chain(AbstractProposal):
     - `drafting`: `"sample"` (the default): $x_i \\sim q_i$, and the verifier sees $q$;
         `"argmax"`: $x_i = \\arg\\max_v q_i(v)$, passed to the verifier as one-hot
         drafts (`draft_probs=None`). Greedy speculative decoding is `"argmax"` with the
-        greedy verifier.
+        greedy verifier. `"propose"`: the draft proposes each row's whole chain in one
+        call, with a method `propose(tokens: int[T], length: int[], count: int) ->
+        (int[count], int[])` returning the tokens and how many of them the row drafts
+        (such as [`eqx_specdec.PromptLookupDraft`][]): no draft distribution is formed
+        (a deterministic draft, verified with the one-hot rule, `draft_probs=None`),
+        no draft loop runs, and each row's length is the draft's own (with the default
+        `draft_length`). Made for drafts with no model, whose per-token calls and
+        $V$-wide rows would cost more than the proposal itself.
     - `draft_length`: the [`eqx_specdec.AbstractDraftLength`][] policy that decides
         each row's draft length $L \\in [1, G]$ every step: all $G$
         ([`eqx_specdec.FixedDraftLength`][], the default) or a stopping rule
@@ -76,10 +83,11 @@ class Chain(AbstractProposal):
             raise ValueError(
                 f"Chain(`length`=...) must be a Python int >= 1, got {length!r}."
             )
-        if self.drafting not in ("sample", "argmax"):
+        if self.drafting not in ("sample", "argmax", "propose"):
             raise ValueError(
-                'Chain(`drafting`=...) must be "sample" (draft tokens x ~ q) or '
-                f'"argmax" (one-hot drafts), got {self.drafting!r}.'
+                'Chain(`drafting`=...) must be "sample" (draft tokens x ~ q), '
+                '"argmax" (one-hot drafts) or "propose" (a draft that proposes the '
+                f"whole chain in one call), got {self.drafting!r}."
             )
         if not isinstance(self.draft_length, AbstractDraftLength):
             raise TypeError(
@@ -90,6 +98,12 @@ class Chain(AbstractProposal):
         if not isinstance(self.trim, bool):
             raise TypeError(
                 f"Chain(`trim`=...) must be a Python bool, got {self.trim!r}."
+            )
+        if self.drafting == "propose" and not self.draft_length.always_full:
+            raise ValueError(
+                'Chain(drafting="propose") takes each row\'s draft length from the '
+                "draft's own proposal, so `draft_length` must be left at its default "
+                f"(FixedDraftLength()); got {type(self.draft_length).__name__}."
             )
         if self.trim and not self.stops_early():
             raise ValueError(
@@ -102,6 +116,8 @@ class Chain(AbstractProposal):
     def stops_early(self) -> bool:
         """Whether rows stop drafting at their own length, decided from the draft alone
         (before the target is called)."""
+        if self.drafting == "propose":  # the draft says each row's length
+            return True
         policy = self.draft_length
         return not policy.always_full and not policy.needs_target()
 
@@ -127,7 +143,19 @@ class Chain(AbstractProposal):
         return test.theory
 
     def check_models(self, draft_model, target_model) -> None:
-        """A chain runs stateless and cached models alike (either or both)."""
+        """A chain runs stateless and cached models alike (either or both); with
+        `drafting="propose"` the draft is stateless and has a `propose` method."""
+        if self.drafting == "propose" and (
+            not callable(getattr(draft_model, "propose", None))
+            or is_cached(draft_model)
+        ):
+            raise TypeError(
+                'Chain(drafting="propose") needs a `draft_model` that proposes a whole '
+                "chain in one call, with a method `propose(tokens, length, count) -> "
+                "(tokens[count], drafted)` and no cache (such as "
+                f"eqx_specdec.PromptLookupDraft); got {type(draft_model).__name__}. "
+                'Draft it with drafting="sample" or "argmax" instead.'
+            )
 
     def step(
         self,
@@ -162,15 +190,24 @@ class Chain(AbstractProposal):
             verifier = _with_ratio_test(verifier, test)
         key_sampler = verifier.residual_sampler.randomness == "key"
         accept, sample = uniforms(keys, self.length, key_sampler)
-        batch, slots, vocab = xs.shape[0], self.length + 1, qs.shape[-1]
+        batch, slots = xs.shape[0], self.length + 1
+        if qs is None:  # a proposing draft forms no rows: the target's V
+            vocab = jax.eval_shape(
+                lambda: call_rows(models.target, buffer, lengths - 1, 1, target_state)
+            )[0].shape[-1]
+        else:
+            vocab = qs.shape[-1]
 
         def verified(p):
             """The verifier on the target's $G + 1$ rows."""
-            law = draft_law(xs, qs, self.drafting)
-            given = None if self.drafting == "argmax" else qs
+            if qs is None:  # proposed tokens: one-hot drafts
+                law = jax.nn.one_hot(xs, vocab, dtype=p.dtype)
+            else:
+                law = draft_law(xs, qs, self.drafting)
+            given = qs if self.drafting == "sample" else None
             arrays = (xs, given, p, accept, sample)
             drafted_ = drafted
-            if policy.always_full:
+            if policy.always_full and self.drafting != "propose":
                 out = verifier(*arrays)
             else:
                 if not stops_early:
@@ -183,7 +220,9 @@ class Chain(AbstractProposal):
             positions = jnp.arange(self.length, dtype=jnp.int32)
             drafted_rows = positions[None] < drafted_[:, None]
             invalid = (
-                invalid_distributions(qs, drafted_rows),
+                jnp.zeros((batch,), bool)
+                if qs is None
+                else invalid_distributions(qs, drafted_rows),
                 invalid_distributions(p),
             )
             logprobs = emitted_logprobs(out["tokens"], p) if models.logprobs else None
@@ -360,13 +399,23 @@ def draft_chain(
     **Returns:**
 
     `(x, q, drafted, buffer, draft_state)`: int32 `(B, G)`, the draft's distributions
-    `(B, G, V)` (rows past a row's draft length are zero or scratch), int32 `(B,)` the
-    tokens each row drafted, the buffer with the draft tokens after each row's
-    context, and the draft's state.
+    `(B, G, V)` (rows past a row's draft length are zero or scratch; `None` for
+    `"propose"` drafting, which forms none), int32 `(B,)` the tokens each row
+    drafted, the buffer with the draft tokens after each row's context, and the
+    draft's state.
     """
     draft_outputs = models.outputs[0]
     batch = buffer.shape[0]
     rows = jnp.arange(batch)
+    if drafting == "propose":  # the whole chain in one call, no rows formed
+        xs, drafted = jax.vmap(lambda row, n: models.draft.propose(row, n, gamma))(
+            buffer, lengths
+        )
+        xs = xs.astype(jnp.int32)
+        drafted = jnp.where(active, jnp.clip(drafted, 0, gamma), 0).astype(jnp.int32)
+        slots = lengths[:, None] + jnp.arange(gamma, dtype=jnp.int32)[None]
+        buffer = buffer.at[rows[:, None], slots].set(xs)
+        return xs, None, drafted, buffer, draft_state
     token_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(keys)
 
     def draw(q, i):
