@@ -6,11 +6,12 @@ its GGUF file) answers chat prompts in five categories (summarise, extract, edit
 continue, open question), greedily (temperature 0), by
 
 - **speculative decoding**: a prompt-lookup draft (`eqx_specdec.PromptLookupDraft`,
-  n-grams of 3 down to 2), chains of up to G tokens that stop before the first position
-  without a match (`StopWhenUnlikely(keep_crossing=False)`: a row with no match drafts
-  nothing), the target called on one position when no row drafted and on G + 1
-  otherwise (`Chain(trim=True)`), the greedy rule, stopping at the chat's end-of-turn
-  token;
+  n-grams of 3 down to 2) proposing each row's chain of G tokens in one call
+  (`Chain(drafting="propose")`: the match's continuation; a row with no match drafts
+  nothing), or with `--drafting sample` one token a draft call, stopping before the
+  first position without a match (`StopWhenUnlikely(keep_crossing=False)`); the
+  target called on one position when no row drafted and on G + 1 otherwise
+  (`Chain(trim=True)`), the greedy rule, stopping at the chat's end-of-turn token;
 - **plain decoding** of the same model (`eqx_specdec.autoregressive_decode`) for exactly
   the answer's tokens;
 - **a straightforward loop** a user would write: `jax.jit` of a `lax.scan` calling the
@@ -132,6 +133,12 @@ def main(argv=None):
     parser.add_argument(
         "--min-ngram", type=int, default=2, help="the lookup's shortest n-gram"
     )
+    parser.add_argument(
+        "--drafting",
+        choices=("propose", "sample"),
+        default="propose",
+        help="the chain proposed in one call, or drafted one token a call",
+    )
     args = parser.parse_args(argv)
 
     path = fetch_smollm2(quiet=True)
@@ -147,13 +154,16 @@ def main(argv=None):
         max_ngram=max(3, args.min_ngram),
         min_ngram=args.min_ngram,
     )
-    chain = es.Chain(
-        args.gamma, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
-    )
+    if args.drafting == "propose":
+        chain = es.Chain(args.gamma, drafting="propose", trim=True)
+    else:
+        chain = es.Chain(
+            args.gamma, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
+        )
     print(
         f"SmolLM2-135M-Instruct, float32, JAX {jax.__version__} on "
         f"{jax.default_backend()}; greedy; prompt lookup (n-grams of "
-        f"{draft.min_ngram} to {draft.max_ngram}), "
+        f"{draft.min_ngram} to {draft.max_ngram}, drafting {args.drafting!r}), "
         f"G = {args.gamma} "
         f"(target widths {es._proposal.chain.trimmed_widths(args.gamma)}); at most "
         f"{args.tokens} tokens per answer; prompts padded to {width} tokens; "

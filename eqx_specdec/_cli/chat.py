@@ -14,7 +14,6 @@ from .._decoding.loop import speculative_decode
 from .._models.prompt_lookup import PromptLookupDraft
 from .._models.tempered import Tempered
 from .._proposal.chain import Chain
-from .._proposal.draft_length import StopWhenUnlikely
 from .._stages.greedy import ArgmaxSampler, GreedyRatioTest
 from .._verify.verifier import Verifier
 from ..llm import (
@@ -68,9 +67,9 @@ def run_chat(args) -> dict:
         verifier, key = Verifier(), jax.random.key(args.seed)
         model = Tempered(model, args.temperature)
     draft = PromptLookupDraft(model.config.vocab_size)
-    chain = Chain(
-        args.gamma, draft_length=StopWhenUnlikely(keep_crossing=False), trim=True
-    )
+    # The lookup proposes each row's whole chain in one call: no draft loop, no
+    # draft rows over the vocabulary.
+    chain = Chain(args.gamma, drafting="propose", trim=True)
     print(
         f"SmolLM2-135M-Instruct (loaded in {loaded:.1f} s), temperature "
         f"{args.temperature:g}, prompt-lookup draft, G = {args.gamma}"

@@ -18,7 +18,13 @@ class PromptLookupDraft(eqx.Module):
     reuses its context (a summary quoting its source, an edit of code, an extraction)
     is drafted many tokens at a time; elsewhere nothing matches.
 
-    A stateless model for [`eqx_specdec.speculative_decode`][]: it returns a
+    The fast way to draft with it is `Chain(drafting="propose", trim=True)`: `propose`
+    returns each row's whole chain of $G$ tokens in one call (the tokens that followed
+    the match), verified with the one-hot rule; a row with no match drafts nothing and
+    takes a plain step, and the target is called on one position when no row has a
+    match. No draft loop runs and no row over the vocabulary is formed.
+
+    As a model it is also stateless and per-position, for any other chain: it returns a
     **one-hot** row (probabilities) where a match is found, and the **uniform** row
     where none is. Drafted with the default `Chain(drafting="sample")`, a matched
     position's token is the lookup's, and the standard rule verifies it as the one-hot
