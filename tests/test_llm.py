@@ -226,14 +226,43 @@ def test_sampled_speculative_decoding_is_lossless_and_a_lossy_rule_is_caught(smo
     lookup's drafts are accepted and rejected. A lossy rule is caught. (The lenient
     rule at lenience 1 is the standard rule, `u q < p`; its lenience, an array, is
     traced, so both cases run one compiled loop.)"""
-    for lenience, lossless in ((1.0, True), (0.1, False)):
-        _check_first_two_tokens(smollm2, lenience, lossless)
-
-
-def _check_first_two_tokens(smollm2, lenience, lossless):
-    verifier = es.Verifier(es.LenientRatioTest(jnp.asarray(lenience, jnp.float32)))
     model, tokenizer = smollm2
     prompt = tokenizer.encode("red green blue red green blue red green")
+    likely, expected = _first_two_tokens_law(model, prompt)
+    for lenience, lossless in ((1.0, True), (0.1, False)):
+        _check_first_two_tokens(smollm2, prompt, likely, expected, lenience, lossless)
+
+
+def _first_two_tokens_law(model, prompt):
+    """The exact joint law of the first two tokens after `prompt`, p(x1, x2) = p(x1)
+    p(x2 | x1), for the eight most likely first tokens (chosen from the model, not from
+    the draws), one bin for every other x1: from one batched forward pass of `prompt +
+    [x1]`, whose row at the prompt's last position is the first token's law (the rows
+    are causal) and whose last row is the second token's given x1."""
+
+    def rows(sequences):
+        logits = np.asarray(
+            eqx.filter_vmap(_padded_logits, in_axes=(None, 0))(
+                model, jnp.asarray(sequences, jnp.int32)
+            )
+        ).astype(np.float64)
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        return probs / probs.sum(-1, keepdims=True)
+
+    first = rows([[*prompt, 0]])[0, len(prompt) - 1]
+    likely = np.sort(np.argsort(first)[-8:])
+    second = rows([[*prompt, int(x1)] for x1 in likely])[:, -1]
+    vocab = model.config.vocab_size
+    expected = np.zeros(len(likely) * vocab + 1)
+    for i, x1 in enumerate(likely):
+        expected[i * vocab : (i + 1) * vocab] = first[x1] * second[i]
+    expected[-1] = 1 - first[likely].sum()
+    return likely, expected
+
+
+def _check_first_two_tokens(smollm2, prompt, likely, expected, lenience, lossless):
+    verifier = es.Verifier(es.LenientRatioTest(jnp.asarray(lenience, jnp.float32)))
+    model, _ = smollm2
     rows = 128
     result = es.speculative_decode(
         es.PromptLookupDraft(model.config.vocab_size),
@@ -252,24 +281,7 @@ def _check_first_two_tokens(smollm2, lenience, lossless):
     histogram = np.asarray(result.accepted_histogram).sum(0)
     if lossless:  # rejections and acceptances both happen
         assert histogram[0] > 0 and histogram[1:].sum() > 0
-    # The exact joint law: p(x1, x2) = p(x1) p(x2 | x1) for the eight most likely first
-    # tokens (chosen from the model, not from the draws), one bin for every other x1.
     vocab = model.config.vocab_size
-
-    # Forward passes of `prompt + [x1]`: the row at the prompt's last position is the
-    # first token's law (the rows are causal), the last row the second token's given x1.
-    def rows_after(x1):
-        logits = _logits(model, [*prompt, int(x1)]).astype(np.float64)
-        probs = np.exp(logits - logits.max(-1, keepdims=True))
-        return probs / probs.sum(-1, keepdims=True)
-
-    first = rows_after(0)[len(prompt) - 1]
-    likely = np.sort(np.argsort(first)[-8:])
-    second = [rows_after(x1)[-1] for x1 in likely]
-    expected = np.zeros(len(likely) * vocab + 1)
-    for i, x1 in enumerate(likely):
-        expected[i * vocab : (i + 1) * vocab] = first[x1] * second[i]
-    expected[-1] = 1 - first[likely].sum()
     index = np.searchsorted(likely, tokens[:, 0])
     known = likely[np.minimum(index, len(likely) - 1)] == tokens[:, 0]
     bins = np.where(known, index * vocab + tokens[:, 1], expected.size - 1)
