@@ -216,16 +216,23 @@ def main(argv=None):
             cost_runs[w] = lambda w=w: calls(model, prompts, lengths, 32, w, "logits")
         for run in cost_runs.values():
             jax.block_until_ready(run())
-        per_call = {
-            k: statistics.median(timed(run) for _ in range(args.repeats)) / 32
-            for k, run in cost_runs.items()
-        }
-        # The prefill (padded prompts, the same width for every prompt) and its one
-        # call.
-        prefill = 32 * per_call.pop("prefill") - per_call[1]
+        total = {k: [] for k in cost_runs}
+        for _ in range(args.repeats):  # interleaved: the host's speed drifts
+            for k, run in cost_runs.items():
+                total[k].append(timed(run))
+        total = {k: statistics.median(v) for k, v in total.items()}
+        # Each run holds the prefill (padded prompts, the same width for every prompt)
+        # and its calls: the prefill's run has one call, the others 32. A call on one
+        # position from the two runs on one, then the prefill alone, then each width's
+        # call with the prefill taken out (the draft's prefill is one of its calls).
+        one = (total[1] - total["prefill"]) / 31
+        prefill = total.pop("prefill") - one
+        per_call = {k: (v - prefill) / 32 for k, v in total.items()}
+        per_call["draft"] = total["draft"] / 32
         print(f"### B = {batch}\n")
         print(
-            "Per-call times (ms, over 32 calls in plain decoding's program): draft "
+            "Per-call times (ms, from 32 calls in plain decoding's program, its prefill "
+            "taken out): draft "
             f"{1e3 * per_call['draft']:.1f}; target on "
             + ", ".join(f"{w}: {1e3 * per_call[w]:.1f}" for w in widths)
             + f" tokens per row; the prefill of {width} positions {1e3 * prefill:.0f}\n"
