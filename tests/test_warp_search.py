@@ -187,3 +187,90 @@ def test_a_per_row_top_k_among_the_largest_blocks_and_its_fallback(large_k, take
     expected = -np.sort(-x[:, 0], axis=-1)[np.arange(batch), k - 1]
     np.testing.assert_array_equal(np.asarray(got)[:, 0, 0], expected)
     assert [bool(t) for t in taken] == [not large_k]
+
+
+# --- Warped rows evaluated inside the verifier's rows ------------------------------------
+
+WARPED = {
+    # A per-row temperature, one row greedy: the argmax path.
+    "per-row temperature": lambda b: eqx_specdec.Warp(
+        jnp.asarray([0.7, 0.0, 1.3, 0.5, 1.0, 0.9][:b], jnp.float32)
+    ),
+    "static top-k": lambda b: eqx_specdec.Warp(0.8, top_k=7),
+    "per-row top-p": lambda b: eqx_specdec.Warp(
+        0.9, top_p=jnp.asarray([0.5, 1.0, 0.8, 0.95, 0.3, 0.7][:b], jnp.float32)
+    ),
+    "min-p and a bias": lambda b: eqx_specdec.Warp(
+        1.1,
+        min_p=0.05,
+        logit_bias=jnp.zeros((256,), jnp.float32).at[3].set(-jnp.inf).at[9].set(4.0),
+    ),
+}
+
+
+@pytest.mark.parametrize("batching", ["map", "vmap"])
+@pytest.mark.parametrize("name", list(WARPED))
+def test_the_verifier_on_warped_rows_emits_what_it_does_on_their_log_probs(
+    name, batching
+):
+    """The library's verifier takes `Warp.rows` unevaluated and evaluates each row inside
+    its own iteration: the same tokens, bit for bit, as on the evaluated
+    log-probabilities (which `Warp.__call__` returns), whichever way the rows are
+    mapped."""
+    batch, gamma, vocab = 6, 3, 256
+    rng = np.random.default_rng(7)
+    target = rng.standard_normal((batch, gamma + 1, vocab)).astype(np.float32) * 3
+    draft = target[:, :gamma] + rng.standard_normal((batch, gamma, vocab)).astype(
+        np.float32
+    )
+    tokens = rng.integers(0, vocab, (batch, gamma)).astype(np.int32)
+    tokens[:, 0] = np.argmax(target[:, 0], -1)  # some rows accept
+    u = rng.random((batch, gamma)).astype(np.float32)
+    s = rng.random(batch).astype(np.float32)
+    warp = WARPED[name](batch)
+    verifier = eqx_specdec.Verifier(batching=batching)
+
+    @jax.jit
+    def both(x, d, t, u, s):
+        d_rows, t_rows = warp.rows(d), warp.rows(t)
+        lazy = verifier(x, d_rows, t_rows, u, s, log_space=True)
+        evaluated = verifier(
+            x, d_rows.log_probs(), t_rows.log_probs(), u, s, log_space=True
+        )
+        return lazy, evaluated, t_rows.log_probs(), warp(t)
+
+    lazy, evaluated, rows_log_probs, called = both(tokens, draft, target, u, s)
+    for key in ("num_accepted", "tokens"):
+        np.testing.assert_array_equal(lazy[key], evaluated[key])
+    np.testing.assert_array_equal(rows_log_probs, called)
+    accepted = np.asarray(lazy["num_accepted"])
+    assert accepted.max() > 0 and accepted.min() < gamma  # both outcomes happen
+
+
+@pytest.mark.parametrize(
+    "warp",
+    [eqx_specdec.Warp(0.7), eqx_specdec.Warp(jnp.full((16,), 0.7, jnp.float32))],
+    ids=["temperature", "per-row temperature"],
+)
+def test_temperature_verification_writes_no_log_probabilities(warp):
+    """Verifying from logits with a temperature, the compiled program's temporaries stay
+    below a quarter of one `(B, G + 1, V)` array: the warped log-probabilities are never
+    written out (the temporaries were 1.8 such arrays before: both sides' written)."""
+    batch, gamma, vocab = 16, 4, 32_000
+    dtype = jnp.float32
+    args = (
+        jax.ShapeDtypeStruct((batch, gamma), jnp.int32),
+        jax.ShapeDtypeStruct((batch, gamma, vocab), dtype),
+        jax.ShapeDtypeStruct((batch, gamma + 1, vocab), dtype),
+        jax.ShapeDtypeStruct((batch, gamma), dtype),
+        jax.ShapeDtypeStruct((batch,), dtype),
+    )
+
+    def step(x, d, t, u, s):
+        return eqx_specdec.speculative_accept_logits(
+            x, d, t, u, s, target_warp=warp, draft_warp=warp, check_inputs="off"
+        )
+
+    compiled = jax.jit(step).lower(*args).compile()
+    temporaries = compiled.memory_analysis().temp_size_in_bytes
+    assert temporaries < batch * (gamma + 1) * vocab * 4 / 4

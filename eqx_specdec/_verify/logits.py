@@ -19,6 +19,7 @@ from .checks import (
 from .inputs import LOGIT_NAMES, prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .masks import allowed_tokens, mask_problems, masked_logits
+from .verifier import Verifier
 from .warp import Warp
 
 
@@ -156,12 +157,22 @@ def logits_step(
             draft_tokens,
             target_logits.shape[-1],
         )
-    target_log_probs = target_warp(target_logits, counts)
-    draft_log_probs = None
+    # The library's verifier takes the warped rows unevaluated and evaluates each row
+    # inside its own iteration, computing only the entries the row's stages read; any
+    # other verifier (a user's, a sharded one) gets the log-probabilities as arrays.
+    # Whatever else reads the whole log-probabilities (the requested log-probabilities,
+    # the mask's check) evaluates them itself; XLA drops them when nothing does.
+    target_rows = target_warp.rows(target_logits, counts)
+    target_log_probs = target_rows.log_probs()
+    draft_rows = draft_log_probs = None
     if draft_logits is not None:
         draft_counts = None if counts is None else counts[:, :-1]
-        draft_log_probs = draft_warp(draft_logits, draft_counts)
-    arrays = (draft_tokens, draft_log_probs, target_log_probs, accept, sample)
+        draft_rows = draft_warp.rows(draft_logits, draft_counts)
+        draft_log_probs = draft_rows.log_probs()
+    if isinstance(verifier, Verifier):
+        arrays = (draft_tokens, draft_rows, target_rows, accept, sample)
+    else:
+        arrays = (draft_tokens, draft_log_probs, target_log_probs, accept, sample)
 
     def with_requested(outputs):
         return with_logprobs(

@@ -40,6 +40,7 @@ from .checks import check_level, Checked, checked, CheckLevel
 from .inputs import prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .masks import allowed_tokens, mask_problems, masked_probs
+from .warp import as_log_probs, WarpedRows
 
 
 @no_type_check  # its fields are checked by `__check_init__`
@@ -183,8 +184,8 @@ class Verifier(AbstractVerifier):
     def __call__(
         self,
         draft_tokens: DraftTokens,
-        draft_probs: DraftProbs | None,
-        target_probs: TargetProbs,
+        draft_probs: DraftProbs | WarpedRows | None,
+        target_probs: TargetProbs | WarpedRows,
         accept_uniforms: AcceptUniforms,
         sample_uniforms: SampleRandomnessBatch,
         *,
@@ -196,7 +197,9 @@ class Verifier(AbstractVerifier):
         Arguments and return value as for [`eqx_specdec.speculative_accept`][], which
         also validates the inputs; call this directly only on inputs already checked.
         `log_space=True` when the distributions are log-probabilities (what
-        [`eqx_specdec.verify`][] passes for [`eqx_specdec.Logits`][]).
+        [`eqx_specdec.verify`][] passes for [`eqx_specdec.Logits`][]), which may be
+        given as warped logits not yet evaluated (what [`eqx_specdec.Warp`][]`.rows`
+        returns): each row's are evaluated inside its own iteration.
         """
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
         row = functools.partial(verify_row, context=RowContext(log_space=log_space))
@@ -205,8 +208,8 @@ class Verifier(AbstractVerifier):
     def checked_call(
         self,
         draft_tokens: DraftTokens,
-        draft_probs: DraftProbs | None,
-        target_probs: TargetProbs,
+        draft_probs: DraftProbs | WarpedRows | None,
+        target_probs: TargetProbs | WarpedRows,
         accept_uniforms: AcceptUniforms,
         sample_uniforms: SampleRandomnessBatch,
         *,
@@ -278,6 +281,9 @@ class Verifier(AbstractVerifier):
                 )
 
         def one(values, *arrays):
+            # Warped logits become the row's log-probabilities here, inside its
+            # iteration: only the entries its stages read are computed.
+            arrays = tuple(as_log_probs(a) for a in arrays)
             test = with_row_values(self.ratio_test, values)
             verifier = (
                 self if not values else eqx.tree_at(lambda v: v.ratio_test, self, test)

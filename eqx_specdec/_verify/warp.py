@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from .._misc import check_hyperparameter, compute_dtype
 
@@ -247,6 +247,27 @@ class Warp(eqx.Module):
         The warped log-probabilities, float32 (float64 for float64 logits), of shape
         `(B, R, V)`; `-inf` for tokens the warp removes.
         """
+        return self.rows(logits, counts).log_probs()
+
+    def rows(
+        self,
+        logits: Float[Array, "B rows V"],
+        counts: Int[Array, "B rows V"] | None = None,
+    ) -> "WarpedRows":
+        """Warps a batch of logits, as `__call__` does, into log-probabilities not yet
+        written out (a `WarpedRows`, which the library's verifier evaluates row by
+        row).
+
+        **Arguments:**
+
+        - `logits`: float of shape `(B, R, V)`; `-inf` masks a token.
+        - `counts`: integer of shape `(B, R, V)`, each token's count in each
+            position's history, for the penalties (required by a warp with one).
+
+        **Returns:**
+
+        A `WarpedRows`, whose `log_probs()` are `__call__`'s.
+        """
         x = logits.astype(compute_dtype(logits.dtype))
         if self.logit_bias is not None:
             x = x + self._bias(x)
@@ -304,19 +325,18 @@ def _row_max(x):
     return _row_reduce((x,), (-jnp.inf,), lambda a, b: (jnp.maximum(a[0], b[0]),))[0]
 
 
-def _log_normaliser(x, highest):
+def _log_normaliser(x, highest, removed=None):
     """The shift and the log of the sum of exponentials of rows `x` `(..., V)` (both
     `(..., 1)`), given the rows' maxima (found in vector registers; the sum is XLA's
-    own, which fuses it with them): `logsumexp(x) = shift + log_sum`."""
+    own, which fuses it with them): `logsumexp(x) = shift + log_sum`. Where `removed`
+    (boolean, like `x`) holds, the entry counts as `-inf`: its term is exactly 0."""
     shift = jnp.where(jnp.isfinite(highest), highest, 0)
-    log_sum = jnp.log(jnp.sum(jnp.exp(x - shift), axis=-1, keepdims=True))
+    terms = jnp.exp(x - shift)
+    if removed is not None:
+        terms = jnp.where(removed, 0, terms)
+    total = jnp.sum(terms, axis=-1, keepdims=True)
+    log_sum = jnp.log(total)
     return shift, log_sum
-
-
-def _log_softmax(x, highest):
-    """`jax.nn.log_softmax` over the last axis, given the rows' maxima."""
-    shift, log_sum = _log_normaliser(x, highest)
-    return (x - shift) - log_sum
 
 
 def _top_blocks(x, k: int):
@@ -440,7 +460,64 @@ def _add(x, y):
     return (x[0] + y[0],)
 
 
-def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
+class WarpedRows(eqx.Module):
+    """Warped log-probabilities not yet written out: the logits `x` `(..., V)` and,
+    per row `(..., 1)`, what turns them into log-probabilities,
+
+    $$\\log p(v) = x(v) / T - s - c \\text{ where } x(v) \\ge t, \\quad -\\infty
+    \\text{ elsewhere},$$
+
+    with the threshold $t$ below which the warp removed a token (the largest of the
+    top-k, top-p and min-p cut-offs), the scale $T$, the shift $s$ and the log of the
+    normaliser $c$; a greedy row is one-hot at `best`. `log_probs()` evaluates it.
+
+    The verifier maps its rows over the batch (`jax.lax.map` on the CPU) and evaluates
+    each row's log-probabilities inside the row's iteration, where XLA computes only the
+    entries the row's stages read (the draft tokens' entries and row $n$): the
+    log-probabilities of the whole batch are never written, and the passes over the
+    logits are the warp's own (the maxima and the sums of exponentials)."""
+
+    x: Float[Array, "*rows V"]
+    threshold: Float[Array, "*rows 1"] | None
+    scale: Float[Array, "*rows 1"]
+    shift: Float[Array, "*rows 1"]
+    log_sum: Float[Array, "*rows 1"]
+    greedy: Bool[Array, "*rows 1"] | None
+    best: Int[Array, "*rows 1"] | None
+
+    @property
+    def shape(self):
+        return self.x.shape
+
+    @property
+    def dtype(self):
+        return self.x.dtype
+
+    @property
+    def ndim(self):
+        return self.x.ndim
+
+    def log_probs(self) -> Float[Array, "*rows V"]:
+        """The log-probabilities, `-inf` for the tokens the warp removed."""
+        x = self.x
+        log_probs = (x / self.scale - self.shift) - self.log_sum
+        if self.threshold is not None:
+            log_probs = jnp.where(x < self.threshold, -jnp.inf, log_probs)
+        if self.greedy is None:
+            return log_probs
+        # A greedy row is one-hot at its first most likely token.
+        ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+        one_hot = jnp.where(ids == self.best, 0.0, -jnp.inf).astype(x.dtype)
+        return jnp.where(self.greedy, one_hot, log_probs)
+
+
+def as_log_probs(rows):
+    """`rows` as an array: a [`WarpedRows`][eqx_specdec._verify.warp.WarpedRows]
+    evaluated, anything else as it is."""
+    return rows.log_probs() if isinstance(rows, WarpedRows) else rows
+
+
+def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None) -> WarpedRows:
     """Temperature, top-k, top-p and min-p on rows `(..., V)` of biased logits, with the
     parameters shaped `(..., 1)` (see `Warp`). Without `greedy_rows` (a temperature
     known to be positive), no row is greedy and no argmax is taken.
@@ -452,7 +529,8 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
     that round differently could remove the very token a threshold was found at.
     `x / T` only enters the log-probabilities' values. The maxima and searches read
     `x`, never a scaled copy, which is then never written out (dividing by a positive
-    number is monotone: the largest entries of `x / T` are those of `x`)."""
+    number is monotone: the largest entries of `x / T` are those of `x`). A token is
+    removed where `x` is below any of the thresholds, that is below their largest."""
     temperature = params["temperature"].astype(x.dtype)
     # Zero, or too small to divide by in this dtype (a subnormal, flushed to zero by
     # the hardware): greedy, on every path.
@@ -461,35 +539,58 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None):
     vocab = x.shape[-1]
     largest = _row_max(x)  # every warp keeps the most likely token
     highest = largest / scale
-    kept = x  # the logits kept so far, -inf where removed
+    threshold = None  # x below it is removed
+
+    def removing(below):
+        return below if threshold is None else jnp.maximum(threshold, below)
+
+    def kept():
+        return x if threshold is None else jnp.where(x < threshold, -jnp.inf, x)
+
+    def removed():
+        return None if threshold is None else x < threshold
+
     if "top_k" in params:
         k = jnp.clip(params["top_k"].astype(jnp.int32), 0, vocab)
         kth = kth_largest(x, jnp.maximum(k, 1), static_k or None)
-        kept = jnp.where((k > 0) & (x < kth), -jnp.inf, kept)
-    log_probs = None
+        threshold = removing(jnp.where(k > 0, kth, -jnp.inf))
+    normaliser = None
     if "top_p" in params:
         top_p = params["top_p"].astype(x.dtype)
-        shift, log_sum = _log_normaliser(kept / scale, highest)
-        cutoff, mass = top_p_cutoff(kept, scale, shift, log_sum, top_p)
+        shift, log_sum = _log_normaliser(x / scale, highest, removed())
+        cutoff, mass = top_p_cutoff(kept(), scale, shift, log_sum, top_p)
         # top_p = 1 keeps every token, whatever the rounding of the row's total mass.
-        kept = jnp.where((top_p < 1) & (kept < cutoff), -jnp.inf, kept)
+        threshold = removing(jnp.where(top_p < 1, cutoff, -jnp.inf))
         # Renormalised by the mass kept: no second pass of exponentials.
         mass = jnp.where(top_p < 1, mass, 1)
-        log_probs = (kept / scale - shift) - (log_sum + jnp.log(mass))
+        normaliser = (shift, log_sum + jnp.log(mass))
     if "min_p" in params:
         min_p = params["min_p"].astype(x.dtype)
         # p(v) < min_p max p  <=>  x(v) / T < log(min_p) + max x / T
         #                      <=>  x(v) < max x + T log(min_p): a bound on the logits.
-        bound = largest + scale * jnp.log(min_p)
-        kept = jnp.where(kept < bound, -jnp.inf, kept)
-        log_probs = None  # min-p removed more: normalise again
-    if log_probs is None:
-        log_probs = _log_softmax(kept / scale, highest)
-    if not greedy_rows:
-        return log_probs
-    # A greedy row is one-hot at its first most likely token.
-    ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    first = jnp.where(x == largest, ids, vocab)
-    best = _row_reduce((first,), (vocab,), lambda a, b: (jnp.minimum(a[0], b[0]),))[0]
-    one_hot = jnp.where(ids == best, 0.0, -jnp.inf).astype(x.dtype)
-    return jnp.where(greedy, one_hot, log_probs)
+        threshold = removing(largest + scale * jnp.log(min_p))
+        normaliser = None  # min-p removed more: normalise again
+    if normaliser is None:
+        normaliser = _log_normaliser(x / scale, highest, removed())
+    shift, log_sum = normaliser
+    best = None
+    if greedy_rows:
+        # The first most likely token (XLA's argmax reads the row once and writes
+        # nothing); none (`vocab`) where the row's maximum is not its own entry (NaN).
+        best = jnp.argmax(x, axis=-1, keepdims=True).astype(jnp.int32)
+        at_best = jnp.take_along_axis(x, best, axis=-1)
+        best = jnp.where(at_best == largest, best, vocab)
+    rows = x.shape[:-1] + (1,)
+
+    def per_row(a):
+        return None if a is None else jnp.broadcast_to(a, rows)
+
+    return WarpedRows(
+        x,
+        per_row(threshold),
+        per_row(scale),
+        per_row(shift),
+        per_row(log_sum),
+        per_row(greedy) if greedy_rows else None,
+        per_row(best),
+    )
