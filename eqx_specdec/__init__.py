@@ -110,7 +110,7 @@ from ._verify.typed_inputs import (
 )
 from ._verify.verification import Verification as Verification
 from ._verify.verifier import Verifier as Verifier
-from ._verify.warp import Warp as Warp
+from ._verify.warp import Warp as Warp, WarpedRows as WarpedRows
 
 
 try:

@@ -255,8 +255,8 @@ class Warp(eqx.Module):
         counts: Int[Array, "B rows V"] | None = None,
     ) -> "WarpedRows":
         """Warps a batch of logits, as `__call__` does, into log-probabilities not yet
-        written out (a `WarpedRows`, which the library's verifier evaluates row by
-        row).
+        written out: an [`eqx_specdec.WarpedRows`][], which [`eqx_specdec.Verifier`][]
+        evaluates row by row.
 
         **Arguments:**
 
@@ -266,7 +266,7 @@ class Warp(eqx.Module):
 
         **Returns:**
 
-        A `WarpedRows`, whose `log_probs()` are `__call__`'s.
+        An [`eqx_specdec.WarpedRows`][], whose `log_probs()` are `__call__`'s.
         """
         x = logits.astype(compute_dtype(logits.dtype))
         if self.logit_bias is not None:
@@ -470,12 +470,22 @@ class WarpedRows(eqx.Module):
     with the threshold $t$ below which the warp removed a token (the largest of the
     top-k, top-p and min-p cut-offs), the scale $T$, the shift $s$ and the log of the
     normaliser $c$; a greedy row is one-hot at `best`. `log_probs()` evaluates it.
+    [`eqx_specdec.Warp`][]`.rows` returns one.
 
-    The verifier maps its rows over the batch (`jax.lax.map` on the CPU) and evaluates
-    each row's log-probabilities inside the row's iteration, where XLA computes only the
-    entries the row's stages read (the draft tokens' entries and row $n$): the
-    log-probabilities of the whole batch are never written, and the passes over the
-    logits are the warp's own (the maxima and the sums of exponentials)."""
+    [`eqx_specdec.Verifier`][] accepts it in place of log-probabilities: it maps its
+    rows over the batch (`jax.lax.map` on the CPU) and evaluates each row's
+    log-probabilities inside the row's iteration, where XLA computes only the entries
+    the row's stages read (the draft tokens' entries and row $n$). The log-probabilities
+    of the whole batch are never written, and the passes over the logits are the warp's
+    own (the maxima and the sums of exponentials).
+    [`eqx_specdec.speculative_accept_logits`][] and [`eqx_specdec.verify`][] on
+    [`eqx_specdec.Logits`][] do this for the library's verifier; any other verifier
+    gets the evaluated arrays.
+
+    **Fields:** `x`, float `(..., V)`; `threshold` (or `None`: nothing removed),
+    `scale`, `shift`, `log_sum`, float `(..., 1)`; `greedy` (or `None`: no row is
+    greedy), boolean `(..., 1)`; `best`, integer `(..., 1)` (`V` for a row holding a
+    NaN)."""
 
     x: Float[Array, "*rows V"]
     threshold: Float[Array, "*rows 1"] | None
@@ -484,18 +494,6 @@ class WarpedRows(eqx.Module):
     log_sum: Float[Array, "*rows 1"]
     greedy: Bool[Array, "*rows 1"] | None
     best: Int[Array, "*rows 1"] | None
-
-    @property
-    def shape(self):
-        return self.x.shape
-
-    @property
-    def dtype(self):
-        return self.x.dtype
-
-    @property
-    def ndim(self):
-        return self.x.ndim
 
     def log_probs(self) -> Float[Array, "*rows V"]:
         """The log-probabilities, `-inf` for the tokens the warp removed."""
