@@ -274,3 +274,33 @@ def test_temperature_verification_writes_no_log_probabilities(warp):
     compiled = jax.jit(step).lower(*args).compile()
     temporaries = compiled.memory_analysis().temp_size_in_bytes
     assert temporaries < batch * (gamma + 1) * vocab * 4 / 4
+
+
+@pytest.mark.parametrize(
+    "top_k",
+    [20, [3, 20, 7, 1], [3, 0, 20, 1]],
+    ids=["static", "per-row", "per-row with a 0"],
+)
+def test_top_k_normalises_over_its_candidate_blocks(top_k):
+    """Top-k's normaliser is summed over the candidate blocks when every row's k is
+    within them (static, and per-row from 1 to C) and over whole rows when a row keeps
+    everything (k = 0): the log-probabilities are a float64 sort-based reference's, tied
+    and masked entries included, either way."""
+    rng = np.random.default_rng(11)
+    batch, vocab, temperature = 4, 2048, 0.7
+    x = np.round(rng.normal(size=(batch, 2, vocab)) * 6) / 2  # ties
+    x[rng.random(x.shape) < 0.1] = -np.inf
+    x = x.astype(np.float32)
+    k = top_k if isinstance(top_k, int) else jnp.asarray(top_k, jnp.int32)
+    got = np.asarray(eqx_specdec.Warp(temperature, top_k=k)(jnp.asarray(x)))
+    ks = np.broadcast_to(np.asarray(top_k), (batch,))
+    z = x.astype(np.float64) / temperature
+    expected = np.empty_like(z)
+    for b, r in np.ndindex(batch, 2):
+        row = z[b, r]
+        if ks[b] > 0:
+            row = np.where(row < np.sort(row)[::-1][ks[b] - 1], -np.inf, row)
+        expected[b, r] = row - row.max() - np.log(np.sum(np.exp(row - row.max())))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=0, atol=2e-5)

@@ -341,16 +341,18 @@ def _log_normaliser(x, highest, removed=None):
 
 def _top_blocks(x, k: int):
     """The blocks of 16 entries of each row of `x` `(..., V)` that hold its `k` largest
-    values, for a Python int `k`: `(candidates (rows, 16 k), m (rows, 1))`, with $m$ as
-    below (every entry of the row above $m$ is a candidate), or `None` when the rows are
-    too short for blocks to help.
+    values, for a Python int `k`: `(candidates (rows, 16 k), m (rows, 1), left_out
+    (rows, 1))`, with $m$ and `left_out` as below (every entry of the row above $m$ is
+    a candidate), or `None` when the rows are too short for blocks to help.
 
     The `k`-th largest block maximum $m$ (found by `largest_reaching` over the block
     maxima) is at most the row's `k`-th largest value, and every entry above $m$ lies in
     one of the fewer than `k` blocks whose maximum exceeds $m$. Those blocks, topped up
     with blocks whose maximum equals $m$ to `k` blocks, hold the row's `k` largest
-    values, ties included, and every entry of the row at or above the `k`-th largest.
-    One pass over the rows; the searches run over the block maxima.
+    values, ties included, and every entry above $m$; entries equal to $m$ lie in
+    blocks not taken only where more blocks than those have the maximum $m$ (the
+    third result, per row). One pass over the rows; the searches run over the block
+    maxima.
     """
     vocab = x.shape[-1]
     if vocab % _LANES or k < 1 or k * _LANES * 4 > vocab:
@@ -364,12 +366,17 @@ def _top_blocks(x, k: int):
         above = row_max > row_m
         count = jnp.sum(above, dtype=jnp.int32)
         first = jnp.nonzero(above, size=k, fill_value=0)[0]
-        tied = jnp.nonzero(row_max == row_m, size=k, fill_value=0)[0]
-        return jnp.where(index < count, first, tied[jnp.maximum(index - count, 0)])
+        at_m = row_max == row_m
+        tied = jnp.nonzero(at_m, size=k, fill_value=0)[0]
+        # Blocks whose maximum equals m beyond the k taken: their entries equal to m
+        # are not candidates.
+        left_out = jnp.sum(at_m, dtype=jnp.int32) > k - count
+        picks = jnp.where(index < count, first, tied[jnp.maximum(index - count, 0)])
+        return picks, left_out
 
-    picks = jax.vmap(chosen)(block_max, m[:, 0])
+    picks, left_out = jax.vmap(chosen)(block_max, m[:, 0])
     candidates = jnp.take_along_axis(blocks, picks[..., None], axis=1)
-    return candidates.reshape(candidates.shape[0], k * _LANES), m
+    return candidates.reshape(candidates.shape[0], k * _LANES), m, left_out[:, None]
 
 
 # A per-row top-k looks among the blocks holding each row's 256 largest entries (at most
@@ -386,25 +393,83 @@ def kth_largest(x, k, bound: int | None = None):
     `bound`: a Python int known to bound every `k` (a static top-k), used as `C`; by
     default `C` = min(256, V / 64), and a branch on the `k`s picks the search.
     """
+    return _top_k(x, k, bound)[0]
+
+
+def top_k_cut(x, k, scale, highest, bound: int | None = None):
+    """Top-k's cut-off and the normaliser of what it keeps: `(kth, (shift, log_sum))`,
+    each `(..., 1)`, for `k` `(..., 1)` in `[0, V]` (0 keeps every token), with
+    `shift` and `log_sum` as `_log_normaliser` gives them for `x / scale` over the
+    entries at or above `kth` (every entry where `k` is 0).
+
+    Where every row's `k` is between 1 and `C` (as `kth_largest`), every kept entry
+    above the `C`-th largest block maximum lies among the candidate blocks, and any
+    other kept entry equals the cut-off: the sum of exponentials runs over those `16 C`
+    entries, not over the row, with the cut-off's ties outside them counted (a pass of
+    comparisons over the rows, taken only in a batch where some cut-off equals its
+    block maximum). Otherwise the sum runs over whole rows.
+    """
+    return _top_k(x, k, bound, (scale, highest))
+
+
+def _top_k(x, k, bound, normalise=None):
     shape = x.shape[:-1] + (1,)
-
-    def whole_rows():
-        return key_values(largest_reaching(order_keys(x), None, k), x.dtype)
-
     count = bound or min(_TOP_K_CANDIDATES, x.shape[-1] // (4 * _LANES))
     found = _top_blocks(x, count)
-    if found is None:
-        return whole_rows()
-    candidates, _ = found
-    goal = jnp.broadcast_to(k, shape).reshape(-1, 1)
 
-    def inside():
+    def whole_rows_kth():
+        goal = jnp.maximum(k, 1)
+        return key_values(largest_reaching(order_keys(x), None, goal), x.dtype)
+
+    def whole_rows_normaliser(kth):
+        scale, highest = normalise
+        return _log_normaliser(x / scale, highest, (x < kth) & (k > 0))
+
+    if found is None:
+        kth = whole_rows_kth()
+        return kth, None if normalise is None else whole_rows_normaliser(kth)
+    candidates, _, left_out = found
+    goal = jnp.broadcast_to(jnp.maximum(k, 1), shape).reshape(-1, 1)
+
+    def inside_kth():
         kth = largest_reaching(order_keys(candidates), None, goal)
         return key_values(kth, x.dtype).reshape(shape)
 
-    if bound is not None:
-        return inside()
-    return jax.lax.cond(jnp.all(k <= count), inside, whole_rows)
+    def inside_normaliser(kth):
+        # The candidates hold every kept entry above m; a kept entry outside them
+        # equals the cut-off, which then equals m, in a block with the maximum m that
+        # was not taken: counted by one pass over the rows, in the rare batches where
+        # a row left such blocks out (exact ties between block maxima).
+        divisor, highest = (
+            jnp.broadcast_to(a, shape).reshape(-1, 1) for a in normalise
+        )
+        kth = kth.reshape(-1, 1)
+        shift = jnp.where(jnp.isfinite(highest), highest, 0)
+        terms = jnp.where(candidates < kth, 0, jnp.exp(candidates / divisor - shift))
+        total = jnp.sum(terms, axis=-1, keepdims=True)
+
+        def with_ties_outside():
+            rows = x.reshape(-1, x.shape[-1])
+            outside = jnp.sum(rows == kth, axis=-1, keepdims=True, dtype=jnp.int32)
+            outside = outside - jnp.sum(
+                candidates == kth, axis=-1, keepdims=True, dtype=jnp.int32
+            )
+            tie = jnp.exp(kth / divisor - shift)
+            return total + jnp.where(outside > 0, outside.astype(total.dtype) * tie, 0)
+
+        total = jax.lax.cond(jnp.any(left_out), with_ties_outside, lambda: total)
+        return shift.reshape(shape), jnp.log(total).reshape(shape)
+
+    if bound is not None:  # a static k, at least 1
+        kth = inside_kth()
+        return kth, None if normalise is None else inside_normaliser(kth)
+    kth = jax.lax.cond(jnp.all(k <= count), inside_kth, whole_rows_kth)
+    if normalise is None:
+        return kth, None
+    # Every kept entry is a candidate when every row keeps at most C (and at least 1).
+    within = jnp.all((k >= 1) & (k <= count))
+    normaliser = jax.lax.cond(within, inside_normaliser, whole_rows_normaliser, kth)
+    return kth, normaliser
 
 
 # Top-p first looks among the blocks holding the largest entries of each row: up to
@@ -440,7 +505,7 @@ def top_p_cutoff(x, scale, highest, log_sum, top_p):
     if found is None:
         cutoff, mass = whole_rows()
     else:
-        candidates, m = found
+        candidates, m, _ = found
         goal = jnp.broadcast_to(top_p, shape).reshape(-1, 1)
         divisor, shift, norm = (
             jnp.broadcast_to(a, shape).reshape(-1, 1) for a in (scale, highest, log_sum)
@@ -548,14 +613,16 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None) -> War
     def removed():
         return None if threshold is None else x < threshold
 
+    normaliser = None  # of what is kept so far, where known
     if "top_k" in params:
         k = jnp.clip(params["top_k"].astype(jnp.int32), 0, vocab)
-        kth = kth_largest(x, jnp.maximum(k, 1), static_k or None)
+        kth, normaliser = top_k_cut(x, k, scale, highest, static_k or None)
         threshold = removing(jnp.where(k > 0, kth, -jnp.inf))
-    normaliser = None
     if "top_p" in params:
         top_p = params["top_p"].astype(x.dtype)
-        shift, log_sum = _log_normaliser(x / scale, highest, removed())
+        if normaliser is None:
+            normaliser = _log_normaliser(x / scale, highest, removed())
+        shift, log_sum = normaliser
         cutoff, mass = top_p_cutoff(kept(), scale, shift, log_sum, top_p)
         # top_p = 1 keeps every token, whatever the rounding of the row's total mass.
         threshold = removing(jnp.where(top_p < 1, cutoff, -jnp.inf))
