@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import eqx_specdec
-from eqx_specdec._verify.warp import (
+from eqx_specdec._verify.cutoffs import (
     key_values,
-    kth_largest,
     largest_reaching,
     order_keys,
+    top_k_cut,
 )
 
 
@@ -26,7 +26,7 @@ def taken(monkeypatch):
         predicates.append(pred)
         return cond(pred, *branches_and_operands)
 
-    monkeypatch.setattr(eqx_specdec._verify.warp.jax.lax, "cond", spy)
+    monkeypatch.setattr(eqx_specdec._verify.cutoffs.jax.lax, "cond", spy)
     return predicates
 
 
@@ -140,7 +140,8 @@ def test_a_static_top_k_takes_the_k_largest_blocks(dtype):
     x[rng.random(x.shape) < 0.3] = -np.inf
     x = x.astype(dtype)
     for k in (1, 7, 16):
-        kth = jax.jit(kth_largest, static_argnums=2)(jnp.asarray(x), jnp.int32(k), k)
+        cut = jax.jit(top_k_cut, static_argnums=2)(jnp.asarray(x), jnp.int32(k), k)
+        kth = cut[0]
         got = np.asarray(kth)
         np.testing.assert_array_equal(got[..., 0], -np.sort(-x, axis=-1)[..., k - 1])
     static = eqx_specdec.Warp(0.7, top_k=7)
@@ -183,7 +184,7 @@ def test_a_per_row_top_k_among_the_largest_blocks_and_its_fallback(large_k, take
     k = rng.integers(1, 33, size=batch).astype(np.int32)
     if large_k:
         k[3] = 1500
-    got = kth_largest(jnp.asarray(x), jnp.asarray(k)[:, None, None])
+    got, _ = top_k_cut(jnp.asarray(x), jnp.asarray(k)[:, None, None])
     expected = -np.sort(-x[:, 0], axis=-1)[np.arange(batch), k - 1]
     np.testing.assert_array_equal(np.asarray(got)[:, 0, 0], expected)
     assert [bool(t) for t in taken] == [not large_k]
