@@ -135,38 +135,30 @@ def _top_blocks(x, k: int):
     (rows, 1))`, with $m$ and `left_out` as below (every entry of the row above $m$ is
     a candidate), or `None` when the rows are too short for blocks to help.
 
-    The `k`-th largest block maximum $m$ (found by `largest_reaching` over the block
-    maxima) is at most the row's `k`-th largest value, and every entry above $m$ lies in
+    The `k`-th largest block maximum $m$ is at most the row's `k`-th largest value, and every entry above $m$ lies in
     one of the fewer than `k` blocks whose maximum exceeds $m$. Those blocks, topped up
     with blocks whose maximum equals $m$ to `k` blocks, hold the row's `k` largest
     values, ties included, and every entry above $m$; entries equal to $m$ lie in
     blocks not taken only where more blocks than those have the maximum $m$ (the
-    third result, per row). One pass over the rows; the searches run over the block
-    maxima.
+    third result, per row). One pass over the rows, and one over the block maxima.
     """
     vocab = x.shape[-1]
     if vocab % _LANES or k < 1 or k * _LANES * 4 > vocab:
         return None
     blocks = x.reshape((-1, vocab // _LANES, _LANES))
     block_max = jnp.max(blocks, axis=-1)
-    m = key_values(largest_reaching(order_keys(block_max), None, k), x.dtype)
-    index = jnp.arange(k, dtype=jnp.int32)
-
-    def chosen(row_max, row_m):
-        above = row_max > row_m
-        count = jnp.sum(above, dtype=jnp.int32)
-        first = jnp.nonzero(above, size=k, fill_value=0)[0]
-        at_m = row_max == row_m
-        tied = jnp.nonzero(at_m, size=k, fill_value=0)[0]
-        # Blocks whose maximum equals m beyond the k taken: their entries equal to m
-        # are not candidates.
-        left_out = jnp.sum(at_m, dtype=jnp.int32) > k - count
-        picks = jnp.where(index < count, first, tied[jnp.maximum(index - count, 0)])
-        return picks, left_out
-
-    picks, left_out = jax.vmap(chosen)(block_max, m[:, 0])
+    # The k largest block maxima and their blocks (XLA's TopK keeps k of them in a heap:
+    # one pass over the block maxima, no sort and no prefix sum).
+    # (The barrier keeps XLA from lowering it to a sort of the whole row, as it does
+    # when the block maxima have other readers.)
+    values, picks = jax.lax.optimization_barrier(jax.lax.top_k(block_max, k))
+    m = values[:, k - 1 :]
+    # Blocks whose maximum equals m beyond those taken: their entries equal to m are
+    # not candidates.
+    # (The k taken are the blocks above m and k minus their count at m.)
+    left_out = jnp.sum(block_max >= m, axis=-1, keepdims=True) > k
     candidates = jnp.take_along_axis(blocks, picks[..., None], axis=1)
-    return candidates.reshape(candidates.shape[0], k * _LANES), m, left_out[:, None]
+    return candidates.reshape(candidates.shape[0], k * _LANES), m, left_out
 
 
 # A per-row top-k looks among the blocks holding each row's 256 largest entries (at most

@@ -40,7 +40,7 @@ from .checks import check_level, Checked, checked, CheckLevel
 from .inputs import prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .masks import allowed_tokens, mask_problems, masked_probs
-from .warp import as_log_probs, WarpedRows
+from .warp import as_log_probs, as_normalised, WarpedRows
 
 
 @no_type_check  # its fields are checked by `__check_init__`
@@ -294,6 +294,10 @@ class Verifier(AbstractVerifier):
         if batching == "auto":
             batching = "map" if jax.default_backend() == "cpu" else "vmap"
         if batching == "vmap":
+            # Under vmap a search's branches would become selects running both: the
+            # cut-offs and normalisers are found for the whole batch first. One by one,
+            # each row's are found in its own iteration, on (G + 1, V) at a time.
+            inputs = tuple(as_normalised(a) for a in inputs)
             return jax.vmap(one)(rows, *inputs)
         return jax.lax.map(lambda arrays: one(*arrays), (rows,) + inputs)
 

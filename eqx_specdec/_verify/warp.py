@@ -178,10 +178,12 @@ class Warp(eqx.Module):
                     "speculative_accept_logits (or `counts` to the warp)."
                 )
             x = self._penalise(x, counts)
+        rows = x.shape[:-1] + (1,)
         params = {
-            name: _per_row(getattr(self, name), x)
+            name: None
+            if getattr(self, name) is None
+            else jnp.broadcast_to(_per_row(getattr(self, name), x), rows)
             for name in ("temperature", "top_k", "top_p", "min_p")
-            if getattr(self, name) is not None
         }
         # A temperature given as a Python number is static: when normal in the logits'
         # dtype, no row is greedy, and the argmax of the greedy rows is never computed.
@@ -192,7 +194,7 @@ class Warp(eqx.Module):
         # A top-k given as a Python int is static: the k-th largest is found among the
         # k blocks of 16 holding the largest entries, not by passes over whole rows.
         static_k = self.top_k if isinstance(self.top_k, int) else None
-        return _warp_rows(x, params, greedy_rows, static_k)
+        return WarpedRows(x, **params, greedy_rows=greedy_rows, static_k=static_k)
 
     def _penalise(self, x, counts):
         """The repetition, frequency and presence penalties, in that order."""
@@ -221,26 +223,62 @@ class Warp(eqx.Module):
 
 
 class WarpedRows(eqx.Module):
-    """Warped log-probabilities not yet written out: the logits `x` `(..., V)` and,
-    per row `(..., 1)`, what turns them into log-probabilities,
+    """Warped log-probabilities not yet computed: the logits `x` `(..., V)` (after the
+    logit bias and the penalties) and, per row `(..., 1)`, the warp's temperature,
+    top-k, top-p and min-p. [`eqx_specdec.Warp`][]`.rows` returns one; `log_probs()`
+    evaluates it.
+
+    [`eqx_specdec.Verifier`][] accepts it in place of log-probabilities. Mapping its
+    rows one by one (`jax.lax.map`, its default on the CPU), it warps each row inside
+    the row's own iteration: the row's maxima, cut-offs and normalisers are found
+    there, on `(G + 1, V)` at a time, and XLA computes only the log-probabilities the
+    row's stages read (the draft tokens' entries and row $n$). Under `jax.vmap` the
+    cut-offs and normalisers are found for the whole batch first (where the searches'
+    branches stay branches) and each row's log-probabilities are evaluated in its
+    iteration. Either way the log-probabilities of the whole batch are never written.
+    [`eqx_specdec.speculative_accept_logits`][] and [`eqx_specdec.verify`][] on
+    [`eqx_specdec.Logits`][] do this for the library's verifier; any other verifier
+    gets the evaluated arrays.
+
+    **Fields:** `x`, float `(..., V)`; `temperature`, float `(..., 1)`; `top_k`,
+    integer, `top_p` and `min_p`, float, each `(..., 1)` or `None` (not applied);
+    `greedy_rows` and `static_k`, static: whether a row may be greedy (a temperature
+    not known to be positive), and top-k's `k` when a Python int."""
+
+    x: Float[Array, "*rows V"]
+    temperature: Float[Array, "*rows 1"]
+    top_k: Int[Array, "*rows 1"] | None
+    top_p: Float[Array, "*rows 1"] | None
+    min_p: Float[Array, "*rows 1"] | None
+    greedy_rows: bool = eqx.field(static=True)
+    static_k: int | None = eqx.field(static=True)
+
+    def normalised(self) -> "NormalisedRows":
+        """The rows' cut-offs and normalisers found (every row's at once): the same
+        log-probabilities, as an [`eqx_specdec.NormalisedRows`][]."""
+        params = {
+            name: getattr(self, name)
+            for name in ("temperature", "top_k", "top_p", "min_p")
+            if getattr(self, name) is not None
+        }
+        return _warp_rows(self.x, params, self.greedy_rows, self.static_k)
+
+    def log_probs(self) -> Float[Array, "*rows V"]:
+        """The log-probabilities, `-inf` for the tokens the warp removed."""
+        return self.normalised().log_probs()
+
+
+class NormalisedRows(eqx.Module):
+    """Warped log-probabilities whose cut-offs and normalisers are found but not yet
+    applied: the logits `x` `(..., V)` and, per row `(..., 1)`,
 
     $$\\log p(v) = x(v) / T - s - c \\text{ where } x(v) \\ge t, \\quad -\\infty
     \\text{ elsewhere},$$
 
     with the threshold $t$ below which the warp removed a token (the largest of the
     top-k, top-p and min-p cut-offs), the scale $T$, the shift $s$ and the log of the
-    normaliser $c$; a greedy row is one-hot at `best`. `log_probs()` evaluates it.
-    [`eqx_specdec.Warp`][]`.rows` returns one.
-
-    [`eqx_specdec.Verifier`][] accepts it in place of log-probabilities: it maps its
-    rows over the batch (`jax.lax.map` on the CPU) and evaluates each row's
-    log-probabilities inside the row's iteration, where XLA computes only the entries
-    the row's stages read (the draft tokens' entries and row $n$). The log-probabilities
-    of the whole batch are never written, and the passes over the logits are the warp's
-    own (the maxima and the sums of exponentials).
-    [`eqx_specdec.speculative_accept_logits`][] and [`eqx_specdec.verify`][] on
-    [`eqx_specdec.Logits`][] do this for the library's verifier; any other verifier
-    gets the evaluated arrays.
+    normaliser $c$; a greedy row is one-hot at `best`. `log_probs()` evaluates it, one
+    elementwise pass. [`eqx_specdec.WarpedRows`][]`.normalised` returns one.
 
     **Fields:** `x`, float `(..., V)`; `threshold` (or `None`: nothing removed),
     `scale`, `shift`, `log_sum`, float `(..., 1)`; `greedy` (or `None`: no row is
@@ -270,12 +308,23 @@ class WarpedRows(eqx.Module):
 
 
 def as_log_probs(rows):
-    """`rows` as an array: a [`WarpedRows`][eqx_specdec._verify.warp.WarpedRows]
-    evaluated, anything else as it is."""
-    return rows.log_probs() if isinstance(rows, WarpedRows) else rows
+    """`rows` as an array: a [`WarpedRows`][eqx_specdec.WarpedRows] or
+    [`NormalisedRows`][eqx_specdec.NormalisedRows] evaluated, anything else as it
+    is."""
+    if isinstance(rows, WarpedRows | NormalisedRows):
+        return rows.log_probs()
+    return rows
 
 
-def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None) -> WarpedRows:
+def as_normalised(rows):
+    """`rows` with every row's cut-offs and normalisers found: a
+    [`WarpedRows`][eqx_specdec.WarpedRows] normalised, anything else as it is."""
+    return rows.normalised() if isinstance(rows, WarpedRows) else rows
+
+
+def _warp_rows(
+    x, params, greedy_rows: bool, static_k: int | None = None
+) -> NormalisedRows:
     """Temperature, top-k, top-p and min-p on rows `(..., V)` of biased logits, with the
     parameters shaped `(..., 1)` (see `Warp`). Without `greedy_rows` (a temperature
     known to be positive), no row is greedy and no argmax is taken.
@@ -345,7 +394,7 @@ def _warp_rows(x, params, greedy_rows: bool, static_k: int | None = None) -> War
     def per_row(a):
         return None if a is None else jnp.broadcast_to(a, rows)
 
-    return WarpedRows(
+    return NormalisedRows(
         x,
         per_row(threshold),
         per_row(scale),
