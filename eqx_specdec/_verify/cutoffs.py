@@ -50,7 +50,7 @@ def key_values(keys: Array, dtype) -> Array:
     return jax.lax.bitcast_convert_type(raw, dtype)
 
 
-def largest_reaching(keys, weights, goal):
+def largest_reaching(keys, weights, goal, bracket=None):
     """Per row, the largest key $t$ of the row such that the total weight of the keys
     $\\ge t$ reaches `goal` (the count of keys, for `weights=None`).
 
@@ -67,6 +67,9 @@ def largest_reaching(keys, weights, goal):
     - `keys`: unsigned integers `(*rows, V)`, from `order_keys`.
     - `weights`: float `(*rows, V)` (non-negative), or `None` to count keys.
     - `goal`: `(*rows, 1)`, the weight (or count) to reach.
+    - `bracket`: `(start, end)`, keys of the rows `(*rows, 1)` known to hold the answer
+        between them (inclusive), the start reaching `goal`; by default the rows'
+        smallest and largest keys.
 
     **Returns:**
 
@@ -106,7 +109,10 @@ def largest_reaching(keys, weights, goal):
         end = jnp.where(live & ~reached, last_below + 1, end)
         return start, end
 
-    start, end = _row_reduce((keys, keys), (highest, lowest), _min_max)
+    if bracket is None:
+        start, end = _row_reduce((keys, keys), (highest, lowest), _min_max)
+    else:
+        start, end = bracket
     end = end + 1
     return jax.lax.while_loop(unfinished, step, (start, end))[0]
 
@@ -147,18 +153,49 @@ def _top_blocks(x, k: int):
         return None
     blocks = x.reshape((-1, vocab // _LANES, _LANES))
     block_max = jnp.max(blocks, axis=-1)
-    # The k largest block maxima and their blocks (XLA's TopK keeps k of them in a heap:
-    # one pass over the block maxima, no sort and no prefix sum).
-    # (The barrier keeps XLA from lowering it to a sort of the whole row, as it does
-    # when the block maxima have other readers.)
-    values, picks = jax.lax.optimization_barrier(jax.lax.top_k(block_max, k))
-    m = values[:, k - 1 :]
-    # Blocks whose maximum equals m beyond those taken: their entries equal to m are
-    # not candidates.
-    # (The k taken are the blocks above m and k minus their count at m.)
+    if k <= _HEAP_BLOCKS:
+        # The k largest block maxima and their blocks, by XLA's TopK (a heap of k: one
+        # pass over the block maxima). The barrier keeps XLA from lowering it to a sort
+        # of every block maximum, as it does when they have other readers.
+        values, picks = jax.lax.optimization_barrier(jax.lax.top_k(block_max, k))
+        m = values[:, k - 1 :]
+    else:
+        # A heap of many blocks is slow: m by the search over the block maxima, and
+        # the blocks at or above it, in order, by a prefix sum.
+        m = key_values(largest_reaching(order_keys(block_max), None, k), x.dtype)
+        picks = _blocks_at_or_above(block_max, m, k)
+    # More than k blocks reach m only where blocks tie at m; the k taken are those above
+    # m and some at m, whose entries equal to m elsewhere are not candidates.
     left_out = jnp.sum(block_max >= m, axis=-1, keepdims=True) > k
     candidates = jnp.take_along_axis(blocks, picks[..., None], axis=1)
     return candidates.reshape(candidates.shape[0], k * _LANES), m, left_out
+
+
+# Up to this many blocks, `_top_blocks` keeps the largest in a heap.
+_HEAP_BLOCKS = 64
+
+
+def _blocks_at_or_above(block_max, m, k: int):
+    """The indices `(rows, k)` of `k` blocks per row holding every block maximum above
+    `m` `(rows, 1)` and as many at `m` as fit (rows with at least `k` at or above
+    `m`): the first `k` at or above it, unless blocks tie at `m` beyond `k` in some
+    row (a branch for the batch: under `vmap` a branch per row would run both)."""
+    reaching = block_max >= m
+
+    def first(mask):
+        return jax.vmap(lambda row: jnp.nonzero(row, size=k, fill_value=0)[0])(mask)
+
+    def with_ties_beyond():
+        # The blocks above m first, then those at m.
+        index = jnp.arange(k, dtype=jnp.int32)[None]
+        above = block_max > m
+        count = jnp.sum(above, axis=-1, keepdims=True, dtype=jnp.int32)
+        tied = first(block_max == m)
+        tied = jnp.take_along_axis(tied, jnp.maximum(index - count, 0), axis=-1)
+        return jnp.where(index < count, first(above), tied)
+
+    beyond = jnp.any(jnp.sum(reaching, axis=-1, dtype=jnp.int32) > k)
+    return jax.lax.cond(beyond, with_ties_beyond, lambda: first(reaching))
 
 
 # A per-row top-k looks among the blocks holding each row's 256 largest entries (at most
@@ -286,10 +323,27 @@ def top_p_cutoff(x, scale, highest, log_sum, top_p):
         # Every entry of the row above m is a candidate: where their mass reaches
         # top_p, the cut-off is above m, and the candidates' masses there are the row's.
         (above,) = _row_reduce((jnp.where(candidates > m, weights, 0),), (0,), _add)
-        inside = largest_reaching(keys, weights, goal)
+        inside = largest_reaching(
+            keys, weights, goal, _bracket(candidates, weights, goal)
+        )
         inside = (inside.reshape(shape), kept(keys, weights, inside).reshape(shape))
         cutoff, mass = jax.lax.cond(jnp.all(above >= goal), lambda: inside, whole_rows)
     return key_values(cutoff, x.dtype), mass
+
+
+def _bracket(candidates, weights, goal):
+    """Keys between which top-p's cut-off lies, from the candidate blocks' maxima, for
+    rows whose entries above the least of them reach `goal` (where it lies above it):
+    the mass at or above a value $t$ is at least that of the block maxima at or above
+    it and at most that of the blocks whose maximum is (every entry at or above $t$ is
+    in one). Two searches over the blocks' maxima, a 16th of the candidates; the search
+    over the candidates then runs between them."""
+    blocks = candidates.shape[:-1] + (-1, _LANES)
+    block_keys = order_keys(jnp.max(candidates.reshape(blocks), axis=-1))
+    block_weights = weights.reshape(blocks)
+    lower = largest_reaching(block_keys, jnp.max(block_weights, axis=-1), goal)
+    upper = largest_reaching(block_keys, jnp.sum(block_weights, axis=-1), goal)
+    return lower, upper
 
 
 def _add(x, y):
