@@ -6,7 +6,8 @@ unchecked, `check_inputs="off"`) of:
 
 - `speculative_accept` on probabilities (it reads two of the 2G + 1 rows in full);
 - `speculative_accept_logits` with the same warp on both sides: temperature 0.7 alone,
-  then with top-k 50, top-p 0.9 and min-p 0.05;
+  then with top-k 50, top-p 0.9 and min-p 0.05, and temperature 0.7 on the same logits
+  in bfloat16;
 - with `--torch` (needs the `bench` extra), PyTorch warps of the same rows, written as
   vLLM's and Hugging Face's samplers write them on the CPU: temperature softmax, top-k by
   `torch.topk`, top-p by a sort and a cumulative sum. They warp only, without verifying,
@@ -33,6 +34,7 @@ WARPS = {
     "top-p 0.9": Warp(0.7, top_p=0.9),
     "min-p 0.05": Warp(0.7, min_p=0.05),
 }
+BF16 = "temperature 0.7, bfloat16 logits"
 
 
 def _inputs(seed, batch, gamma, vocab):
@@ -89,12 +91,24 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
         )
     }
     for name, warp in WARPS.items():
-        impls[name] = lambda x, q, p, u, s, dl, tl, w=warp: speculative_accept_logits(
-            x, dl, tl, u, s, target_warp=w, draft_warp=w, check_inputs="off"
+        impls[name] = lambda x, q, p, u, s, dl, tl, *_, w=warp: (
+            speculative_accept_logits(
+                x, dl, tl, u, s, target_warp=w, draft_warp=w, check_inputs="off"
+            )
         )
+    impls[BF16] = lambda x, q, p, u, s, dl, tl, dl16, tl16: speculative_accept_logits(
+        x,
+        dl16,
+        tl16,
+        u,
+        s,
+        target_warp=Warp(0.7),
+        draft_warp=Warp(0.7),
+        check_inputs="off",
+    )
     if with_torch:
         for name, fn in _torch_warps().items():
-            impls[name] = lambda *args, fn=fn: fn(*args[-2:])
+            impls[name] = lambda *args, fn=fn: fn(*args)
     rows = []
     for batch, gamma, vocab in shapes:
         copies = 2
@@ -102,7 +116,9 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
         for seed in range(copies):
             x, dl, tl, u, s = _inputs(seed, batch, gamma, vocab)
             q, p = _as_probs(dl), _as_probs(tl)
-            device.append(tuple(jnp.asarray(a) for a in (x, q, p, u, s, dl, tl)))
+            arrays = tuple(jnp.asarray(a) for a in (x, q, p, u, s, dl, tl))
+            halves = tuple(jnp.asarray(a, jnp.bfloat16) for a in (dl, tl))
+            device.append(arrays + halves)
             if with_torch:
                 import torch
 
@@ -148,12 +164,13 @@ def print_table(rows, with_torch: bool):
     print()
     head = ["B, G, V", "temperature / probabilities"]
     head += [f"{name} / temperature" for name in list(WARPS)[1:]]
+    head += ["bfloat16 / float32 logits"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row in rows:
         t = row["temperature 0.7"]
         cells = [", ".join(map(str, row["shape"])), f"{t / row['probabilities']:.1f}x"]
-        cells += [f"{row[name] / t:.2f}x" for name in list(WARPS)[1:]]
+        cells += [f"{row[name] / t:.2f}x" for name in list(WARPS)[1:] + [BF16]]
         print("| " + " | ".join(cells) + " |")
     if not with_torch:
         return

@@ -110,7 +110,11 @@ from ._verify.typed_inputs import (
 )
 from ._verify.verification import Verification as Verification
 from ._verify.verifier import Verifier as Verifier
-from ._verify.warp import Warp as Warp, WarpedRows as WarpedRows
+from ._verify.warp import (
+    NormalisedRows as NormalisedRows,
+    Warp as Warp,
+    WarpedRows as WarpedRows,
+)
 
 
 try:
