@@ -8,7 +8,8 @@ warps), `bench_trees.py` (tree verification), `bench_serving.py` (the serving op
 cost), `bench_memory.py` (compiled temporaries against inputs), `bench_decoding.py`
 (speculative decoding's wall-clock speed-up), `bench_llm.py` (a real model,
 SmolLM2-135M, by prompt category; needs the `[llm]` extra) and, where JAX sees 8 or more devices or
-runs on the CPU, `bench_sharding.py`; then times the README's demo. On whatever backend
+runs on the CPU, `bench_sharding.py`; on the CPU, `bench_xla_cpu.py` (what XLA CPU
+does with the logits path's passes); then times the README's demo. On whatever backend
 JAX picks: on a GPU or TPU machine, this is the command that fills an accelerator's results
 (PyTorch rows run on the CPU, as the PyTorch implementations here are written).
 `--quick` runs tiny shapes, to check that every script works, and writes nothing but
@@ -55,6 +56,7 @@ FULL = [
     ("decoding", ["bench_decoding.py"]),
     ("llm", ["bench_llm.py"]),
     ("sharding", ["bench_sharding.py"]),
+    ("xla", ["bench_xla_cpu.py"]),
 ]
 QUICK = [
     ("bench", ["bench.py", "--repeats", "3", "--shapes", "4,4,6;2,3,1000", "--no-torch"]),
@@ -67,6 +69,7 @@ QUICK = [
     ("llm", ["bench_llm.py", "--batches", "1", "--prompts", "1", "--categories",
              "summarise", "--tokens", "16", "--repeats", "1"]),
     ("sharding", ["bench_sharding.py", "--batch", "8", "--vocab", "4096", "--repeats", "2"]),
+    ("xla", ["bench_xla_cpu.py", "--shape", "2,3,1024", "--repeats", "2"]),
 ]  # fmt: skip
 
 
@@ -78,6 +81,8 @@ def _commands(quick: bool) -> list[tuple[str, list[str]]]:
         commands = [c for c in commands if c[0] != "llm"]
     if jax.default_backend() != "cpu" and jax.device_count() < 8:
         commands = [c for c in commands if c[0] != "sharding"]
+    if jax.default_backend() != "cpu":  # XLA CPU's own behaviour
+        commands = [c for c in commands if c[0] != "xla"]
     return commands
 
 
