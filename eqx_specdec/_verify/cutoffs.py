@@ -141,8 +141,9 @@ def _top_blocks(x, k: int):
     (rows, 1))`, with $m$ and `left_out` as below (every entry of the row above $m$ is
     a candidate), or `None` when the rows are too short for blocks to help.
 
-    The `k`-th largest block maximum $m$ is at most the row's `k`-th largest value, and every entry above $m$ lies in
-    one of the fewer than `k` blocks whose maximum exceeds $m$. Those blocks, topped up
+    The `k`-th largest block maximum $m$ is at most the row's `k`-th largest value,
+    and every entry above $m$ lies in one of the fewer than `k` blocks whose maximum
+    exceeds $m$. Those blocks, topped up
     with blocks whose maximum equals $m$ to `k` blocks, hold the row's `k` largest
     values, ties included, and every entry above $m$; entries equal to $m$ lie in
     blocks not taken only where more blocks than those have the maximum $m$ (the
@@ -153,10 +154,11 @@ def _top_blocks(x, k: int):
         return None
     blocks = x.reshape((-1, vocab // _LANES, _LANES))
     block_max = jnp.max(blocks, axis=-1)
-    if k <= _HEAP_BLOCKS:
-        # The k largest block maxima and their blocks, by XLA's TopK (a heap of k: one
-        # pass over the block maxima). The barrier keeps XLA from lowering it to a sort
-        # of every block maximum, as it does when they have other readers.
+    if k <= _HEAP_BLOCKS and jax.default_backend() == "cpu":
+        # The k largest block maxima and their blocks, by XLA CPU's TopK (a heap of k:
+        # one pass over the block maxima). The barrier keeps XLA from lowering it to a
+        # sort of every block maximum, as it does when they have other readers. Other
+        # backends (not measured with it) take the search below.
         values, picks = jax.lax.optimization_barrier(jax.lax.top_k(block_max, k))
         m = values[:, k - 1 :]
     else:
@@ -171,7 +173,7 @@ def _top_blocks(x, k: int):
     return candidates.reshape(candidates.shape[0], k * _LANES), m, left_out
 
 
-# Up to this many blocks, `_top_blocks` keeps the largest in a heap.
+# Up to this many blocks, `_top_blocks` keeps the largest in a heap on the CPU.
 _HEAP_BLOCKS = 64
 
 
