@@ -2,12 +2,12 @@
 `python benchmarks/bench_warps.py`.
 
 For each shape (B, G, V), one interleaved run (medians, after compilation, every call
-unchecked, `check_inputs="off"`) of:
+unchecked, `check_inputs="off"`, but one) of:
 
 - `speculative_accept` on probabilities (it reads two of the 2G + 1 rows in full);
 - `speculative_accept_logits` with the same warp on both sides: temperature 0.7 alone,
-  then with top-k 50, top-p 0.9 and min-p 0.05, and temperature 0.7 on the same logits
-  in bfloat16;
+  then with top-k 50, top-p 0.9 and min-p 0.05; temperature 0.7 with the default checks
+  on, and on the same logits in bfloat16;
 - with `--torch` (needs the `bench` extra), PyTorch warps of the same rows, written as
   vLLM's and Hugging Face's samplers write them on the CPU: temperature softmax, top-k by
   `torch.topk`, top-p by a sort and a cumulative sum. They warp only, without verifying,
@@ -35,6 +35,7 @@ WARPS = {
     "min-p 0.05": Warp(0.7, min_p=0.05),
 }
 BF16 = "temperature 0.7, bfloat16 logits"
+CHECKED = "temperature 0.7, default checks"
 
 
 def _inputs(seed, batch, gamma, vocab):
@@ -96,6 +97,9 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
                 x, dl, tl, u, s, target_warp=w, draft_warp=w, check_inputs="off"
             )
         )
+    impls[CHECKED] = lambda x, q, p, u, s, dl, tl, *_: speculative_accept_logits(
+        x, dl, tl, u, s, target_warp=Warp(0.7), draft_warp=Warp(0.7)
+    )
     impls[BF16] = lambda x, q, p, u, s, dl, tl, dl16, tl16: speculative_accept_logits(
         x,
         dl16,
@@ -151,7 +155,8 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
 
 def print_table(rows, with_torch: bool):
     print(
-        "Milliseconds per call (medians), and ratios. Every call unchecked; the same "
+        "Milliseconds per call (medians), and ratios. Every call unchecked but the default "
+        "checks column; the same "
         "warp on both sides.\n"
     )
     head = ["B, G, V", "probabilities"] + list(WARPS)
@@ -164,13 +169,13 @@ def print_table(rows, with_torch: bool):
     print()
     head = ["B, G, V", "temperature / probabilities"]
     head += [f"{name} / temperature" for name in list(WARPS)[1:]]
-    head += ["bfloat16 / float32 logits"]
+    head += ["default checks / unchecked", "bfloat16 / float32 logits"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row in rows:
         t = row["temperature 0.7"]
         cells = [", ".join(map(str, row["shape"])), f"{t / row['probabilities']:.1f}x"]
-        cells += [f"{row[name] / t:.2f}x" for name in list(WARPS)[1:] + [BF16]]
+        cells += [f"{row[name] / t:.2f}x" for name in list(WARPS)[1:] + [CHECKED, BF16]]
         print("| " + " | ".join(cells) + " |")
     if not with_torch:
         return
