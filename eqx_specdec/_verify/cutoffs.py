@@ -112,7 +112,8 @@ def largest_reaching(keys, weights, goal, bracket=None):
     if bracket is None:
         start, end = _row_reduce((keys, keys), (highest, lowest), _min_max)
     else:
-        start, end = bracket
+        # Never below the start, whatever the rounding of the bounds' sums.
+        start, end = bracket[0], jnp.maximum(*bracket)
     end = end + 1
     return jax.lax.while_loop(unfinished, step, (start, end))[0]
 
@@ -126,13 +127,19 @@ def log_normaliser(x, highest, removed=None):
     `(..., 1)`), given the rows' maxima (found in vector registers; the sum is XLA's
     own, which fuses it with them): `logsumexp(x) = shift + log_sum`. Where `removed`
     (boolean, like `x`) holds, the entry counts as `-inf`: its term is exactly 0."""
-    shift = jnp.where(jnp.isfinite(highest), highest, 0)
+    shift = _shift(highest)
     terms = jnp.exp(x - shift)
     if removed is not None:
         terms = jnp.where(removed, 0, terms)
     total = jnp.sum(terms, axis=-1, keepdims=True)
     log_sum = jnp.log(total)
     return shift, log_sum
+
+
+def _shift(highest):
+    """What the exponentials are shifted by: the row maximum, 0 where it is infinite (a
+    row of `-inf`, or one holding `inf`)."""
+    return jnp.where(jnp.isfinite(highest), highest, 0)
 
 
 def _top_blocks(x, k: int):
@@ -143,11 +150,11 @@ def _top_blocks(x, k: int):
 
     The `k`-th largest block maximum $m$ is at most the row's `k`-th largest value,
     and every entry above $m$ lies in one of the fewer than `k` blocks whose maximum
-    exceeds $m$. Those blocks, topped up
-    with blocks whose maximum equals $m$ to `k` blocks, hold the row's `k` largest
-    values, ties included, and every entry above $m$; entries equal to $m$ lie in
-    blocks not taken only where more blocks than those have the maximum $m$ (the
-    third result, per row). One pass over the rows, and one over the block maxima.
+    exceeds $m$. Those blocks, topped up with blocks whose maximum equals $m$ to `k`
+    blocks, hold the row's `k` largest values, ties included, and every entry above
+    $m$; entries equal to $m$ lie in blocks not taken only where more blocks than those
+    have the maximum $m$ (the third result, per row). One pass over the rows, and one
+    over the block maxima.
     """
     vocab = x.shape[-1]
     if vocab % _LANES or k < 1 or k * _LANES * 4 > vocab:
@@ -254,7 +261,7 @@ def top_k_cut(x, k, bound: int | None = None, normalise=None):
             jnp.broadcast_to(a, shape).reshape(-1, 1) for a in normalise
         )
         kth = kth.reshape(-1, 1)
-        shift = jnp.where(jnp.isfinite(highest), highest, 0)
+        shift = _shift(highest)
         terms = jnp.where(candidates < kth, 0, jnp.exp(candidates / divisor - shift))
         total = jnp.sum(terms, axis=-1, keepdims=True)
 
@@ -325,11 +332,13 @@ def top_p_cutoff(x, scale, highest, log_sum, top_p):
         # Every entry of the row above m is a candidate: where their mass reaches
         # top_p, the cut-off is above m, and the candidates' masses there are the row's.
         (above,) = _row_reduce((jnp.where(candidates > m, weights, 0),), (0,), _add)
-        inside = largest_reaching(
-            keys, weights, goal, _bracket(candidates, weights, goal)
-        )
-        inside = (inside.reshape(shape), kept(keys, weights, inside).reshape(shape))
-        cutoff, mass = jax.lax.cond(jnp.all(above >= goal), lambda: inside, whole_rows)
+
+        def inside():
+            bracket = _bracket(candidates, weights, goal)
+            cutoff = largest_reaching(keys, weights, goal, bracket)
+            return cutoff.reshape(shape), kept(keys, weights, cutoff).reshape(shape)
+
+        cutoff, mass = jax.lax.cond(jnp.all(above >= goal), inside, whole_rows)
     return key_values(cutoff, x.dtype), mass
 
 
