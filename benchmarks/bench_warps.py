@@ -8,6 +8,8 @@ unchecked, `check_inputs="off"`, but one) of:
 - `speculative_accept_logits` with the same warp on both sides: temperature 0.7 alone,
   then with top-k 50, top-p 0.9 and min-p 0.05; temperature 0.7 with the default checks
   on, and on the same logits in bfloat16;
+- the straightforward JAX version at temperature 0.7: `jax.nn.softmax` of both sides,
+  then `speculative_accept` on the probabilities, in one `jax.jit`;
 - with `--torch` (needs the `bench` extra), PyTorch warps of the same rows, written as
   vLLM's and Hugging Face's samplers write them on the CPU: temperature softmax, top-k by
   `torch.topk`, top-p by a sort and a cumulative sum. They warp only, without verifying,
@@ -36,6 +38,7 @@ WARPS = {
 }
 BF16 = "temperature 0.7, bfloat16 logits"
 CHECKED = "temperature 0.7, default checks"
+PLAIN = "jax.nn.softmax, then probabilities"
 
 
 def _inputs(seed, batch, gamma, vocab):
@@ -46,6 +49,15 @@ def _inputs(seed, batch, gamma, vocab):
     accept = rng.random((batch, gamma), dtype=np.float32)
     sample = rng.random(batch, dtype=np.float32)
     return tokens, draft, target, accept, sample
+
+
+@jax.jit
+def _plain_jax(x, draft_logits, target_logits, u, s):
+    """What a JAX user writes: both sides' softmax at temperature 0.7, then the
+    verification on probabilities, in one `jax.jit`."""
+    q = jax.nn.softmax(draft_logits / 0.7, axis=-1)
+    p = jax.nn.softmax(target_logits / 0.7, axis=-1)
+    return speculative_accept(x, q, p, u, s, check_inputs="off")
 
 
 def _as_probs(logits):
@@ -97,6 +109,7 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
                 x, dl, tl, u, s, target_warp=w, draft_warp=w, check_inputs="off"
             )
         )
+    impls[PLAIN] = lambda x, q, p, u, s, dl, tl, *_: _plain_jax(x, dl, tl, u, s)
     impls[CHECKED] = lambda x, q, p, u, s, dl, tl, *_: speculative_accept_logits(
         x, dl, tl, u, s, target_warp=Warp(0.7), draft_warp=Warp(0.7)
     )
@@ -169,13 +182,15 @@ def print_table(rows, with_torch: bool):
     print()
     head = ["B, G, V", "temperature / probabilities"]
     head += [f"{name} / temperature" for name in list(WARPS)[1:]]
-    head += ["default checks / unchecked", "bfloat16 / float32 logits"]
+    head += ["softmax, then probabilities / ours", "default checks / unchecked"]
+    head += ["bfloat16 / float32 logits"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row in rows:
         t = row["temperature 0.7"]
         cells = [", ".join(map(str, row["shape"])), f"{t / row['probabilities']:.1f}x"]
-        cells += [f"{row[name] / t:.2f}x" for name in list(WARPS)[1:] + [CHECKED, BF16]]
+        cells += [f"{row[name] / t:.2f}x" for name in list(WARPS)[1:] + [PLAIN]]
+        cells += [f"{row[name] / t:.2f}x" for name in [CHECKED, BF16]]
         print("| " + " | ".join(cells) + " |")
     if not with_torch:
         return
