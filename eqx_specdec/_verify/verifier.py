@@ -297,7 +297,12 @@ class Verifier(AbstractVerifier):
             # Under vmap a search's branches would become selects running both: the
             # cut-offs and normalisers are found for the whole batch first. One by one,
             # each row's are found in its own iteration, on (G + 1, V) at a time.
+            # The barrier holds them and the logits as computed before the map:
+            # without it, a program on top-k or top-p rows compiled but never
+            # returned on a TPU v5e (JAX 0.10.2), nor with a barrier over the
+            # per-row fields alone.
             inputs = tuple(as_normalised(a) for a in inputs)
+            inputs = jax.lax.optimization_barrier(inputs)
             return jax.vmap(one)(rows, *inputs)
         return jax.lax.map(lambda arrays: one(*arrays), (rows,) + inputs)
 
