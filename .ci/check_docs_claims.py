@@ -1,9 +1,10 @@
 """Fails if what the README and the docs claim does not follow from the repository:
 
 - one speed story: the numbers the README and the docs quote come from the tables that
-  `python benchmarks/run_all.py` writes (`benchmarks/results-cpu.md`), and nowhere else;
-  the README's claim is the one `benchmarks/story.py` computes from them (its rule is
-  checked on a made-up table first);
+  `python benchmarks/run_all.py` writes (`benchmarks/results-BACKEND.md`: the CPU's,
+  and an accelerator's where one ran), and nowhere else; the README's claim is the one
+  `benchmarks/story.py` computes from the CPU's (its rule is checked on a made-up table
+  first);
 - every `--8<--` include of a page names a file that exists, and each `file:section`
   include a section that the file marks;
 - CI (`.ci/run`) runs exactly the test command the README gives.
@@ -23,7 +24,7 @@ from benchmarks import story  # noqa: E402
 
 
 RESULTS = ROOT / "benchmarks" / "results-cpu.md"
-INCLUDE = re.compile(r'--8<-- "benchmarks/results-cpu\.md:(\w+)"')
+INCLUDE = re.compile(r'--8<-- "benchmarks/(results-\w+\.md):(\w+)"')
 # A measured quantity: a number with a unit of time, size, speed or a ratio.
 MEASURED = re.compile(
     r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:x|%|µs|ms|s|GB/s|MB|kB)(?!\w)"
@@ -69,19 +70,22 @@ def the_readme_claim():
 
 
 def the_included_sections():
-    results = RESULTS.read_text()
     included = set()
     for page in (ROOT / "docs").glob("*.md"):
         included |= set(INCLUDE.findall(page.read_text()))
-    assert {"claim", "machine", "bench", "warps", "trees", "demo"} <= included, included
-    for name in included:
-        assert f"<!-- --8<-- [start:{name}] -->" in results, name
-        assert f"<!-- --8<-- [end:{name}] -->" in results, name
+    on_cpu = {name for file, name in included if file == RESULTS.name}
+    assert {"claim", "machine", "bench", "warps", "trees", "demo"} <= on_cpu, included
+    for file, name in included:
+        results = (RESULTS.parent / file).read_text()
+        assert f"<!-- --8<-- [start:{name}] -->" in results, (file, name)
+        assert f"<!-- --8<-- [end:{name}] -->" in results, (file, name)
 
 
 def the_quoted_numbers():
     # Whole quantities, not substrings: "5x" is not shown by a table cell "55.1x".
-    shown = set(MEASURED.findall(RESULTS.read_text()))
+    shown = set()
+    for results in RESULTS.parent.glob("results-*.md"):
+        shown |= set(MEASURED.findall(results.read_text()))
     pages = [p for p in (ROOT / "docs").glob("*.md") if INCLUDE.search(p.read_text())]
     names = {p.name for p in pages}
     assert {"performance.md", "serving.md", "scaling_out.md"} <= names, names

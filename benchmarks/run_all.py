@@ -56,6 +56,7 @@ FULL = [
     ("decoding", ["bench_decoding.py"]),
     ("llm", ["bench_llm.py"]),
     ("sharding", ["bench_sharding.py"]),
+    ("cutoffs", ["bench_cutoffs.py"]),
     ("xla", ["bench_xla_cpu.py"]),
 ]
 QUICK = [
@@ -69,6 +70,7 @@ QUICK = [
     ("llm", ["bench_llm.py", "--batches", "1", "--prompts", "1", "--categories",
              "summarise", "--tokens", "16", "--repeats", "1"]),
     ("sharding", ["bench_sharding.py", "--batch", "8", "--vocab", "4096", "--repeats", "2"]),
+    ("cutoffs", ["bench_cutoffs.py", "--rows", "4,16384", "--repeats", "2"]),
     ("xla", ["bench_xla_cpu.py", "--shape", "2,3,1024", "--repeats", "2"]),
 ]  # fmt: skip
 

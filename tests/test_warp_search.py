@@ -152,19 +152,20 @@ def test_a_static_top_k_takes_the_k_largest_blocks(dtype):
     )
 
 
-@pytest.mark.parametrize("backend", ["cpu", "tpu"])
+@pytest.mark.parametrize("by_top_k", [True, False], ids=["TopK", "prefix sum"])
 @pytest.mark.parametrize("vocab", [2048, 8192], ids=["32 blocks", "128 blocks"])
 @pytest.mark.parametrize("flat_rows", [False, True], ids=["peaked", "some flat"])
 def test_top_p_among_the_largest_blocks_and_its_fallback(
-    flat_rows, vocab, backend, taken, monkeypatch
+    flat_rows, vocab, by_top_k, taken, monkeypatch
 ):
     """Top-p searches the blocks holding each row's largest entries when those reach
     top_p in every row (peaked rows), and whole rows otherwise (a flat row in the
     batch): the kept set equals a sort's either way, and each case takes its path. The
-    blocks are taken by XLA's TopK, or on the CPU for more than 64 blocks by a prefix
-    sum, where rows whose block maxima tie at the least one taken take their own branch
-    (compiled here for the CPU either way: `backend` picks the method)."""
-    monkeypatch.setattr(eqx_specdec._verify.cutoffs, "_backend", lambda: backend)
+    blocks are taken by XLA's TopK (on the CPU up to 64 blocks, on other backends
+    always) or by the search over block maxima and a prefix sum, where rows whose block
+    maxima tie at the least one taken take their own branch: both methods here."""
+    cutoffs = eqx_specdec._verify.cutoffs
+    monkeypatch.setattr(cutoffs, "_by_top_k", lambda k: by_top_k)
     rng = np.random.default_rng(3)
     batch = 12
     logits = rng.normal(size=(batch, 1, vocab)) * 8
@@ -178,7 +179,7 @@ def test_top_p_among_the_largest_blocks_and_its_fallback(
     expected = _sorted_warp(logits[:, 0], 1.0, np.zeros(batch, np.int32), top_p)
     np.testing.assert_array_equal(kept[:, 0], expected)
     taken = [bool(t) for t in taken]
-    if vocab > 2048 and backend == "cpu":  # the rows with ties leave tied blocks out
+    if not by_top_k:  # the rows with ties leave tied blocks out
         assert taken.pop(0)
     assert taken == [not flat_rows]  # the candidates' path or not
 

@@ -161,7 +161,7 @@ def _top_blocks(x, k: int):
         return None
     blocks = x.reshape((-1, vocab // _LANES, _LANES))
     block_max = jnp.max(blocks, axis=-1)
-    if k <= _HEAP_BLOCKS or _backend() != "cpu":
+    if _by_top_k(k):
         # The k largest block maxima and their blocks, by XLA's TopK: on the CPU a heap
         # of k, one pass over the block maxima; the barrier keeps XLA CPU from lowering
         # it to a sort of every block maximum, as it does when they have other readers.
@@ -185,9 +185,10 @@ def _top_blocks(x, k: int):
 _HEAP_BLOCKS = 64
 
 
-def _backend() -> str:
-    """The backend the program is compiled for, which picks `_top_blocks`' method."""
-    return jax.default_backend()
+def _by_top_k(k: int) -> bool:
+    """Whether `_top_blocks` takes `k` blocks by XLA's TopK (else by the search over
+    block maxima and a prefix sum): on the CPU up to `_HEAP_BLOCKS`, elsewhere always."""
+    return k <= _HEAP_BLOCKS or jax.default_backend() != "cpu"
 
 
 def _blocks_at_or_above(block_max, m, k: int):
