@@ -1,6 +1,8 @@
 """The warps' sort-free cut-offs: the bisection over order keys finds exactly what a sort
 finds, ties, masked tokens and both float widths included."""
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -152,8 +154,11 @@ def test_a_static_top_k_takes_the_k_largest_blocks(dtype):
     )
 
 
-@pytest.mark.parametrize("by_top_k", [True, False], ids=["TopK", "prefix sum"])
-@pytest.mark.parametrize("vocab", [2048, 8192], ids=["32 blocks", "128 blocks"])
+@pytest.mark.parametrize(
+    "vocab, by_top_k",
+    [(2048, True), (8192, True), (8192, False)],
+    ids=["32 blocks by TopK", "128 blocks by TopK", "128 blocks by a prefix sum"],
+)
 @pytest.mark.parametrize("flat_rows", [False, True], ids=["peaked", "some flat"])
 def test_top_p_among_the_largest_blocks_and_its_fallback(
     flat_rows, vocab, by_top_k, taken, monkeypatch
@@ -162,8 +167,8 @@ def test_top_p_among_the_largest_blocks_and_its_fallback(
     top_p in every row (peaked rows), and whole rows otherwise (a flat row in the
     batch): the kept set equals a sort's either way, and each case takes its path. The
     blocks are taken by XLA's TopK (on the CPU up to 64 blocks, on other backends
-    always) or by the search over block maxima and a prefix sum, where rows whose block
-    maxima tie at the least one taken take their own branch: both methods here."""
+    always) or by the search over block maxima and a prefix sum (the CPU's for more),
+    where rows whose block maxima tie at the least one taken take their own branch."""
     cutoffs = eqx_specdec._verify.cutoffs
     monkeypatch.setattr(cutoffs, "_by_top_k", lambda k: by_top_k)
     rng = np.random.default_rng(3)
@@ -317,3 +322,62 @@ def test_top_k_normalises_over_its_candidate_blocks(top_k):
     np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
     finite = np.isfinite(expected)
     np.testing.assert_allclose(got[finite], expected[finite], rtol=0, atol=2e-5)
+
+
+def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
+    """A user's test declared `causal` (reading the draft tokens' values), with the
+    first-failure counter: the verifier mapping rows one by one normalises each
+    sequence's warped rows position by position and stops at the first rejection, so
+    the test runs once per position examined, min(n + 1, G), and once more on the
+    whole sequence; the same test not declared causal runs once per sequence. The
+    outputs are those of the standard test on the evaluated log-probabilities."""
+    calls = {True: [], False: []}
+
+    class CausalRatioTest(eqx_specdec.AbstractRatioTest):
+        exact: ClassVar[bool] = True
+        causal: ClassVar[bool] = True
+        reads: ClassVar[str] = "draft tokens"
+
+        def __call__(self, draft_tokens, draft_probs, target_probs, u, context):
+            jax.debug.callback(lambda _: calls[self.causal].append(1), u[0])
+            log_p, log_q = context.gather(draft_tokens, draft_probs, target_probs)
+            return eqx_specdec.Verdict(jnp.log(u) < log_p - log_q)
+
+    class UndeclaredRatioTest(CausalRatioTest):
+        causal: ClassVar[bool] = False
+
+    batch, gamma, vocab = 8, 4, 512
+    rng = np.random.default_rng(12)
+    target = rng.standard_normal((batch, gamma + 1, vocab)).astype(np.float32) * 2
+    draft = target[:, :gamma] + rng.standard_normal((batch, gamma, vocab)).astype(
+        np.float32
+    )
+    gumbel = -np.log(-np.log(rng.random(draft.shape)))
+    tokens = np.argmax(draft + gumbel, axis=-1).astype(np.int32)  # drawn from q
+    u = rng.random((batch, gamma)).astype(np.float32)
+    s = rng.random(batch).astype(np.float32)
+    warp = eqx_specdec.Warp(1.0, top_k=40)
+    tests = (CausalRatioTest(), UndeclaredRatioTest(), eqx_specdec.RatioTest())
+
+    @jax.jit
+    def verified(x, d, t, u, s):
+        d_rows, t_rows = warp.rows(d), warp.rows(t)
+        lazy = [
+            eqx_specdec.Verifier(test, batching="map")(
+                x, d_rows, t_rows, u, s, log_space=True
+            )
+            for test in tests[:2]
+        ]
+        log_probs = (d_rows.log_probs(), t_rows.log_probs())
+        standard = eqx_specdec.Verifier(tests[2], batching="map")
+        return lazy, standard(x, *log_probs, u, s, log_space=True)
+
+    lazy, evaluated = verified(tokens, draft, target, u, s)
+    jax.effects_barrier()
+    for outputs in lazy:
+        for key in ("num_accepted", "tokens"):
+            np.testing.assert_array_equal(outputs[key], evaluated[key])
+    n = np.asarray(evaluated["num_accepted"])
+    assert n.min() < gamma - 1 and n.max() == gamma  # early and late stops
+    assert len(calls[True]) == np.sum(np.minimum(n + 1, gamma) + 1)
+    assert len(calls[False]) == batch

@@ -78,6 +78,13 @@ class AbstractRatioTest(eqx.Module):
     - `theory` (default `"exact"`): what `pass_probabilities` gives, `"exact"` (the
         test passes $v$ with exactly that probability) or `"lower bound"` (the rule
         accepts at least as many tokens in expectation).
+    - `causal` (default `False`, always safe): `True` when the outcome at position $i$
+        depends on nothing after $i$ (draft tokens, rows or uniforms). With a counter
+        that counts up to the first failure, nothing after the first failing position
+        then changes the outputs. For such a test that reads only the draft tokens'
+        values (`reads` below), [`eqx_specdec.Verifier`][] mapping rows with
+        `lax.map` normalises warped logits (from [`eqx_specdec.Warp`][]) position by
+        position, calling the test after each, and stops at the first rejection.
     - `reads` (default `"whole rows"`, always safe): which values the test reads, so
         that the entry points' default checks (`check_inputs="read"`) validate exactly
         those: `"draft tokens"` for a test that reads only $p_i(x_i)$ and $q_i(x_i)$
@@ -97,6 +104,7 @@ class AbstractRatioTest(eqx.Module):
     counter: ClassVar[AbstractPrefixCounter] = PrefixCounter()
     sampler: ClassVar[AbstractResidualSampler] = ResidualSampler()
     theory: ClassVar[TheoryKind] = "exact"
+    causal: ClassVar[bool] = False
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "whole rows"
     row_fields: ClassVar[dict[str, int]] = {}
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
@@ -258,6 +266,7 @@ class RatioTest(AbstractRatioTest):
 
     exact: ClassVar[bool] = True
     vocab_parallel: ClassVar[bool] = True
+    causal: ClassVar[bool] = True
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
 
     @jaxtyped(typechecker=beartype)
@@ -296,6 +305,7 @@ class LenientRatioTest(AbstractRatioTest):
 
     exact: ClassVar[bool] = False
     vocab_parallel: ClassVar[bool] = True
+    causal: ClassVar[bool] = True
     reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
     lenience: Float[Array, ""] | float = 1.0
 

@@ -1,5 +1,6 @@
 """The composed verifier of one device, and the contract's entry point."""
 
+import dataclasses
 import functools
 import typing
 from typing import Literal
@@ -40,7 +41,7 @@ from .checks import check_level, Checked, checked, CheckLevel
 from .inputs import prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .masks import allowed_tokens, mask_problems, masked_probs
-from .warp import as_log_probs, as_normalised, WarpedRows
+from .warp import as_log_probs, as_normalised, NormalisedRows, WarpedRows
 
 
 @no_type_check  # its fields are checked by `__check_init__`
@@ -203,7 +204,7 @@ class Verifier(AbstractVerifier):
         """
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
         row = functools.partial(verify_row, context=RowContext(log_space=log_space))
-        return self._map(row, inputs + (sample_uniforms,))
+        return self._map(row, inputs + (sample_uniforms,), until_failure=True)
 
     def checked_call(
         self,
@@ -226,7 +227,7 @@ class Verifier(AbstractVerifier):
             report=True,
             values=values,
         )
-        return self._map(row, inputs + (sample_uniforms,))
+        return self._map(row, inputs + (sample_uniforms,), until_failure=True)
 
     def at_lengths(
         self,
@@ -267,9 +268,12 @@ class Verifier(AbstractVerifier):
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
         return self._map(row, inputs + (sample_uniforms, lengths))
 
-    def _map(self, row, inputs):
+    def _map(self, row, inputs, until_failure: bool = False):
         """`row(verifier, *arrays)` over the rows, each row's verifier holding the
-        ratio test's per-row field values of that row."""
+        ratio test's per-row field values of that row. With `until_failure` (`row` is
+        the verification of `inputs`, in order), warped rows mapped one by one are
+        normalised only up to the first position whose test fails, where the test
+        allows it (`_until_first_failure`)."""
         rows = per_row_values(self.ratio_test)
         batch = inputs[0].shape[0]
         for name, value in rows.items():
@@ -280,19 +284,20 @@ class Verifier(AbstractVerifier):
                     "(leading axis B), or one shared by the batch (no batch axis)."
                 )
 
-        def one(values, *arrays):
+        batching = self.batching
+        if batching == "auto":
+            batching = "map" if jax.default_backend() == "cpu" else "vmap"
+        early = until_failure and batching == "map" and self._stops_at_failure()
+
+        def verified(values, test, arrays):
             # Warped logits become the row's log-probabilities here, inside its
             # iteration: only the entries its stages read are computed.
             arrays = tuple(as_log_probs(a) for a in arrays)
-            test = with_row_values(self.ratio_test, values)
             verifier = (
                 self if not values else eqx.tree_at(lambda v: v.ratio_test, self, test)
             )
             return row(verifier, *arrays)
 
-        batching = self.batching
-        if batching == "auto":
-            batching = "map" if jax.default_backend() == "cpu" else "vmap"
         if batching == "vmap":
             # Under vmap a search's branches would become selects running both: the
             # cut-offs and normalisers are found for the whole batch first. One by one,
@@ -303,8 +308,132 @@ class Verifier(AbstractVerifier):
             # per-row fields alone.
             inputs = tuple(as_normalised(a) for a in inputs)
             inputs = jax.lax.optimization_barrier(inputs)
+
+            def one(values, *arrays):
+                test = with_row_values(self.ratio_test, values)
+                return verified(values, test, arrays)
+
             return jax.vmap(one)(rows, *inputs)
-        return jax.lax.map(lambda arrays: one(*arrays), (rows,) + inputs)
+
+        def at(batch_arrays, b):
+            # Sequence b, indexed from the whole batch inside its iteration (the batch
+            # is the loop's unchanged carry: a closure would keep the caller's tracers
+            # alive in the traced loop).
+            rows, inputs = batch_arrays
+            values = _sequence(rows, b)
+            test = with_row_values(self.ratio_test, values)
+            if early and isinstance(inputs[2], WarpedRows):
+                arrays = _until_first_failure(test, b, *inputs)
+            else:
+                arrays = _sequence(inputs, b)
+            return batch_arrays, verified(values, test, arrays)
+
+        return jax.lax.scan(at, (rows, inputs), jnp.arange(batch, dtype=jnp.int32))[1]
+
+    def _stops_at_failure(self) -> bool:
+        """Whether warped rows may be normalised only up to the first position whose
+        test fails: nothing after it changes the outputs (the test is `causal`, the
+        counter counts up to the first failure), and calling the test once per position
+        costs little (it reads only the draft tokens' values)."""
+        test = self.ratio_test
+        return (
+            test.causal
+            and test.reads == "draft tokens"
+            and self.prefix_counter.counts == "first failure"
+            and test.counter.counts == "first failure"
+        )
+
+
+def _sequence(tree, b):
+    """Sequence `b` of a batch's pytree (every leaf indexed on its leading axis)."""
+    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, b, 0, False), tree)
+
+
+def _until_first_failure(test, b, tokens, draft, target, accept, *rest):
+    """Sequence `b`'s verification arguments, from the batch's, with its warped rows
+    (`draft` `(B, G, V)`, a `WarpedRows`, or `None` or log-probabilities; `target`
+    `(B, G + 1, V)`, a `WarpedRows`) normalised row by row, position by position, only
+    while the ratio test passes. Rows after the first position whose test fails, which
+    a `causal` test with a first-failure counter never lets change the outputs, stay
+    unexamined (all `-inf`): their exponentials are never computed. After the loop the
+    target's row $G$ (the bonus) is normalised only when every position passed. A loop
+    in the sequence's own iteration under `lax.map`, where skipped work is not done;
+    each row is read from the batch's logits, not from a copy of the sequence's.
+
+    Returns the sequence's arguments, with the warped ones as `NormalisedRows`."""
+    tokens, accept, rest = _sequence((tokens, accept, rest), b)
+    gamma = tokens.shape[0]
+    context = RowContext(log_space=True)
+
+    def fields(rows):
+        # The per-row fields of `rows.normalised()`, by name, without the logits.
+        normalised = rows.normalised()
+        names = [f.name for f in dataclasses.fields(normalised) if f.name != "x"]
+        return {name: getattr(normalised, name) for name in names}
+
+    # A row not yet examined: every log-probability -inf, nothing removed, not greedy.
+    unexamined = dict(threshold=-jnp.inf, scale=1, shift=0, log_sum=jnp.inf)
+    unexamined.update(greedy=False, best=0)
+
+    def start(rows):
+        if not isinstance(rows, WarpedRows):
+            return None
+        shapes = jax.eval_shape(fields, _sequence(rows, b))
+        return {
+            name: None
+            if leaf is None
+            else jnp.full(leaf.shape, unexamined[name], leaf.dtype)
+            for name, leaf in shapes.items()
+        }
+
+    def examine(rows, found, i):
+        # Row i of sequence b normalised alone, written into `found`.
+        def one_row(a):
+            start = tuple(jnp.int32(j) for j in (b, i) + (0,) * (a.ndim - 2))
+            return jax.lax.dynamic_slice(a, start, (1, 1) + a.shape[2:])[0]
+
+        return jax.tree.map(
+            lambda a, v: jax.lax.dynamic_update_slice_in_dim(a, v, i, 0),
+            found,
+            fields(jax.tree.map(one_row, rows)),
+        )
+
+    def assembled(rows, found):
+        if found is None:
+            return rows if rows is None else _sequence(rows, b)
+        return NormalisedRows(_sequence(rows.x, b), **found)
+
+    def unfinished(state):
+        i, passing, _ = state
+        return passing & (i < gamma)
+
+    def step(state):
+        i, _, (found_draft, found_target) = state
+        found_target = examine(target, found_target, i)
+        if found_draft is not None:
+            found_draft = examine(draft, found_draft, i)
+        verdict = test(
+            tokens,
+            as_log_probs(assembled(draft, found_draft)),
+            as_log_probs(assembled(target, found_target)),
+            accept,
+            context,
+        )
+        return i + 1, verdict.passed[i], (found_draft, found_target)
+
+    state = (jnp.int32(0), jnp.bool_(True), (start(draft), start(target)))
+    _, passing, (found_draft, found_target) = jax.lax.while_loop(
+        unfinished, step, state
+    )
+    # Every position passed: the bonus comes from the target's last row.
+    found_target = jax.lax.cond(
+        passing,
+        lambda found: examine(target, found, gamma),
+        lambda found: found,
+        found_target,
+    )
+    draft, target = assembled(draft, found_draft), assembled(target, found_target)
+    return (tokens, draft, target, accept, *rest)
 
 
 @typing.no_type_check  # validated by hand, with messages naming the argument

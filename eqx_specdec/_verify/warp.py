@@ -231,8 +231,9 @@ class WarpedRows(eqx.Module):
     [`eqx_specdec.Verifier`][] accepts it in place of log-probabilities. Mapping its
     rows one by one (`jax.lax.map`, its default on the CPU), it warps each row inside
     the row's own iteration: the row's maxima, cut-offs and normalisers are found
-    there, on `(G + 1, V)` at a time, and XLA computes only the log-probabilities the
-    row's stages read (the draft tokens' entries and row $n$). Under `jax.vmap` the
+    there, position by position up to the first rejection where the ratio test allows
+    it (see `causal` in [`eqx_specdec.AbstractRatioTest`][]), and XLA computes only the
+    log-probabilities the row's stages read (the draft tokens' entries and row $n$). Under `jax.vmap` the
     cut-offs and normalisers are found for the whole batch first (where the searches'
     branches stay branches) and each row's log-probabilities are evaluated in its
     iteration. Either way the log-probabilities of the whole batch are never written.
