@@ -328,9 +328,11 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
     """A user's test declared `causal` (reading the draft tokens' values), with the
     first-failure counter: the verifier mapping rows one by one normalises each
     sequence's warped rows position by position and stops at the first rejection, so
-    the test runs once per position examined, min(n + 1, G), and once more on the
-    whole sequence; the same test not declared causal runs once per sequence. The
-    outputs are those of the standard test on the evaluated log-probabilities."""
+    the test runs once per step, n + 1 (the last, when every position passed, for the
+    bonus row), and once more on the whole sequence; the same test not declared causal
+    runs once per sequence. The
+    outputs are those of the standard test on the evaluated log-probabilities. (Rows
+    of 65,536 entries: shorter ones are normalised whole.)"""
     calls = {True: [], False: []}
 
     class CausalRatioTest(eqx_specdec.AbstractRatioTest):
@@ -346,17 +348,18 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
     class UndeclaredRatioTest(CausalRatioTest):
         causal: ClassVar[bool] = False
 
-    batch, gamma, vocab = 8, 4, 512
+    batch, gamma, vocab = 8, 4, 65_536
+    warp = eqx_specdec.Warp(0.9, top_k=40, min_p=0.01)
     rng = np.random.default_rng(12)
     target = rng.standard_normal((batch, gamma + 1, vocab)).astype(np.float32) * 2
-    draft = target[:, :gamma] + rng.standard_normal((batch, gamma, vocab)).astype(
+    draft = target[:, :gamma] + 0.5 * rng.standard_normal((batch, gamma, vocab)).astype(
         np.float32
     )
     gumbel = -np.log(-np.log(rng.random(draft.shape)))
-    tokens = np.argmax(draft + gumbel, axis=-1).astype(np.int32)  # drawn from q
+    warped = np.asarray(warp(jnp.asarray(draft)))
+    tokens = np.argmax(warped + gumbel, axis=-1).astype(np.int32)  # drawn from q
     u = rng.random((batch, gamma)).astype(np.float32)
     s = rng.random(batch).astype(np.float32)
-    warp = eqx_specdec.Warp(1.0, top_k=40)
     tests = (CausalRatioTest(), UndeclaredRatioTest(), eqx_specdec.RatioTest())
 
     @jax.jit
@@ -379,5 +382,5 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
             np.testing.assert_array_equal(outputs[key], evaluated[key])
     n = np.asarray(evaluated["num_accepted"])
     assert n.min() < gamma - 1 and n.max() == gamma  # early and late stops
-    assert len(calls[True]) == np.sum(np.minimum(n + 1, gamma) + 1)
+    assert len(calls[True]) == np.sum(n + 2)  # n + 1 steps, then the whole sequence
     assert len(calls[False]) == batch

@@ -82,9 +82,10 @@ class AbstractRatioTest(eqx.Module):
         depends on nothing after $i$ (draft tokens, rows or uniforms). With a counter
         that counts up to the first failure, nothing after the first failing position
         then changes the outputs. For such a test that reads only the draft tokens'
-        values (`reads` below), [`eqx_specdec.Verifier`][] mapping rows with
-        `lax.map` normalises warped logits (from [`eqx_specdec.Warp`][]) position by
-        position, calling the test after each, and stops at the first rejection.
+        values (`reads` below), [`eqx_specdec.Verifier`][] mapping rows one by one
+        normalises warped logits (from [`eqx_specdec.Warp`][]) of 65,536 or more
+        entries a row position by position, calling the test after each, and stops at
+        the first rejection.
     - `reads` (default `"whole rows"`, always safe): which values the test reads, so
         that the entry points' default checks (`check_inputs="read"`) validate exactly
         those: `"draft tokens"` for a test that reads only $p_i(x_i)$ and $q_i(x_i)$
