@@ -18,8 +18,8 @@ rows of `V` float32 logits (default (704, 128256): the target's and the draft's 
 """
 
 import argparse
-import statistics
-import time
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,18 +28,11 @@ import numpy as np
 from eqx_specdec._verify import cutoffs
 
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from benchmarks.bench_xla_cpu import _time  # noqa: E402
+
+
 K, TOP_P, TEMPERATURE = 50, 0.9, 0.7
-
-
-def _time(fn, x, repeats):
-    fn = jax.jit(fn)
-    jax.block_until_ready(fn(x))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _by(method, fn):

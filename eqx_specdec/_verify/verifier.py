@@ -287,7 +287,12 @@ class Verifier(AbstractVerifier):
         batching = self.batching
         if batching == "auto":
             batching = "map" if jax.default_backend() == "cpu" else "vmap"
-        early = until_failure and batching == "map" and self._stops_at_failure()
+        early = (
+            until_failure
+            and batching == "map"
+            and self._stops_at_failure()
+            and _long_rows(inputs[2])
+        )
 
         def verified(values, test, arrays):
             # Warped logits become the row's log-probabilities here, inside its
@@ -322,7 +327,7 @@ class Verifier(AbstractVerifier):
             rows, inputs = batch_arrays
             values = _sequence(rows, b)
             test = with_row_values(self.ratio_test, values)
-            if early and _long_rows(inputs[2]):
+            if early:
                 arrays = _until_first_failure(test, b, *inputs)
             else:
                 arrays = _sequence(inputs, b)
@@ -340,7 +345,6 @@ class Verifier(AbstractVerifier):
             test.causal
             and test.reads == "draft tokens"
             and self.prefix_counter.counts == "first failure"
-            and test.counter.counts == "first failure"
         )
 
 
