@@ -80,6 +80,10 @@ from ._stages.typical import (
 from ._stages.verdict import Verdict as Verdict
 from ._stages.vocab_shard import VocabShard as VocabShard
 from ._tree.abstract_tree_verifier import AbstractTreeVerifier as AbstractTreeVerifier
+from ._tree.entry import (
+    tree_accept as tree_accept,
+    tree_accept_logits as tree_accept_logits,
+)
 from ._tree.node_rules import (
     AbstractNodeRule as AbstractNodeRule,
     DeterministicCandidates as DeterministicCandidates,
@@ -89,7 +93,7 @@ from ._tree.node_rules import (
     WithoutReplacementCandidates as WithoutReplacementCandidates,
 )
 from ._tree.optimal import optimal_acceptance as optimal_acceptance
-from ._tree.top_down import tree_accept as tree_accept, TreeVerifier as TreeVerifier
+from ._tree.top_down import TreeVerifier as TreeVerifier
 from ._tree.traversal import TraversalVerifier as TraversalVerifier
 from ._verify.abstract_verifier import AbstractVerifier as AbstractVerifier
 from ._verify.draft_vocabulary import DraftVocabulary as DraftVocabulary

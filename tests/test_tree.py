@@ -1,8 +1,10 @@
 """Tree (multi-candidate) verification: chains equal the standard verifier, one-node
 acceptance rates match the rules exactly, and small trees are lossless (chi-square)."""
 
+import functools
 from typing import ClassVar
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ from helpers import random_case
 import eqx_specdec
 from eqx_specdec._evaluation.lossless import EmissionEstimate
 from eqx_specdec._misc import numpy_softmax
+from eqx_specdec._tree.step import path_counts
 
 
 RULES = {
@@ -252,3 +255,123 @@ def test_a_node_rule_is_told_which_sibling_it_tests():
     # The root's second child (node 3) has no children: the walk stops there.
     np.testing.assert_array_equal(out["path"][0], [3, -1, -1, -1, -1, -1])
     np.testing.assert_array_equal(out["tokens"][0, :1], [4])
+
+
+# Trees from logits: each context's row warped in the tree's program.
+
+
+def _numpy_path_counts(history, node_tokens, parents, vocab):
+    """Each context's history counts, walking each node's ancestors one by one."""
+    batch, nodes = node_tokens.shape
+    counts = np.zeros((batch, nodes + 1, vocab), np.int64)
+    for b in range(batch):
+        seen = history[b][(history[b] >= 0) & (history[b] < vocab)]
+        base = np.bincount(seen, minlength=vocab)
+        counts[b, 0] = base
+        for j in range(nodes):
+            counts[b, j + 1] = base
+            node = j
+            while node >= 0:  # up to the root (a padding node stops at itself)
+                counts[b, j + 1, node_tokens[b, node]] += 1
+                node = parents[b, node]
+    return counts
+
+
+def _logit_tree_case():
+    """Per-row warps (greedy rows among them), penalties with histories, a mask, and a
+    different tree in each row (one with padding)."""
+    batch, nodes, vocab = 8, 6, 64
+    rng = np.random.default_rng(5)
+    layouts = [[-1, -1, 0, 0, 2, 1], [-1, 0, 1, 2, 3, 4], [-1, -1, -1, 0, 1, -2]]
+    parents = np.array([layouts[b % 3] for b in range(batch)], np.int32)
+    target = (rng.normal(size=(batch, nodes + 1, vocab)) * 3).astype(np.float32)
+    target[:, :, :8] = np.round(target[:, :, :8])  # ties
+    draft = (target + rng.normal(size=target.shape)).astype(np.float32)
+    allowed = rng.uniform(size=target.shape) < 0.8
+    allowed[:, :, 0] = True
+    # Half the nodes hold their context's most likely allowed token (mostly accepted),
+    # the others a token among the first 16 (repeated, for the penalties).
+    context = np.maximum(parents, -1) + 1
+    best = np.argmax(np.where(allowed, target, -np.inf), -1)
+    likely = np.take_along_axis(best, context, axis=1)
+    x = np.where(rng.uniform(size=(batch, nodes)) < 0.5, likely, 0)
+    x = (x + rng.integers(0, 16, (batch, nodes)) * (x == 0)).astype(np.int32)
+    u = rng.uniform(size=(batch, nodes)).astype(np.float32)
+    s = rng.uniform(size=batch).astype(np.float32)
+    history = rng.integers(-1, 16, (batch, 4)).astype(np.int32)
+    target_warp = eqx_specdec.Warp(
+        jnp.array([0.0, 0.7, 1.0, 1.3] * 2),
+        top_k=jnp.array([0, 5, 20, 64] * 2, jnp.int32),
+        top_p=jnp.array([1.0, 0.9, 0.5, 0.99] * 2),
+        min_p=jnp.array([0.0, 0.05, 0.0, 0.2] * 2),
+        repetition_penalty=1.3,
+        frequency_penalty=0.2,
+    )
+    draft_warp = eqx_specdec.Warp(0.8, top_k=30, presence_penalty=0.4)
+    return x, parents, draft, target, u, s, target_warp, draft_warp, history, allowed
+
+
+def test_tree_logits_are_the_tree_on_the_warped_rows():
+    """`tree_accept_logits` emits what `tree_accept` does on the warped probabilities,
+    each context penalised by its own path's tokens (against a NumPy walk up the
+    tree), masked; its log-probabilities are the warped target's, its raw ones the
+    logits' own."""
+    x, parents, draft, target, u, s, tw, dw, history, allowed = _logit_tree_case()
+    vocab = target.shape[-1]
+    out = eqx_specdec.tree_accept_logits(
+        x, parents, draft, target, u, s, target_warp=tw, draft_warp=dw,
+        history=history, allowed=allowed, logprobs=eqx_specdec.LogProbs(raw=True),
+    )  # fmt: skip
+    counts = _numpy_path_counts(history, x, parents, vocab)
+    arrays = (jnp.asarray(a) for a in (history, x, parents))
+    np.testing.assert_array_equal(path_counts(*arrays, vocab), counts)
+    counts = jnp.asarray(counts, jnp.int32)
+    masked = [jnp.where(allowed, a, -jnp.inf) for a in (target, draft)]
+    log_p, log_q = tw(masked[0], counts), dw(masked[1], counts)
+    reference = eqx_specdec.tree_accept(
+        x, parents, jnp.exp(log_q), jnp.exp(log_p), u, s, check_inputs="off"
+    )
+    for name in ("num_accepted", "tokens", "path"):
+        np.testing.assert_array_equal(out[name], reference[name])
+    n = np.asarray(out["num_accepted"])
+    assert 0 < n.mean() < x.shape[1], n  # acceptances and rejections both
+    rows = np.concatenate([np.zeros((8, 1), int), np.asarray(out["path"]) + 1], 1)
+    tokens = np.asarray(out["tokens"])
+    emitted = tokens >= 0
+    at = (np.arange(8)[:, None], np.maximum(rows, 0), np.maximum(tokens, 0))
+    raw = jax.nn.log_softmax(jnp.asarray(target, jnp.float32), axis=-1)
+    for name, rows_log_probs in (("logprobs", log_p), ("raw_logprobs", raw)):
+        expected = np.where(emitted, np.asarray(rows_log_probs)[at], -np.inf)
+        np.testing.assert_allclose(out[name], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_tree_logits_errors_name_the_argument():
+    """A NaN logit names `target_logits`, a negative per-row temperature
+    `target_warp.temperature`, a penalty without a history `history`; a history with
+    probabilities is refused. The same program as the test above."""
+    x, parents, draft, target, u, s, tw, dw, history, allowed = _logit_tree_case()
+    call = functools.partial(
+        eqx_specdec.tree_accept_logits,
+        draft_warp=dw, allowed=allowed, logprobs=eqx_specdec.LogProbs(raw=True),
+    )  # fmt: skip
+    nan = target.copy()
+    nan[3, 2, 7] = np.nan
+    with pytest.raises(eqx_specdec.InvalidInputError) as info:
+        call(x, parents, draft, nan, u, s, target_warp=tw, history=history)
+    assert "`target_logits` holds a NaN" in str(info.value).splitlines()[0]
+    cold = eqx.tree_at(lambda w: w.temperature, tw, tw.temperature.at[5].set(-1.0))
+    with pytest.raises(eqx_specdec.InvalidInputError) as info:
+        call(x, parents, draft, target, u, s, target_warp=cold, history=history)
+    assert "`target_warp.temperature` is negative" in str(info.value).splitlines()[0]
+    with pytest.raises(ValueError, match="tree_accept_logits needs `history`"):
+        call(x, parents, draft, target, u, s, target_warp=tw)
+    with pytest.raises(ValueError, match="`history` counts tokens"):
+        eqx_specdec.verify(
+            eqx_specdec.Probabilities(jax.nn.softmax(target)),
+            eqx_specdec.Draft(
+                x, eqx_specdec.Probabilities(jax.nn.softmax(draft)), parents
+            ),
+            eqx_specdec.Uniforms(u, s),
+            verifier=eqx_specdec.TreeVerifier(),
+            history=history,
+        )

@@ -137,13 +137,6 @@ def test_wrong_kinds_are_named():
         )
     with pytest.raises(TypeError, match="pass the tree verifier to run"):
         es.verify(es.Probabilities(P), tree_draft, es.Uniforms(U, S))
-    with pytest.raises(TypeError, match="tree verifiers take the target as"):
-        es.verify(
-            es.Logits(P[:, :4]),
-            es.Draft(X, None, PARENTS),
-            es.Uniforms(U, S),
-            verifier=es.TreeVerifier(es.DeterministicCandidates()),
-        )
 
 
 ONE_DEVICE = r"""

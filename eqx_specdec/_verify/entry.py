@@ -480,8 +480,8 @@ def speculative_accept_logits(
     entry = "speculative_accept_logits"
     options = _options(entry, check_inputs, logprobs, allowed, draft_allowed, history)
     _require_chain_verifier(entry, verifier)
-    _check_warp("target_warp", target_warp)
-    _check_warp("draft_warp", draft_warp)
+    check_warp("target_warp", target_warp)
+    check_warp("draft_warp", draft_warp)
     target = Logits(target_logits, target_warp)
     draft = Draft(
         draft_tokens, None if draft_logits is None else Logits(draft_logits, draft_warp)
@@ -492,7 +492,8 @@ def speculative_accept_logits(
     )
 
 
-def _check_warp(name, warp):
+def check_warp(name, warp):
+    """An error naming the argument `name` when `warp` is not a `Warp`."""
     if not isinstance(warp, Warp):
         raise TypeError(
             f"`{name}` must be an eqx_specdec.Warp (for example `Warp(temperature=0.7, "

@@ -23,7 +23,10 @@ from .verifier import Verifier
 from .warp import Warp
 
 
-def _warp_problems(name, warp: Warp, logits):
+def warp_problems(name, warp: Warp, logits):
+    """The run-time problems of a warp's parameters for `logits` `(B, ..., V)`, per row
+    `(B,)`, naming the warp's argument `name`."""
+
     def problem(bad, what, fix):
         return (bad, f"`{name}.{what} in row {{row}} (the first such row). {fix}")
 
@@ -88,6 +91,17 @@ def _warp_problems(name, warp: Warp, logits):
     return problems
 
 
+def history_counts(history: Int[Array, "B length"], vocab: int) -> Int[Array, "B V"]:
+    """Each token's count in each row's `history` (-1 pads)."""
+    rows = jnp.arange(history.shape[0])[:, None]
+    ids = jnp.where(history >= 0, history, vocab)  # padding: dropped
+    return (
+        jnp.zeros((history.shape[0], vocab), jnp.int32)
+        .at[rows, ids]
+        .add(1, mode="drop")
+    )
+
+
 def token_counts(
     history: Int[Array, "B length"],
     draft_tokens: Int[Array, "B G"],
@@ -96,9 +110,7 @@ def token_counts(
     """Each token's count in the history of each position of a step: the row's
     `history` (-1 pads) and, at draft position $i$, the draft tokens before $i$."""
     batch = history.shape[0]
-    rows = jnp.arange(batch)[:, None]
-    ids = jnp.where(history >= 0, history, vocab)  # padding: dropped
-    base = jnp.zeros((batch, vocab), jnp.int32).at[rows, ids].add(1, mode="drop")
+    base = history_counts(history, vocab)
     # Position i adds the draft tokens before it: G elementwise comparisons with the
     # token ids, which XLA fuses into the penalties that read them (no one-hot array
     # and no cumulative sum of one, each as large as the logits).
@@ -153,7 +165,7 @@ def logits_step(
     counts = None
     if target_warp.needs_history() or draft_warp.needs_history():
         counts = token_counts(
-            _checked_history(history, draft_tokens.shape[0]),
+            checked_history(history, draft_tokens.shape[0], entry),
             draft_tokens,
             target_logits.shape[-1],
         )
@@ -187,9 +199,9 @@ def logits_step(
         return with_requested(verifier(*arrays, log_space=True))
     outputs, report = verifier.checked_call(*arrays, values=False, log_space=True)
     outputs = with_requested(outputs)
-    more = _warp_problems("target_warp", target_warp, target_logits)
+    more = warp_problems("target_warp", target_warp, target_logits)
     if draft_logits is not None:
-        more += _warp_problems("draft_warp", draft_warp, draft_logits)
+        more += warp_problems("draft_warp", draft_warp, draft_logits)
     if counts is not None:
         vocab = target_logits.shape[-1]
         more += token_problems(
@@ -201,11 +213,12 @@ def logits_step(
     return checked(outputs, problems)
 
 
-def _checked_history(history, batch: int):
+def checked_history(history, batch: int, entry: str):
+    """`history` as int32 `(B, H)`, for `entry`'s penalties: an error naming it when it
+    is missing or malformed."""
     if history is None:
         raise ValueError(
-            "A warp has a history-dependent penalty, so speculative_accept_logits "
-            "needs `history`: integer (B, H), each row's tokens the penalties count, "
+            f"A warp has a history-dependent penalty, so {entry} needs `history`: integer (B, H), each row's tokens the penalties count, "
             "-1 for padding."
         )
     history = jnp.asarray(history)
