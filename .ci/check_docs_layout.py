@@ -17,19 +17,20 @@ person to look at. Needs Chromium (`apt-get install chromium`); `.ci/run` runs i
 Chromium is installed or installable, and says why not otherwise.
 """
 
+import base64
 import json
+import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import time
 
 
 WIDTHS = {"laptop": 1280, "phone": 412}
 # Measured in the page once it has loaded (KaTeX renders on DOMContentLoaded); the report
-# is written into the DOM, which Chromium prints with --dump-dom.
+# is written into the DOM, where the check reads it.
 PROBE = """<script>
 window.addEventListener("load", () => {
   const over = (el) => el.scrollWidth - el.clientWidth;
@@ -62,31 +63,99 @@ window.addEventListener("load", () => {
   document.body.setAttribute("data-layout", JSON.stringify(report));
 });
 </script>"""
-REPORT = re.compile(r'data-layout="([^"]*)"')
 
 
 def _browser() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _measure(browser: str, page: pathlib.Path, width: int, shot: pathlib.Path | None):
-    flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-        f"--window-size={width},900", "--virtual-time-budget=4000",
-    ]  # fmt: skip
-    done = subprocess.run(
-        [browser, *flags, "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    if shot is not None:
-        subprocess.run(
-            [browser, *flags, f"--screenshot={shot}", page.as_uri()],
-            capture_output=True, timeout=120, check=False,
+class _Browser:
+    """One headless Chromium, driven over its DevTools pipe (JSON messages ending in a
+    NUL byte: commands on its fd 3, replies and events on its fd 4). Every page at every
+    width is measured in this one process: launching Chromium once per page and width
+    cost about a CPU-second each, most of the check's time."""
+
+    def __init__(self, browser: str):
+        commands_read, self._commands = os.pipe()
+        self._replies, replies_write = os.pipe()
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+        # The child's fd 3 and 4 are its ends of the pipes, moved there by the shell.
+        self._process = subprocess.Popen(
+            [
+                "/bin/sh", "-c",
+                f'exec 3<&{commands_read} 4>&{replies_write}; exec "$0" "$@"',
+                browser, *flags, "--remote-debugging-pipe", "about:blank",
+            ],
+            pass_fds=(commands_read, replies_write),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-    found = REPORT.search(done.stdout)
-    if found is None:
-        return None
-    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+        os.close(commands_read)
+        os.close(replies_write)
+        self._buffer = b""
+        self._next_id = 0
+        target = self._send("Target.createTarget", url="about:blank")["targetId"]
+        self._session = self._send(
+            "Target.attachToTarget", targetId=target, flatten=True
+        )["sessionId"]
+        self._send("Page.enable", session=True)
+        self._send("Emulation.setScrollbarsHidden", session=True, hidden=True)
+
+    def _read(self) -> dict:
+        while b"\0" not in self._buffer:
+            chunk = os.read(self._replies, 1 << 16)
+            if not chunk:
+                raise RuntimeError("Chromium closed its DevTools pipe")
+            self._buffer += chunk
+        message, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def _send(self, method: str, session: bool = False, **params) -> dict:
+        self._next_id += 1
+        message = {"id": self._next_id, "method": method, "params": params}
+        if session:
+            message["sessionId"] = self._session
+        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        while True:
+            reply = self._read()
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def _wait_for(self, event: str):
+        while self._read().get("method") != event:
+            pass
+
+    def measure(self, page: pathlib.Path, width: int, shot: pathlib.Path | None):
+        """The probe's report of `page` at `width` px (None if it reported nothing),
+        after the page and its scripts loaded; a screenshot to `shot` if given."""
+        self._send(
+            "Emulation.setDeviceMetricsOverride", session=True,
+            width=width, height=900, deviceScaleFactor=1, mobile=False,
+        )  # fmt: skip
+        self._send("Page.navigate", session=True, url=page.as_uri())
+        self._wait_for("Page.loadEventFired")
+        report = None
+        for _ in range(100):  # the probe writes its report from a load listener
+            report = self._send(
+                "Runtime.evaluate", session=True, returnByValue=True,
+                expression="document.body && document.body.getAttribute('data-layout')",
+            )["result"].get("value")  # fmt: skip
+            if report is not None:
+                break
+            time.sleep(0.02)
+        if shot is not None:
+            data = self._send("Page.captureScreenshot", session=True)["data"]
+            shot.write_bytes(base64.b64decode(data))
+        return None if report is None else json.loads(report)
+
+    def close(self):
+        os.close(self._commands)
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+        os.close(self._replies)
 
 
 def check(site: pathlib.Path, browser: str, shots: pathlib.Path | None = None):
@@ -100,17 +169,19 @@ def check(site: pathlib.Path, browser: str, shots: pathlib.Path | None = None):
         for page in pages:
             page.write_text(page.read_text().replace("</body>", PROBE + "</body>", 1))
         jobs = [
-            (page, label, width) for page in pages for label, width in WIDTHS.items()
+            (page, label, width) for label, width in WIDTHS.items() for page in pages
         ]
-
-        def run(job):
-            page, label, width = job
-            name = str(page.relative_to(copy)).replace("/", "-").removesuffix(".html")
-            shot = shots / f"{name}-{label}.png" if shots is not None else None
-            return job, _measure(browser, page, width, shot)
-
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            results = list(pool.map(run, jobs))
+        chromium = _Browser(browser)
+        try:
+            results = []
+            for page, label, width in jobs:
+                name = str(page.relative_to(copy)).replace("/", "-")
+                name = name.removesuffix(".html")
+                shot = shots / f"{name}-{label}.png" if shots is not None else None
+                report = chromium.measure(page, width, shot)
+                results.append(((page, label, width), report))
+        finally:
+            chromium.close()
     problems, counts = [], {"tables": 0, "code": 0, "math": 0, "figures": 0}
     for (page, label, width), report in results:
         name = page.relative_to(copy)
