@@ -30,6 +30,7 @@ from ._evaluation.objectives import (
 from ._models.cached import AbstractCachedModel as AbstractCachedModel
 from ._models.prompt_lookup import PromptLookupDraft as PromptLookupDraft
 from ._models.tempered import Tempered as Tempered
+from ._models.warped import Warped as Warped
 from ._proposal.abstract_proposal import AbstractProposal as AbstractProposal
 from ._proposal.chain import Chain as Chain
 from ._proposal.draft_length import (

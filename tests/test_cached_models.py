@@ -136,38 +136,45 @@ def test_the_transformer_cache_agrees_with_its_uncached_forward_pass():
     np.testing.assert_allclose(jnp.concatenate(pieces), full, rtol=1e-5, atol=1e-5)
 
 
-def _transformer_sequence_probabilities(model, prompt, length, vocab):
+def _transformer_sequence_probabilities(model, prompt, length, vocab, warp=None):
     """The cached transformer's own distribution of `length` tokens after the prompt
-    (one token, or a list of them), by enumeration with its uncached forward pass."""
+    (one token, or a list of them), by enumeration with its uncached forward pass; with
+    a `warp`, its rows warped."""
     prompt = [int(t) for t in np.atleast_1d(prompt)]
     seqs = np.asarray(list(itertools.product(range(vocab), repeat=length)), np.int32)
     start = np.tile(np.asarray([prompt], np.int32), (len(seqs), 1))
     full = np.concatenate([start, seqs], 1)
     logits = jax.vmap(model.logits)(jnp.asarray(full[:, :-1]))
-    log_probs = np.asarray(jax.nn.log_softmax(logits, -1), np.float64)
+    log_probs = jax.nn.log_softmax(logits, -1) if warp is None else warp(logits)
+    log_probs = np.asarray(log_probs, np.float64)
     picked = np.take_along_axis(log_probs[:, len(prompt) - 1 :], seqs[..., None], -1)
     return np.exp(picked[..., 0].sum(-1))
 
 
 @pytest.mark.parametrize(
-    "verifier, lossless",
+    "verifier, lossless, warp",
     [
-        (es.Verifier(), True),
-        (es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()), True),
-        (es.Verifier(es.LenientRatioTest(0.3)), False),
+        (es.Verifier(), True, None),
+        (es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter()), True, None),
+        (es.Verifier(), True, es.Warp(0.8, top_k=2)),
+        (es.Verifier(es.LenientRatioTest(0.3)), False, None),
     ],
-    ids=["standard", "block", "lossy control: lenience 0.3"],
+    ids=["standard", "block", "warped target", "lossy control: lenience 0.3"],
 )
 def test_the_whole_loop_is_lossless_with_a_cached_transformer_target(
-    verifier, lossless
+    verifier, lossless, warp
 ):
+    """Against the target's law of three tokens, by enumeration; with a `Warped` target
+    (top-k 2 of 3 tokens at temperature 0.8), against the warped law, where a token
+    outside the top 2 makes the statistic infinite."""
     vocab, length, rows = 3, 3, 24_000
     draft, _ = _tiny_models(vocab)
     target = _small_transformer(vocab)
+    model = target if warp is None else es.Warped(target, warp)
     prompt = jnp.full((rows, 1), 1, jnp.int32)
     result = es.speculative_decode(
         draft,
-        target,
+        model,
         prompt,
         None,
         length,
@@ -179,7 +186,9 @@ def test_the_whole_loop_is_lossless_with_a_cached_transformer_target(
     tokens = np.asarray(result.tokens)
     codes = (tokens * vocab ** np.arange(length)[::-1]).sum(-1)
     counts = np.bincount(codes, minlength=vocab**length).astype(np.float64)
-    expected = _transformer_sequence_probabilities(target, 1, length, vocab)
+    expected = _transformer_sequence_probabilities(target, 1, length, vocab, warp)
+    if warp is not None:  # the warp removes a token of every row
+        assert np.sum(expected == 0) >= vocab**length - 2**length
     estimate = es.EmissionEstimate(counts[None], np.array([float(rows)]), rows)
     chi = estimate.chi_square(expected[None])
     statistic, threshold = float(chi["statistic"][0]), float(chi["threshold"][0])
@@ -297,3 +306,18 @@ def test_the_checked_mode_names_a_model_that_returns_non_distributions():
         good.tokens,
         es.speculative_decode(draft, target, tokens, lengths, 8, key).tokens,
     )
+
+
+def test_warped_refuses_what_one_sequence_cannot_take():
+    """Per-row parameters, penalties (they count a history the model does not see) and
+    a per-row logit bias are refused, naming the field."""
+    model = _small_transformer(4)
+    cases = [
+        (es.Warp(jnp.array([0.7, 1.0])), "`temperature` must be a scalar"),
+        (es.Warp(top_p=jnp.array([0.9, 0.5])), "`top_p` must be a scalar"),
+        (es.Warp(repetition_penalty=1.2), "history-dependent penalty"),
+        (es.Warp(logit_bias=jnp.zeros((2, 4))), "`logit_bias` must have shape"),
+    ]
+    for warp, message in cases:
+        with pytest.raises(ValueError, match=message):
+            es.Warped(model, warp)

@@ -47,7 +47,7 @@ def test_the_public_api_is_what_the_docs_list():
         "Verdict", "Verifier", "EmissionEstimate", "Warp", "WarpedRows", "NormalisedRows",
         "Evaluation",
         "ChiSquare",
-        "PromptLookupDraft", "Tempered",
+        "PromptLookupDraft", "Tempered", "Warped",
         "GreedyRatioTest", "LenientRatioTest", "TypicalRatioTest", "BlockRatioTest",
         "LastSuccessCounter", "AbstractNodeRule", "IIDCandidates",
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",
