@@ -330,9 +330,8 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
     sequence's warped rows position by position and stops at the first rejection, so
     the test runs once per step, n + 1 (the last, when every position passed, for the
     bonus row), and once more on the whole sequence; the same test not declared causal
-    runs once per sequence. The
-    outputs are those of the standard test on the evaluated log-probabilities. (Rows
-    of 65,536 entries: shorter ones are normalised whole.)"""
+    runs once per sequence. The outputs are those of the standard test on the evaluated
+    log-probabilities. (Rows of 65,536 entries: shorter ones are normalised whole.)"""
     calls = {True: [], False: []}
 
     class CausalRatioTest(eqx_specdec.AbstractRatioTest):

@@ -2,13 +2,14 @@
 logit bias)."""
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, Float
 
 from .._verify.warp import Warp
 from .cached import AbstractCachedModel
+from .wrapped import AbstractLogitsTransform
 
 
-class Warped(AbstractCachedModel):
+class Warped(AbstractLogitsTransform):
     """A cached model returning logits, whose rows go through a
     [`eqx_specdec.Warp`][]: it returns the warped log-probabilities (`-inf` for the
     tokens the warp removes) as its logits, so decoding it samples from the warped
@@ -33,11 +34,6 @@ class Warped(AbstractCachedModel):
     warp: Warp
 
     def __check_init__(self):
-        if not isinstance(self.model, AbstractCachedModel):
-            raise TypeError(
-                "Warped(`model`=...) must be an eqx_specdec.AbstractCachedModel, got "
-                f"{type(self.model).__name__}."
-            )
         if not isinstance(self.warp, Warp):
             raise TypeError(
                 "Warped(`warp`=...) must be an eqx_specdec.Warp (for example "
@@ -65,16 +61,6 @@ class Warped(AbstractCachedModel):
                 f"decodes one sequence), got {jnp.shape(self.warp.logit_bias)}."
             )
 
-    def init_state(self, max_length: int) -> PyTree[Array]:
-        """The wrapped model's state."""
-        return self.model.init_state(max_length)
-
-    def __call__(
-        self,
-        tokens: Int[Array, " k"],
-        positions: Int[Array, " k"],
-        state: PyTree[Array],
-    ) -> tuple[Float[Array, "k V"], PyTree[Array]]:
-        """The wrapped model's logits warped (log-probabilities), and its new state."""
-        logits, state = self.model(tokens, positions, state)
-        return self.warp(logits[None])[0], state
+    def transform(self, logits: Float[Array, "k V"]) -> Float[Array, "k V"]:
+        """The warped log-probabilities of the logits."""
+        return self.warp(logits[None])[0]

@@ -5,10 +5,10 @@ import typing
 
 from jaxtyping import Array, Float, Int, Integer
 
-from .._verify.checks import check_level, CheckLevel
-from .._verify.entry import check_warp, contract_call, StepOptions
+from .._verify.checks import CheckLevel
+from .._verify.entry import check_warp, contract_call, step_options
 from .._verify.logprobs import LogProbs
-from .._verify.typed_inputs import as_array, Draft, Logits, Probabilities, Uniforms
+from .._verify.typed_inputs import Draft, Logits, Probabilities, Uniforms
 from .._verify.warp import Warp
 from . import step as step  # registers the tree verifiers' step with `verify`
 from .abstract_tree_verifier import AbstractTreeVerifier
@@ -79,11 +79,8 @@ def tree_accept(
     sample_uniforms), verifier=verifier, ...).as_dict()`.
     """
     entry = "tree_accept"
-    check_level(check_inputs)
     _check_verifier(verifier)
-    options = StepOptions(
-        logprobs, as_array(allowed), draft_allowed, None, check_inputs, entry
-    )
+    options = step_options(entry, check_inputs, logprobs, allowed, draft_allowed)
     draft = Draft(
         node_tokens,
         None if draft_probs is None else Probabilities(draft_probs),
@@ -159,17 +156,11 @@ def tree_accept_logits(
     Uniforms(accept_uniforms, sample_uniforms), verifier=verifier, ...).as_dict()`.
     """
     entry = "tree_accept_logits"
-    check_level(check_inputs)
     _check_verifier(verifier)
     check_warp("target_warp", target_warp)
     check_warp("draft_warp", draft_warp)
-    options = StepOptions(
-        logprobs,
-        as_array(allowed),
-        draft_allowed,
-        None if history is None else as_array(history),
-        check_inputs,
-        entry,
+    options = step_options(
+        entry, check_inputs, logprobs, allowed, draft_allowed, history
     )
     draft = Draft(
         node_tokens,

@@ -20,7 +20,12 @@ from .._verify.checks import (
     uniform_problems,
 )
 from .._verify.entry import StepOptions, verification_step
-from .._verify.inputs import StepArguments, validate_step
+from .._verify.inputs import (
+    StepArguments,
+    TREE_LOGIT_NAMES,
+    TREE_NAMES,
+    validate_step,
+)
 from .._verify.keys import row_uniforms
 from .._verify.logits import checked_history, history_counts, warp_problems
 from .._verify.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
@@ -28,12 +33,6 @@ from .._verify.masks import allowed_tokens, mask_problems, masked_logits, masked
 from .._verify.typed_inputs import Logits, Uniforms
 from .._verify.warp import Warp
 from .abstract_tree_verifier import AbstractTreeVerifier, tree_navigation, tree_of
-
-
-TREE_NAMES = StepArguments(draft_tokens="node_tokens")
-TREE_LOGIT_NAMES = StepArguments(
-    draft_tokens="node_tokens", draft="draft_logits", target="target_logits"
-)
 
 
 def path_counts(
@@ -265,12 +264,6 @@ def _tree_verification_step(
     verifier: AbstractTreeVerifier, target, draft, randomness, options: StepOptions
 ):
     on_logits = isinstance(target, Logits)
-    if options.history is not None and not on_logits:
-        raise ValueError(
-            f"{options.entry}: `history` counts tokens for a warp's penalties, and the "
-            "target is given as Probabilities (no warp): give it as Logits with a "
-            "penalising Warp, or leave `history` out."
-        )
     accept, sample = _tree_uniforms(randomness, jnp.shape(draft.tokens))
     q = draft.distribution
     if on_logits:

@@ -92,12 +92,6 @@ def _chain_step(
     )
     q = draft.distribution
     if isinstance(target, Probabilities):
-        if options.history is not None:
-            raise ValueError(
-                f"{options.entry}: `history` counts tokens for a warp's penalties, and "
-                "the target is given as Probabilities (no warp): give it as Logits "
-                "with a penalising Warp, or leave `history` out."
-            )
         return probability_step(
             draft.tokens,
             None if q is None else q.probs,
@@ -223,7 +217,9 @@ def verify(
     - [`eqx_specdec.InvalidInputError`][]: with `throw=True`, for an invalid value.
     """
     entry = "verify"
-    options = _options(entry, check_inputs, logprobs, allowed, draft_allowed, history)
+    options = step_options(
+        entry, check_inputs, logprobs, allowed, draft_allowed, history
+    )
     _check_kinds(entry, target, draft, randomness)
     if not isinstance(throw, bool):
         raise TypeError(f"verify(`throw`=...) must be a Python bool, got {throw!r}.")
@@ -242,7 +238,14 @@ def verify(
 
 def run_step(entry, target, draft, randomness, verifier, options, throw):
     """Runs `verify`'s program, its checks resolved as `throw` says (the conveniences
-    call this with their own name in `options.entry`)."""
+    call this with their own name in `options.entry`). A `history` with probabilities
+    is refused here, for every verifier family: only a warp's penalties read it."""
+    if isinstance(target, Probabilities) and options.history is not None:
+        raise ValueError(
+            f"{options.entry}: `history` counts tokens for a warp's penalties, and the "
+            "target is given as Probabilities (no warp): give it as Logits with a "
+            "penalising Warp, or leave `history` out."
+        )
     try:
         verification = _program(target, draft, randomness, verifier, options)
     except (TypeError, ValueError) as error:
@@ -266,7 +269,10 @@ def _require_chain_verifier(entry, verifier):
         )
 
 
-def _options(entry, check_inputs, logprobs, allowed, draft_allowed, history=None):
+def step_options(
+    entry, check_inputs, logprobs, allowed, draft_allowed, history=None
+) -> StepOptions:
+    """The options of one step of the entry point `entry`, its check level validated."""
     check_level(check_inputs)
     return StepOptions(
         logprobs,
@@ -394,7 +400,7 @@ def speculative_accept(
     sample_uniforms), ...).as_dict()`.
     """
     entry = "speculative_accept"
-    options = _options(entry, check_inputs, logprobs, allowed, draft_allowed)
+    options = step_options(entry, check_inputs, logprobs, allowed, draft_allowed)
     _require_chain_verifier(entry, verifier)
     target = Probabilities(target_probs)
     draft = _draft(draft_tokens, draft_probs, Probabilities)
@@ -478,7 +484,9 @@ def speculative_accept_logits(
     ...).as_dict()`.
     """
     entry = "speculative_accept_logits"
-    options = _options(entry, check_inputs, logprobs, allowed, draft_allowed, history)
+    options = step_options(
+        entry, check_inputs, logprobs, allowed, draft_allowed, history
+    )
     _require_chain_verifier(entry, verifier)
     check_warp("target_warp", target_warp)
     check_warp("draft_warp", draft_warp)
@@ -531,7 +539,7 @@ def speculative_accept_from_key(
     randomness=key).as_dict()`.
     """
     entry = "speculative_accept_from_key"
-    options = _options(entry, check_inputs, logprobs, None, True)
+    options = step_options(entry, check_inputs, logprobs, None, True)
     _require_chain_verifier(entry, verifier)
     typed = as_key(key)
     if typed is None:

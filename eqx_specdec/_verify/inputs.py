@@ -43,6 +43,7 @@ class StepArguments(NamedTuple):
 
 LOGIT_NAMES = StepArguments(draft="draft_logits", target="target_logits")
 TREE_NAMES = StepArguments(draft_tokens="node_tokens")
+TREE_LOGIT_NAMES = LOGIT_NAMES._replace(draft_tokens="node_tokens")
 
 
 class PreparedInputs(eqx.Module):

@@ -218,8 +218,8 @@ def checked_history(history, batch: int, entry: str):
     is missing or malformed."""
     if history is None:
         raise ValueError(
-            f"A warp has a history-dependent penalty, so {entry} needs `history`: integer (B, H), each row's tokens the penalties count, "
-            "-1 for padding."
+            f"A warp has a history-dependent penalty, so {entry} needs `history`: "
+            "integer (B, H), each row's tokens the penalties count, -1 for padding."
         )
     history = jnp.asarray(history)
     if history.ndim != 2 or history.shape[0] != batch:

@@ -233,10 +233,11 @@ class WarpedRows(eqx.Module):
     the row's own iteration: the row's maxima, cut-offs and normalisers are found
     there, position by position up to the first rejection where the ratio test allows
     it (see `causal` in [`eqx_specdec.AbstractRatioTest`][]), and XLA computes only the
-    log-probabilities the row's stages read (the draft tokens' entries and row $n$). Under `jax.vmap` the
-    cut-offs and normalisers are found for the whole batch first (where the searches'
-    branches stay branches) and each row's log-probabilities are evaluated in its
-    iteration. Either way the log-probabilities of the whole batch are never written.
+    log-probabilities the row's stages read (the draft tokens' entries and row $n$).
+    Under `jax.vmap` the cut-offs and normalisers are found for the whole batch first
+    (where the searches' branches stay branches) and each row's log-probabilities are
+    evaluated in its iteration. Either way the log-probabilities of the whole batch are
+    never written.
     [`eqx_specdec.speculative_accept_logits`][] and [`eqx_specdec.verify`][] on
     [`eqx_specdec.Logits`][] do this for the library's verifier; any other verifier
     gets the evaluated arrays.
