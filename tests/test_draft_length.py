@@ -2,6 +2,7 @@
 lengths verified as chains of their own length, the statistics and the errors. (The
 whole-loop losslessness of each policy is in test_decoding.py.)"""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,14 +66,15 @@ def test_rows_verified_at_their_own_lengths(batching):
     ):
         out = jax.jit(lambda *a, v=verifier: v.at_lengths(*a))(lengths, x, q, p, u, s)
         # The base class's default (once per length) agrees.
-        default = es.AbstractVerifier.at_lengths(verifier, lengths, x, q, p, u, s)
+        default = eqx.filter_jit(es.AbstractVerifier.at_lengths)(
+            verifier, lengths, x, q, p, u, s
+        )
         for name in ("num_accepted", "tokens"):
             np.testing.assert_array_equal(out[name], default[name])
+        row = eqx.filter_jit(verifier.row)  # one program per length, not op by op
         for b in range(batch):
             size = int(lengths[b])
-            alone = verifier.row(
-                x[b, :size], q[b, :size], p[b, : size + 1], u[b, :size], s[b]
-            )
+            alone = row(x[b, :size], q[b, :size], p[b, : size + 1], u[b, :size], s[b])
             assert int(out["num_accepted"][b]) == int(alone["num_accepted"])
             expected = np.r_[np.asarray(alone["tokens"]), [-1] * (gamma - size)]
             np.testing.assert_array_equal(out["tokens"][b], expected)

@@ -324,10 +324,15 @@ def test_tree_logits_are_the_tree_on_the_warped_rows():
     )  # fmt: skip
     counts = _numpy_path_counts(history, x, parents, vocab)
     arrays = (jnp.asarray(a) for a in (history, x, parents))
-    np.testing.assert_array_equal(path_counts(*arrays, vocab), counts)
+    # Compiled, as the entry point runs them (op by op, the references would compile
+    # a hundred small programs).
+    got = jax.jit(path_counts, static_argnums=3)(*arrays, vocab)
+    np.testing.assert_array_equal(got, counts)
     counts = jnp.asarray(counts, jnp.int32)
     masked = [jnp.where(allowed, a, -jnp.inf) for a in (target, draft)]
-    log_p, log_q = tw(masked[0], counts), dw(masked[1], counts)
+    log_p, log_q = eqx.filter_jit(
+        lambda: (tw(masked[0], counts), dw(masked[1], counts))
+    )()
     reference = eqx_specdec.tree_accept(
         x, parents, jnp.exp(log_q), jnp.exp(log_p), u, s, check_inputs="off"
     )
