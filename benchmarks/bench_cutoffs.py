@@ -5,7 +5,9 @@ Milliseconds per call (medians, after compilation), each piece compiled alone, o
 rows of `V` float32 logits (default (704, 128256): the target's and the draft's rows at
 (B, G, V) = (64, 5, 128256)), with k = 50 and p = 0.9:
 
-- the row maxima, and the sum of exponentials with them (the temperature's passes);
+- the row maxima, and the sum of exponentials with them (the temperature's passes), on
+  the float32 logits and on the same logits in bfloat16 (upcast inside the pass: the
+  floor of the bfloat16 path);
 - the maxima of blocks of 16, the 50 and the 1,024 largest of them by XLA's TopK, the
   search over them for the 50th, the 50 blocks at or above it by a prefix sum, and the
   gather of those blocks;
@@ -72,9 +74,17 @@ def pieces(rows, vocab, full_rows):
     def top_p(x):
         return cutoffs.top_p_cutoff(x, TEMPERATURE, *normaliser(x), TOP_P)
 
+    def upcast(fn):
+        return lambda h: fn(h.astype(jnp.float32))
+
+    half = x.astype(jnp.bfloat16)
     out = [
         ("row maxima", cutoffs.row_max, x),
         ("sum of exponentials, with the maxima", normaliser, x),
+        # The floor of the bfloat16 target: the same passes reading half the bytes,
+        # upcast inside the fused reduction.
+        ("row maxima, bfloat16 logits", upcast(cutoffs.row_max), half),
+        ("sum of exponentials, with the maxima, bfloat16", upcast(normaliser), half),
         ("block maxima", lambda x: jnp.max(x.reshape(rows, -1, 16), axis=-1), x),
         (f"TopK {K} of the block maxima", lambda b: jax.lax.top_k(b, K), block_max),
         ("TopK 1024 of the block maxima", lambda b: jax.lax.top_k(b, 1024), block_max),

@@ -11,8 +11,11 @@ unchecked, `check_inputs="off"`, but one) of:
 - `speculative_accept_logits` with the same warp on both sides: temperature 0.7 alone,
   then with top-k 50, top-p 0.9 and min-p 0.05; temperature 0.7 with the default checks
   on, and on the same logits in bfloat16;
-- the straightforward JAX version at temperature 0.7: `jax.nn.softmax` of both sides,
-  then `speculative_accept` on the probabilities, in one `jax.jit`;
+- the straightforward JAX version of each warp, as a JAX user writes it without the
+  library's logits path: both sides warped in `jax.numpy` (`jax.nn.softmax` of the
+  tempered rows; top-k by `jax.lax.top_k`; top-p by a sort and a cumulative sum; min-p
+  against the row maximum), then `speculative_accept` on the probabilities, in one
+  `jax.jit`;
 - with `--torch` (needs the `bench` extra), PyTorch warps of the same rows, written as
   vLLM's and Hugging Face's samplers write them on the CPU: temperature softmax, top-k by
   `torch.topk`, top-p by a sort and a cumulative sum. They warp only, without verifying,
@@ -41,7 +44,8 @@ WARPS = {
 }
 BF16 = "temperature 0.7, bfloat16 logits"
 CHECKED = "temperature 0.7, default checks"
-PLAIN = "jax.nn.softmax, then probabilities"
+# The straightforward JAX version of each warp (its name: "JAX " + the warp's).
+JAX = "JAX "
 
 
 def _inputs(seed, batch, gamma, vocab):
@@ -57,13 +61,43 @@ def _inputs(seed, batch, gamma, vocab):
     return tokens, draft, target, accept, sample
 
 
-@jax.jit
-def _plain_jax(x, draft_logits, target_logits, u, s):
-    """What a JAX user writes: both sides' softmax at temperature 0.7, then the
-    verification on probabilities, in one `jax.jit`."""
-    q = jax.nn.softmax(draft_logits / 0.7, axis=-1)
-    p = jax.nn.softmax(target_logits / 0.7, axis=-1)
-    return speculative_accept(x, q, p, u, s, check_inputs="off")
+def _jax_warps():
+    """Each warp as a JAX user writes it in `jax.numpy`, at temperature 0.7, from a
+    row's logits to its probabilities. (Ties at a cut-off are kept, and top-p keeps the
+    smallest prefix of the sorted row whose mass reaches 0.9.)"""
+
+    def temperature(x):
+        return jax.nn.softmax(x / 0.7, axis=-1)
+
+    def top_k(x):
+        x = x / 0.7
+        kth = jax.lax.top_k(x, 50)[0][..., -1:]
+        return jax.nn.softmax(jnp.where(x < kth, -jnp.inf, x), axis=-1)
+
+    def top_p(x):
+        x = x / 0.7
+        values = -jnp.sort(-x, axis=-1)  # descending
+        probs = jax.nn.softmax(values, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs
+        cut = jnp.min(jnp.where(before < 0.9, values, jnp.inf), -1, keepdims=True)
+        return jax.nn.softmax(jnp.where(x < cut, -jnp.inf, x), axis=-1)
+
+    def min_p(x):
+        x = x / 0.7
+        cut = jnp.max(x, axis=-1, keepdims=True) + jnp.log(0.05)
+        return jax.nn.softmax(jnp.where(x < cut, -jnp.inf, x), axis=-1)
+
+    warps = dict(zip(WARPS, (temperature, top_k, top_p, min_p)))
+
+    def verify(warp):
+        @jax.jit
+        def call(x, draft_logits, target_logits, u, s):
+            q, p = warp(draft_logits), warp(target_logits)
+            return speculative_accept(x, q, p, u, s, check_inputs="off")
+
+        return call
+
+    return {JAX + name: verify(warp) for name, warp in warps.items()}
 
 
 def _as_probs(logits):
@@ -115,7 +149,8 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
                 x, dl, tl, u, s, target_warp=w, draft_warp=w, check_inputs="off"
             )
         )
-    impls[PLAIN] = lambda x, q, p, u, s, dl, tl, *_: _plain_jax(x, dl, tl, u, s)
+    for name, fn in _jax_warps().items():
+        impls[name] = lambda x, q, p, u, s, dl, tl, *_, fn=fn: fn(x, dl, tl, u, s)
     impls[CHECKED] = lambda x, q, p, u, s, dl, tl, *_: speculative_accept_logits(
         x, dl, tl, u, s, target_warp=Warp(0.7), draft_warp=Warp(0.7)
     )
@@ -157,6 +192,18 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
         for name in impls:  # compile, and warm PyTorch up
             call(name, 0)
         accepted = impls["temperature 0.7"](*device[0])["num_accepted"]
+        # The straightforward versions compute the same verification: the share of the
+        # emitted slots where their tokens equal ours (floating-point rounding of the
+        # normalisers could flip a token exactly at a cut-off or a uniform's edge).
+        same = min(
+            float(
+                np.mean(
+                    np.asarray(impls[JAX + name](*device[0])["tokens"])
+                    == np.asarray(impls[name](*device[0])["tokens"])
+                )
+            )
+            for name in WARPS
+        )
         names = list(impls)
         for r in range(repeats):
             shift = r % len(names)
@@ -168,6 +215,7 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
             {
                 "shape": (batch, gamma, vocab),
                 "accepted": float(jnp.mean(accepted)),
+                "same tokens": same,
                 **{k: statistics.median(v) for k, v in times.items()},
             }
         )
@@ -191,16 +239,29 @@ def print_table(rows, with_torch: bool):
     print()
     head = ["B, G, V", "temperature / probabilities"]
     head += [f"{name} / temperature" for name in list(WARPS)[1:]]
-    head += ["softmax, then probabilities / ours", "default checks / unchecked"]
+    head += ["default checks / unchecked"]
     head += ["bfloat16 / float32 logits"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row in rows:
         t = row["temperature 0.7"]
         cells = [", ".join(map(str, row["shape"])), f"{t / row['probabilities']:.1f}x"]
-        cells += [f"{row[name] / t:.2f}x" for name in list(WARPS)[1:] + [PLAIN]]
+        cells += [f"{row[name] / t:.2f}x" for name in list(WARPS)[1:]]
         cells += [f"{row[name] / t:.2f}x" for name in [CHECKED, BF16]]
         print("| " + " | ".join(cells) + " |")
+    print()
+    print(
+        "The straightforward JAX version (the warp in jax.numpy, then "
+        "speculative_accept, one jax.jit) / ours:"
+    )
+    print()
+    _print_against(rows, [(JAX + name, name) for name in WARPS])
+    print()
+    same = ", ".join(f"{row['same tokens']:.4f}" for row in rows)
+    print(
+        "Their tokens equal ours in this share of the slots (the lowest over the warps, "
+        f"at each shape): {same}."
+    )
     if not with_torch:
         return
     print()
@@ -213,6 +274,12 @@ def print_table(rows, with_torch: bool):
         ("PyTorch top-k 50", "top-k 50"),
         ("PyTorch top-p 0.9", "top-p 0.9"),
     ]
+    _print_against(rows, pairs)
+
+
+def _print_against(rows, pairs):
+    """A table of the baselines' milliseconds and their ratios to ours, a column for
+    each (baseline, ours) pair."""
     head = ["B, G, V"] + [f"{theirs} (ms) / ours" for theirs, _ in pairs]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))

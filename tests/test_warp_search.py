@@ -331,7 +331,7 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
     the test runs once per step, n + 1 (the last, when every position passed, for the
     bonus row), and once more on the whole sequence; the same test not declared causal
     runs once per sequence. The outputs are those of the standard test on the evaluated
-    log-probabilities. (Rows of 65,536 entries: shorter ones are normalised whole.)"""
+    log-probabilities. (Rows of 4,096 entries: shorter ones are normalised whole.)"""
     calls = {True: [], False: []}
 
     class CausalRatioTest(eqx_specdec.AbstractRatioTest):
@@ -347,7 +347,7 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
     class UndeclaredRatioTest(CausalRatioTest):
         causal: ClassVar[bool] = False
 
-    batch, gamma, vocab = 8, 4, 65_536
+    batch, gamma, vocab = 8, 4, 4_096
     warp = eqx_specdec.Warp(0.9, top_k=40, min_p=0.01)
     rng = np.random.default_rng(12)
     target = rng.standard_normal((batch, gamma + 1, vocab)).astype(np.float32) * 2

@@ -83,7 +83,7 @@ class AbstractRatioTest(eqx.Module):
         that counts up to the first failure, nothing after the first failing position
         then changes the outputs. For such a test that reads only the draft tokens'
         values (`reads` below), [`eqx_specdec.Verifier`][] mapping rows one by one
-        normalises warped logits (from [`eqx_specdec.Warp`][]) of 65,536 or more
+        normalises warped logits (from [`eqx_specdec.Warp`][]) of 4,096 or more
         entries a row position by position, calling the test after each, and stops at
         the first rejection.
     - `reads` (default `"whole rows"`, always safe): which values the test reads, so
