@@ -9,7 +9,8 @@ cost), `bench_memory.py` (compiled temporaries against inputs), `bench_decoding.
 (speculative decoding's wall-clock speed-up), `bench_llm.py` (a real model,
 SmolLM2-135M, by prompt category; needs the `[llm]` extra) and, where JAX sees 8 or more devices or
 runs on the CPU, `bench_sharding.py`; on the CPU, `bench_xla_cpu.py` (what XLA CPU
-does with the logits path's passes); then times the README's demo. On whatever backend
+does with the logits path's passes); `hlo_passes.py` (the operations of each warp's
+compiled program that read whole rows); then times the README's demo. On whatever backend
 JAX picks: on a GPU or TPU machine, this is the command that fills an accelerator's results
 (PyTorch rows run on the CPU, as the PyTorch implementations here are written).
 `--quick` runs tiny shapes, to check that every script works, and writes nothing but
@@ -58,6 +59,7 @@ FULL = [
     ("sharding", ["bench_sharding.py"]),
     ("cutoffs", ["bench_cutoffs.py"]),
     ("xla", ["bench_xla_cpu.py"]),
+    ("passes", ["hlo_passes.py"]),
 ]
 QUICK = [
     ("bench", ["bench.py", "--repeats", "3", "--shapes", "4,4,6;2,3,1000", "--no-torch"]),
@@ -72,6 +74,7 @@ QUICK = [
     ("sharding", ["bench_sharding.py", "--batch", "8", "--vocab", "4096", "--repeats", "2"]),
     ("cutoffs", ["bench_cutoffs.py", "--rows", "4,16384", "--repeats", "2"]),
     ("xla", ["bench_xla_cpu.py", "--shape", "2,3,1024", "--repeats", "2"]),
+    ("passes", ["hlo_passes.py", "--shape", "2,3,4096"]),
 ]  # fmt: skip
 
 
