@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import eqx_specdec
+from eqx_specdec._verify import warp as warp_module
 from eqx_specdec._verify.cutoffs import (
     key_values,
     largest_reaching,
@@ -383,3 +384,45 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
     assert n.min() < gamma - 1 and n.max() == gamma  # early and late stops
     assert len(calls[True]) == np.sum(n + 2)  # n + 1 steps, then the whole sequence
     assert len(calls[False]) == batch
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_logits_kept_as_they_are_equal_the_upcast_copy(
+    dtype, monkeypatch
+):
+    """Half-precision logits are upcast once into a float32 copy on the CPU, and kept
+    as they are elsewhere, upcast inside each pass (`_upcast_once`): both give the same
+    tokens, and log-probabilities within a rounding, with every warp, greedy rows
+    included, under both batchings (the early exit's loop at 4,096 entries, and
+    `vmap`)."""
+    batch, gamma, vocab = 4, 3, 4_096
+    rng = np.random.default_rng(21)
+    logits = rng.standard_normal((batch, gamma + 1, vocab)) * 3
+    noisy = logits[:, :gamma] + rng.standard_normal((batch, gamma, vocab))
+    target, draft = jnp.asarray(logits, dtype), jnp.asarray(noisy, dtype)
+    x = jnp.asarray(np.argmax(noisy, -1), jnp.int32)
+    u = jnp.asarray(rng.random((batch, gamma)), jnp.float32)
+    s = jnp.asarray(rng.random(batch), jnp.float32)
+    warp = eqx_specdec.Warp(
+        jnp.array([0.0, 0.7, 1.0, 1.3]), top_k=50, top_p=0.9, min_p=0.02
+    )
+
+    def outputs(upcast_once):
+        monkeypatch.setattr(warp_module, "_upcast_once", lambda: upcast_once)
+        jax.clear_caches()  # traced again under this choice
+        return [
+            eqx_specdec.speculative_accept_logits(
+                x, draft, target, u, s, target_warp=warp, draft_warp=warp,
+                verifier=eqx_specdec.Verifier(batching=batching),
+                logprobs=eqx_specdec.LogProbs(), check_inputs="off",
+            )
+            for batching in ("map", "vmap")
+        ]  # fmt: skip
+
+    kept, upcast = outputs(False), outputs(True)
+    for a, b in zip(kept, upcast):
+        for key in ("num_accepted", "tokens"):
+            np.testing.assert_array_equal(a[key], b[key])
+        # XLA may round `x / T` differently in differently fused programs.
+        np.testing.assert_allclose(a["logprobs"], b["logprobs"], rtol=1e-6)
+    assert len(set(np.asarray(upcast[0]["num_accepted"]).tolist())) > 1

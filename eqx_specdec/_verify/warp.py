@@ -167,7 +167,9 @@ class Warp(eqx.Module):
 
         An [`eqx_specdec.WarpedRows`][], whose `log_probs()` are `__call__`'s.
         """
-        x = logits.astype(compute_dtype(logits.dtype))
+        x = logits
+        if self.logit_bias is not None or self.needs_history() or _upcast_once():
+            x = logits.astype(compute_dtype(logits.dtype))
         if self.logit_bias is not None:
             x = x + self._bias(x)
         if self.needs_history():
@@ -189,7 +191,7 @@ class Warp(eqx.Module):
         # dtype, no row is greedy, and the argmax of the greedy rows is never computed.
         greedy_rows = not (
             isinstance(self.temperature, int | float)
-            and self.temperature >= float(jnp.finfo(x.dtype).tiny)
+            and self.temperature >= float(jnp.finfo(compute_dtype(x.dtype)).tiny)
         )
         # A top-k given as a Python int is static: the k-th largest is found among the
         # k blocks of 16 holding the largest entries, not by passes over whole rows.
@@ -297,7 +299,7 @@ class NormalisedRows(eqx.Module):
 
     def log_probs(self) -> Float[Array, "*rows V"]:
         """The log-probabilities, `-inf` for the tokens the warp removed."""
-        x = self.x
+        x = self.x.astype(compute_dtype(self.x.dtype))
         log_probs = (x / self.scale - self.shift) - self.log_sum
         if self.threshold is not None:
             log_probs = jnp.where(x < self.threshold, -jnp.inf, log_probs)
@@ -307,6 +309,16 @@ class NormalisedRows(eqx.Module):
         ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
         one_hot = jnp.where(ids == self.best, 0.0, -jnp.inf).astype(x.dtype)
         return jnp.where(self.greedy, one_hot, log_probs)
+
+
+def _upcast_once() -> bool:
+    """Whether `Warp.rows` upcasts half-precision logits once, into a float32 copy that
+    every pass reads (on the CPU, where XLA's upcast inside a pass costs more than the
+    copy: `benchmarks/bench_xla_cpu.py`), rather than keeping them as they are and
+    upcasting inside each pass (elsewhere: on a TPU the copy, written and read again
+    across the warp's optimisation barrier, made bfloat16 logits slower than
+    float32 ones)."""
+    return jax.default_backend() == "cpu"
 
 
 def as_log_probs(rows):
@@ -340,6 +352,8 @@ def _warp_rows(
     `x`, never a scaled copy, which is then never written out (dividing by a positive
     number is monotone: the largest entries of `x / T` are those of `x`). A token is
     removed where `x` is below any of the thresholds, that is below their largest."""
+    logits = x  # as stored: half-precision logits stay so (see `_upcast_once`)
+    x = x.astype(compute_dtype(x.dtype))
     temperature = params["temperature"].astype(x.dtype)
     # Zero, or too small to divide by in this dtype (a subnormal, flushed to zero by
     # the hardware): greedy, on every path.
@@ -397,7 +411,7 @@ def _warp_rows(
         return None if a is None else jnp.broadcast_to(a, rows)
 
     return NormalisedRows(
-        x,
+        logits,
         per_row(threshold),
         per_row(scale),
         per_row(shift),
