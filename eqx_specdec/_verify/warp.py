@@ -244,7 +244,8 @@ class WarpedRows(eqx.Module):
     [`eqx_specdec.Logits`][] do this for the library's verifier; any other verifier
     gets the evaluated arrays.
 
-    **Fields:** `x`, float `(..., V)`; `temperature`, float `(..., 1)`; `top_k`,
+    **Fields:** `x`, float `(..., V)` (half-precision logits stay so off the CPU,
+    upcast inside each pass); `temperature`, float `(..., 1)`; `top_k`,
     integer, `top_p` and `min_p`, float, each `(..., 1)` or `None` (not applied);
     `greedy_rows` and `static_k`, static: whether a row may be greedy (a temperature
     not known to be positive), and top-k's `k` when a Python int."""
