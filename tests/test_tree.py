@@ -15,6 +15,7 @@ import eqx_specdec
 from eqx_specdec._evaluation.lossless import EmissionEstimate
 from eqx_specdec._misc import numpy_softmax
 from eqx_specdec._tree.step import path_counts
+from eqx_specdec._verify.logits import token_counts
 
 
 RULES = {
@@ -326,8 +327,14 @@ def test_tree_logits_are_the_tree_on_the_warped_rows():
     arrays = (jnp.asarray(a) for a in (history, x, parents))
     # Compiled, as the entry point runs them (op by op, the references would compile
     # a hundred small programs).
-    got = jax.jit(path_counts, static_argnums=3)(*arrays, vocab)
-    np.testing.assert_array_equal(got, counts)
+    counted = jax.jit(path_counts, static_argnums=3)
+    np.testing.assert_array_equal(counted(*arrays, vocab), counts)
+    # A chain (node j's parent is j - 1) counts as the chain's own penalties do.
+    chain = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32) - 1, x.shape)
+    history_, x_ = jnp.asarray(history), jnp.asarray(x)
+    np.testing.assert_array_equal(
+        counted(history_, x_, chain, vocab), token_counts(history_, x_, vocab)
+    )
     counts = jnp.asarray(counts, jnp.int32)
     masked = [jnp.where(allowed, a, -jnp.inf) for a in (target, draft)]
     log_p, log_q = eqx.filter_jit(

@@ -410,6 +410,8 @@ def test_half_precision_logits_kept_as_they_are_equal_the_upcast_copy(
     def outputs(upcast_once):
         monkeypatch.setattr(warp_module, "_upcast_once", lambda: upcast_once)
         jax.clear_caches()  # traced again under this choice
+        # The choice is the one the warp makes: the rows it hands on.
+        assert warp.rows(target).x.dtype == (jnp.float32 if upcast_once else dtype)
         return [
             eqx_specdec.speculative_accept_logits(
                 x, draft, target, u, s, target_warp=warp, draft_warp=warp,

@@ -1,14 +1,15 @@
 """The contract's conveniences for trees: one verification step of a tree verifier on
 probabilities (`tree_accept`) or on logits with their warps (`tree_accept_logits`)."""
 
+import functools
 import typing
 
 from jaxtyping import Array, Float, Int, Integer
 
 from .._verify.checks import CheckLevel
-from .._verify.entry import check_warp, contract_call, step_options
+from .._verify.entry import check_warp, contract_call, draft_of, step_options
 from .._verify.logprobs import LogProbs
-from .._verify.typed_inputs import Draft, Logits, Probabilities, Uniforms
+from .._verify.typed_inputs import Logits, Probabilities, Uniforms
 from .._verify.warp import Warp
 from . import step as step  # registers the tree verifiers' step with `verify`
 from .abstract_tree_verifier import AbstractTreeVerifier
@@ -81,11 +82,7 @@ def tree_accept(
     entry = "tree_accept"
     _check_verifier(verifier)
     options = step_options(entry, check_inputs, logprobs, allowed, draft_allowed)
-    draft = Draft(
-        node_tokens,
-        None if draft_probs is None else Probabilities(draft_probs),
-        parents,
-    )
+    draft = draft_of(node_tokens, draft_probs, Probabilities, parents)
     randomness = Uniforms(accept_uniforms, sample_uniforms)
     target = Probabilities(target_probs)
     return contract_call(
@@ -162,10 +159,8 @@ def tree_accept_logits(
     options = step_options(
         entry, check_inputs, logprobs, allowed, draft_allowed, history
     )
-    draft = Draft(
-        node_tokens,
-        None if draft_logits is None else Logits(draft_logits, draft_warp),
-        parents,
+    draft = draft_of(
+        node_tokens, draft_logits, functools.partial(Logits, warp=draft_warp), parents
     )
     randomness = Uniforms(accept_uniforms, sample_uniforms)
     target = Logits(target_logits, target_warp)

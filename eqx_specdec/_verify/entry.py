@@ -284,8 +284,11 @@ def step_options(
     )
 
 
-def _draft(tokens, distribution, kind):
-    return Draft(tokens, None if distribution is None else kind(distribution))
+def draft_of(tokens, distribution, kind, parents=None):
+    """The conveniences' `Draft`: `distribution` (an array, or `None`) as `kind` (a
+    typed distribution: `Probabilities`, or `Logits` with its warp), and a tree's
+    `parents`."""
+    return Draft(tokens, None if distribution is None else kind(distribution), parents)
 
 
 def contract_call(entry, verifier, exact_only, target, draft, randomness, options):
@@ -403,7 +406,7 @@ def speculative_accept(
     options = step_options(entry, check_inputs, logprobs, allowed, draft_allowed)
     _require_chain_verifier(entry, verifier)
     target = Probabilities(target_probs)
-    draft = _draft(draft_tokens, draft_probs, Probabilities)
+    draft = draft_of(draft_tokens, draft_probs, Probabilities)
     randomness = Uniforms(accept_uniforms, sample_uniforms)
     return contract_call(
         entry, verifier, exact_only, target, draft, randomness, options
@@ -491,8 +494,8 @@ def speculative_accept_logits(
     check_warp("target_warp", target_warp)
     check_warp("draft_warp", draft_warp)
     target = Logits(target_logits, target_warp)
-    draft = Draft(
-        draft_tokens, None if draft_logits is None else Logits(draft_logits, draft_warp)
+    draft = draft_of(
+        draft_tokens, draft_logits, functools.partial(Logits, warp=draft_warp)
     )
     randomness = Uniforms(accept_uniforms, sample_uniforms)
     return contract_call(
@@ -548,5 +551,5 @@ def speculative_accept_from_key(
             f"{type(key).__name__}."
         )
     target = Probabilities(target_probs)
-    draft = _draft(draft_tokens, draft_probs, Probabilities)
+    draft = draft_of(draft_tokens, draft_probs, Probabilities)
     return contract_call(entry, verifier, exact_only, target, draft, typed, options)
