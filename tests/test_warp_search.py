@@ -11,6 +11,7 @@ import pytest
 import eqx_specdec
 from eqx_specdec._verify import warp as warp_module
 from eqx_specdec._verify.cutoffs import (
+    count_equal,
     key_values,
     largest_reaching,
     order_keys,
@@ -45,6 +46,31 @@ def test_order_keys_follow_the_float_order_and_invert(dtype):
     assert np.all(keys[1:] > keys[:-1])  # strictly increasing
     back = np.asarray(key_values(jnp.asarray(keys), values.dtype))
     np.testing.assert_array_equal(back.view(np.uint8), values.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+def test_count_equal_counts_what_comparisons_count(dtype, taken):
+    """`count_equal`'s arithmetic count (no comparison in the pass) equals NumPy's count
+    of equal entries, with ties, infinities, neighbouring floats and entries of every
+    size; a batch holding a value below 2^-100 or an infinite one is counted by
+    comparisons (the other branch), exactly too."""
+    tiny = np.finfo(dtype).tiny
+    row = np.array(
+        [-np.inf, np.inf, 0.0, -0.0, tiny, 2 * tiny, 1e-30, 3.5, 3.5, -2.0, 7e20], dtype
+    )
+    normal = np.array([3.5, -2.0, 1.5, 7e20, 1e-30, 17.0], dtype)
+    small = np.array([3.5, -2.0, 0.0, 7e20, 1e-30, 2.0**-110], dtype)  # 0: below 2^-100
+    for values, arithmetic in ((normal, True), (small, False)):
+        near = np.nextafter(values, np.inf)  # a neighbour of each value, in its row
+        near[np.abs(near) < tiny] = 3 * tiny  # (XLA CPU reads subnormals as 0)
+        x = np.concatenate([np.broadcast_to(row, (6, 11)), near[:, None]], axis=1)
+        taken.clear()
+        got = np.asarray(count_equal(jnp.asarray(x), jnp.asarray(values[:, None])))
+        assert [bool(p) for p in taken] == [arithmetic]
+        np.testing.assert_array_equal(got[:, 0], np.sum(x == values[:, None], -1))
+    infinite = np.array([[-np.inf], [np.inf]] * 3, dtype)
+    got = np.asarray(count_equal(jnp.asarray(x), jnp.asarray(infinite)))
+    np.testing.assert_array_equal(got, np.sum(x == infinite, -1, keepdims=True))
 
 
 def _brute_force(keys, weights, goal):
@@ -327,12 +353,14 @@ def test_top_k_normalises_over_its_candidate_blocks(top_k):
 
 def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
     """A user's test declared `causal` (reading the draft tokens' values), with the
-    first-failure counter: the verifier mapping rows one by one normalises each
-    sequence's warped rows position by position and stops at the first rejection, so
-    the test runs once per step, n + 1 (the last, when every position passed, for the
-    bonus row), and once more on the whole sequence; the same test not declared causal
-    runs once per sequence. The outputs are those of the standard test on the evaluated
-    log-probabilities. (Rows of 4,096 entries: shorter ones are normalised whole.)"""
+    first-failure counter: the verifier mapping rows one by one normalises the warped
+    rows position by position and stops each sequence at its first rejection, so that
+    the test of a sequence that accepted n tokens only ever sees its target's rows 0 to
+    n (row n: the rejected position's, or the bonus row) and its draft's rows up to
+    min(n, G - 1); every other row stays all `-inf`. The same test not declared causal
+    runs once per sequence, on every row. The outputs are those of the standard test on
+    the evaluated log-probabilities. (Rows of 4,096 entries: shorter ones are
+    normalised whole.)"""
     calls = {True: [], False: []}
 
     class CausalRatioTest(eqx_specdec.AbstractRatioTest):
@@ -341,7 +369,13 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
         reads: ClassVar[str] = "draft tokens"
 
         def __call__(self, draft_tokens, draft_probs, target_probs, u, context):
-            jax.debug.callback(lambda _: calls[self.causal].append(1), u[0])
+            # Which rows the call sees examined (any entry finite), by sequence (u[0]).
+            seen = (jnp.isfinite(target_probs).any(-1), jnp.isfinite(draft_probs).any(-1))
+            jax.debug.callback(
+                lambda *a: calls[self.causal].append(tuple(map(np.asarray, a))),
+                u[0],
+                *seen,
+            )
             log_p, log_q = context.gather(draft_tokens, draft_probs, target_probs)
             return eqx_specdec.Verdict(jnp.log(u) < log_p - log_q)
 
@@ -382,8 +416,18 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
             np.testing.assert_array_equal(outputs[key], evaluated[key])
     n = np.asarray(evaluated["num_accepted"])
     assert n.min() < gamma - 1 and n.max() == gamma  # early and late stops
-    assert len(calls[True]) == np.sum(n + 2)  # n + 1 steps, then the whole sequence
-    assert len(calls[False]) == batch
+    for b in range(batch):
+        target_rows = np.arange(gamma + 1) <= n[b]
+        draft_rows = np.arange(gamma) <= min(n[b], gamma - 1)
+        seen = [(t, d) for key, t, d in calls[True] if key == u[b, 0]]
+        assert seen  # and never a row past the first rejection:
+        assert all(not np.any(t & ~target_rows) for t, _ in seen)
+        assert all(not np.any(d & ~draft_rows) for _, d in seen)
+        # The last call, on the whole sequence, sees every row up to it.
+        np.testing.assert_array_equal(seen[-1][0], target_rows)
+        np.testing.assert_array_equal(seen[-1][1], draft_rows)
+        (undeclared,) = [(t, d) for key, t, d in calls[False] if key == u[b, 0]]
+        assert undeclared[0].all() and undeclared[1].all()
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])

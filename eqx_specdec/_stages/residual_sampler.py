@@ -66,6 +66,11 @@ def residual_parts(
     rejected_at = jnp.minimum(n, gamma - 1)
     p = target_probs[n]
     q = None if draft_probs is None else draft_probs[rejected_at]
+    if context.log_space:
+        # Rows n evaluated alone, once: log-probabilities may be computed from logits
+        # where they are read (warped rows), and every reader of a row would otherwise
+        # have XLA evaluate all of them.
+        p, q = jax.lax.optimization_barrier((p, q))
     draft_token = draft_tokens[rejected_at].astype(jnp.int32)
     scale = verdict.residual_scale[rejected_at].astype(dtype)
 

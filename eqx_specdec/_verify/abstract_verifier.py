@@ -276,10 +276,16 @@ def verify_row(
     *,
     report: bool = False,
     values: bool = False,
+    sampled=None,
 ):
     """Runs the four stages on one row, checking at trace time what each returns; the
     ratio test and sampler get `context` (the rows' space, and the vocabulary shard
     inside a [`eqx_specdec.ShardedVerifier`][]).
+
+    `sampled`: `(draft_probs, target_probs)` for the sampler (and the sums of rows n)
+    to read instead of the test's: the same values, computed apart, where they are
+    evaluated from warped logits (so that XLA evaluates for the sampler its rows n
+    alone, not every row for each reader).
 
     Returns the outputs; with `report=True`, `(outputs, RowReport)`: what the stages
     returned, and with `values=True` the sums of rows n (from the sampler's
@@ -305,6 +311,8 @@ def verify_row(
     n = counter(verdict.passed)
     n = _checked(counter, "__call__", "num_accepted", n, (), "integer")
     n = n.astype(jnp.int32)
+    if sampled is not None:
+        draft_probs, target_probs = sampled
     inputs = (n, verdict, draft_tokens, draft_probs, target_probs, sample_uniform)
     sums = None
     if values and context.shard is None:

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._misc import compute_dtype
+
 
 _LANES = 16
 
@@ -134,6 +136,33 @@ def log_normaliser(x, highest, removed=None):
     total = jnp.sum(terms, axis=-1, keepdims=True)
     log_sum = jnp.log(total)
     return shift, log_sum
+
+
+def count_equal(x, value):
+    """Per row, the number of entries of `x` `(rows, V)` equal to `value` `(rows, 1)`,
+    as floats `(rows, 1)`: exact (a row holding NaN counts NaN, as its normaliser is).
+
+    Without a comparison in the pass where it can: XLA CPU runs a reduction holding a
+    comparison or a select at about a quarter of the speed of one of arithmetic alone
+    (90 ms against 22 for a float32 `(2048, 32000)` on this project's 2-core CPU). Each
+    term is `max(0, 1 - |x - value| * 2^e)`, with $2^e$ the largest power of two of the
+    dtype: 1 where equal, and 0 elsewhere as long as the difference of two unequal
+    entries is a normal float, which holds where `|value|` is at least $2^{-100}$ (a
+    difference below the smallest normal float is flushed to zero by the hardware). A
+    batch with a smaller or an infinite `value` is counted by comparisons."""
+    dtype = compute_dtype(x.dtype)
+    apart = float(2.0 ** (int(jnp.finfo(dtype).maxexp) - 1))
+
+    def arithmetic():
+        terms = jnp.maximum(1 - jnp.abs(x - value).astype(dtype) * apart, 0)
+        return jnp.sum(terms, axis=-1, keepdims=True)
+
+    def comparisons():
+        return jnp.sum(x == value, axis=-1, keepdims=True, dtype=dtype)
+
+    # NaN compares false: counted by comparisons too.
+    normal = (jnp.abs(value) >= 2.0**-100) & jnp.isfinite(value)
+    return jax.lax.cond(jnp.all(normal), arithmetic, comparisons)
 
 
 def _shift(highest):
@@ -274,12 +303,9 @@ def top_k_cut(x, k, bound: int | None = None, normalise=None):
 
         def with_ties_outside():
             rows = x.reshape(-1, x.shape[-1])
-            outside = jnp.sum(rows == kth, axis=-1, keepdims=True, dtype=jnp.int32)
-            outside = outside - jnp.sum(
-                candidates == kth, axis=-1, keepdims=True, dtype=jnp.int32
-            )
+            outside = count_equal(rows, kth) - count_equal(candidates, kth)
             tie = jnp.exp(kth / divisor - shift)
-            return total + jnp.where(outside > 0, outside.astype(total.dtype) * tie, 0)
+            return total + jnp.where(outside > 0, outside * tie, 0)
 
         total = jax.lax.cond(jnp.any(left_out), with_ties_outside, lambda: total)
         return shift.reshape(shape), jnp.log(total).reshape(shape)
