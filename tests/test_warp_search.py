@@ -359,7 +359,7 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
     n (row n: the rejected position's, or the bonus row) and its draft's rows up to
     min(n, G - 1); every other row stays all `-inf`. The same test not declared causal
     runs once per sequence, on every row. The outputs are those of the standard test on
-    the evaluated log-probabilities. (Rows of 4,096 entries: shorter ones are
+    the evaluated log-probabilities. (Rows of 1,024 entries: shorter ones are
     normalised whole.)"""
     calls = {True: [], False: []}
 
@@ -382,7 +382,7 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
     class UndeclaredRatioTest(CausalRatioTest):
         causal: ClassVar[bool] = False
 
-    batch, gamma, vocab = 8, 4, 4_096
+    batch, gamma, vocab = 8, 4, 1_024
     warp = eqx_specdec.Warp(0.9, top_k=40, min_p=0.01)
     rng = np.random.default_rng(12)
     target = rng.standard_normal((batch, gamma + 1, vocab)).astype(np.float32) * 2

@@ -66,10 +66,12 @@ def residual_parts(
     rejected_at = jnp.minimum(n, gamma - 1)
     p = target_probs[n]
     q = None if draft_probs is None else draft_probs[rejected_at]
-    if context.log_space:
+    if context.log_space and jax.default_backend() == "cpu":
         # Rows n evaluated alone, once: log-probabilities may be computed from logits
-        # where they are read (warped rows), and every reader of a row would otherwise
-        # have XLA evaluate all of them.
+        # where they are read (warped rows), and with several readers of row n XLA CPU
+        # evaluated every row for them (at (256, 8, 32000), over half of a temperature
+        # call). Not elsewhere: on a TPU v5e, verifying under `vmap`, the barrier made
+        # the temperature's call 1.27x slower.
         p, q = jax.lax.optimization_barrier((p, q))
     draft_token = draft_tokens[rejected_at].astype(jnp.int32)
     scale = verdict.residual_scale[rejected_at].astype(dtype)
