@@ -370,7 +370,10 @@ def test_warped_rows_are_normalised_only_up_to_the_first_rejection():
 
         def __call__(self, draft_tokens, draft_probs, target_probs, u, context):
             # Which rows the call sees examined (any entry finite), by sequence (u[0]).
-            seen = (jnp.isfinite(target_probs).any(-1), jnp.isfinite(draft_probs).any(-1))
+            seen = (
+                jnp.isfinite(target_probs).any(-1),
+                jnp.isfinite(draft_probs).any(-1),
+            )
             jax.debug.callback(
                 lambda *a: calls[self.causal].append(tuple(map(np.asarray, a))),
                 u[0],

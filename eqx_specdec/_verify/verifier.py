@@ -300,8 +300,11 @@ class Verifier(AbstractVerifier):
             verifier = (
                 self if not values else eqx.tree_at(lambda v: v.ratio_test, self, test)
             )
-            if not until_failure or not any(
-                isinstance(a, NormalisedRows) for a in arrays[1:3]
+            # Mapped one by one, the sampler's rows n are evaluated apart (`_apart`).
+            if (
+                not until_failure
+                or batching != "map"
+                or not any(isinstance(a, NormalisedRows) for a in arrays[1:3])
             ):
                 return row(verifier, *(as_log_probs(a) for a in arrays))
             sampled = tuple(_apart(a) for a in arrays[1:3])
@@ -471,7 +474,8 @@ def _until_first_failure(ratio_test, values, tokens, draft, target, accept, *res
         # Every sequence's test, reading position i's values.
         def one(values, tokens, draft, target, accept):
             test = with_row_values(ratio_test, values)
-            verdict = test(tokens, as_log_probs(draft), as_log_probs(target), accept, context)
+            draft, target = as_log_probs(draft), as_log_probs(target)
+            verdict = test(tokens, draft, target, accept, context)
             return verdict.passed[jnp.minimum(i, gamma - 1)]
 
         draft_rows = assembled(draft, found_draft)
