@@ -97,7 +97,10 @@ from ._tree.optimal import optimal_acceptance as optimal_acceptance
 from ._tree.top_down import TreeVerifier as TreeVerifier
 from ._tree.traversal import TraversalVerifier as TraversalVerifier
 from ._verify.abstract_verifier import AbstractVerifier as AbstractVerifier
-from ._verify.draft_vocabulary import DraftVocabulary as DraftVocabulary
+from ._verify.draft_vocabulary import (
+    DraftVocabulary as DraftVocabulary,
+    SharedVocabulary as SharedVocabulary,
+)
 from ._verify.entry import (
     speculative_accept as speculative_accept,
     speculative_accept_from_key as speculative_accept_from_key,

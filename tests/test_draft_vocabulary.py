@@ -129,3 +129,77 @@ def test_bad_maps_and_warps_are_clear_errors():
             s,
             draft_warp=eqx_specdec.Warp(logit_bias=jnp.zeros(6).at[2].set(jnp.nan)),
         )
+
+
+# Two tokenizers: the draft's ids 0..4 and the target's 0..5 share "a", "b" and "c".
+DRAFT_STRINGS = ["a", "<s>", "c", "b", "zz"]
+TARGET_STRINGS = ["b", "x", "a", "c", "y", "</s>"]
+SHARED = eqx_specdec.SharedVocabulary.from_token_strings(DRAFT_STRINGS, TARGET_STRINGS)
+
+
+def test_the_shared_vocabulary_maps_equal_strings():
+    np.testing.assert_array_equal(SHARED.draft_to_target, [2, -1, 3, 0, -1])
+    assert SHARED.target_vocab == 6
+    # normalise: tokenizers that spell a leading space differently.
+    spaced = eqx_specdec.SharedVocabulary.from_token_strings(
+        ["\u0120the", "a"], ["\u2581the", "b"], normalise=lambda t: t[-3:]
+    )
+    np.testing.assert_array_equal(spaced.draft_to_target, [0, -1])
+    with pytest.raises(ValueError, match="The target vocabulary holds 'b' twice"):
+        eqx_specdec.SharedVocabulary.from_token_strings(["a"], ["b", "b"])
+    with pytest.raises(ValueError, match="share no token"):
+        eqx_specdec.SharedVocabulary.from_token_strings(["a"], ["b"])
+
+
+def test_the_restricted_draft_is_one_law_in_both_vocabularies():
+    """The draft's law restricted to the shared tokens, by probabilities or by logits,
+    in its own vocabulary and scattered into the target's: the same renormalised law,
+    zero off the map."""
+    logits = jnp.asarray(np.random.default_rng(3).normal(size=(2, 5)), jnp.float32)
+    q = jax.nn.softmax(logits, -1)
+    own = np.asarray(jax.nn.softmax(SHARED.restrict_logits(logits), -1))
+    np.testing.assert_allclose(own, SHARED.restrict_probs(q), rtol=1e-6)
+    assert np.all(own[:, [1, 4]] == 0)
+    in_target = np.asarray(jax.nn.softmax(SHARED.logits(logits), -1))
+    np.testing.assert_allclose(in_target, SHARED.probs(q), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(in_target[:, [2, 3, 0]], own[:, [0, 2, 3]], rtol=1e-6)
+    assert np.all(in_target[:, [1, 4, 5]] == 0)
+
+
+@pytest.mark.parametrize(
+    "warp",
+    [
+        None,
+        eqx_specdec.Warp(0.8, top_k=2, logit_bias=jnp.asarray([0.0, 0, 1, 0, 0, 0])),
+    ],
+)
+def test_verification_over_the_shared_tokens_is_lossless(warp):
+    """Quadrature: draft tokens drawn from the restricted draft and mapped emit the
+    target exactly (its warped law, with the same warp on both sides)."""
+    rng = np.random.default_rng(4)
+    target_logits = jnp.asarray(rng.normal(size=(1, 3, 6)) * 2, jnp.float32)
+    draft_logits = jnp.asarray(rng.normal(size=(1, 2, 5)) * 2, jnp.float32)
+    warp = warp or eqx_specdec.Warp()
+    p = np.exp(np.asarray(warp(target_logits), np.float64))[0]
+    q = np.exp(np.asarray(warp(SHARED.logits(draft_logits)), np.float64))[0]
+    assert np.all(q[:, [1, 4, 5]] == 0)
+    estimate = eqx_specdec.emission_by_quadrature(LOG_SPACE, q, p, log_inputs=True)
+    assert estimate.max_error(p) < 1e-6
+
+
+def test_a_draft_token_off_the_map_is_an_error_on_every_path():
+    """Eagerly `tokens` raises, naming the token; traced, it maps to -1 and the entry
+    point raises the same class."""
+    tokens = jnp.asarray([[0, 3], [2, 1]], jnp.int32)  # draft id 1 ("<s>") is off
+    with pytest.raises(eqx_specdec.InvalidInputError, match="draft id 1 at \\(1, 1\\)"):
+        SHARED.tokens(tokens)
+    np.testing.assert_array_equal(SHARED.tokens(tokens[:1]), [[2, 0]])
+    x, q, p, u, s = eqx_specdec.example_inputs(batch=2, gamma=2, vocab=6)
+
+    @jax.jit
+    def mapped(tokens):
+        return SHARED.tokens(tokens)
+
+    np.testing.assert_array_equal(mapped(tokens), [[2, 0], [3, -1]])
+    with pytest.raises(eqx_specdec.InvalidInputError, match="`draft_tokens`"):
+        eqx_specdec.speculative_accept(mapped(tokens), q, p, u, s)

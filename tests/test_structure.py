@@ -55,6 +55,7 @@ def test_the_public_api_is_what_the_docs_list():
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
         "DecodeResult", "ShardedVerifier", "AbstractVerifier",
         "VocabShard", "RowContext", "RowSums", "SyntheticRatioTest", "DraftVocabulary",
+        "SharedVocabulary",
         "AbstractDraftLength", "FixedDraftLength", "StopWhenUnlikely",
         "TopNRelaxedRatioTest", "FLyRatioTest", "ScheduledRatioTest",
         "AbstractProposal", "Chain", "Tree",

@@ -1,10 +1,15 @@
-"""A draft vocabulary smaller than the target's, mapped into it (EAGLE-3's `d2t`)."""
+"""Draft vocabularies mapped into the target's: a subset of it (EAGLE-3's `d2t`), and
+another tokenizer's, verified over the tokens both share."""
+
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, Integer
+from jaxtyping import Array, Bool, Float, Int, Integer
+
+from .._errors import InvalidInputError
 
 
 class DraftVocabulary(eqx.Module):
@@ -110,3 +115,177 @@ class DraftVocabulary(eqx.Module):
         Float of shape `(..., V)`.
         """
         return self._scatter(draft_logits, -jnp.inf)
+
+
+class SharedVocabulary(eqx.Module):
+    """A draft with another tokenizer, verified over the tokens both vocabularies share
+    (token-level intersection; Timor et al., ICML 2025). Draft id $d$ whose token string
+    the target's vocabulary also holds maps to that target id; the other draft ids are
+    off the map.
+
+    The draft must draw its tokens from its distribution **restricted** to the shared
+    tokens and renormalised: `restrict_logits` (or `restrict_probs`) gives that law in
+    the draft's own vocabulary, and `logits` (or `probs`) the same law in the target's,
+    for the verification. Then the verification is lossless as it is: the $q$ it is
+    given is exactly the law of the mapped tokens. A draft token off the map is an error
+    (`tokens`), never a token.
+
+    **Arguments:**
+
+    - `draft_to_target`: integer of shape `(V_draft,)`, the target id of each draft id,
+        or -1 off the map. The target ids must be distinct and in `[0, target_vocab)`.
+    - `target_vocab`: $V$, the target's vocabulary size (static).
+
+    Build it from the two tokenizers' token strings with `from_token_strings`.
+    """
+
+    draft_to_target: Int[Array, " draft_vocab"]
+    target_vocab: int = eqx.field(static=True)
+
+    def __check_init__(self):
+        if isinstance(self.draft_to_target, jax.core.Tracer):
+            return
+        ids = np.asarray(self.draft_to_target)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(
+                "`draft_to_target` must be an integer array of shape (V_draft,); got "
+                f"{ids.dtype} of shape {ids.shape}."
+            )
+        mapped = ids[ids != -1]
+        if mapped.size and (mapped.min() < 0 or mapped.max() >= self.target_vocab):
+            raise ValueError(
+                "`draft_to_target` holds an id outside the target's vocabulary [0, "
+                f"{self.target_vocab}) other than -1 (off the map)."
+            )
+        if np.unique(mapped).size != mapped.size:
+            raise ValueError(
+                "`draft_to_target` maps two draft ids to the same target id: the map "
+                "must be one-to-one."
+            )
+        if not mapped.size:
+            raise ValueError(
+                "`draft_to_target` maps no draft id: the vocabularies share no token."
+            )
+
+    @classmethod
+    def from_token_strings(
+        cls,
+        draft_tokens: Sequence[str],
+        target_tokens: Sequence[str],
+        normalise: Callable[[str], str] | None = None,
+    ) -> "SharedVocabulary":
+        """The map between two tokenizers' vocabularies, from their token strings in
+        id order: a draft id maps to the target id of the same string.
+
+        **Arguments:**
+
+        - `draft_tokens`, `target_tokens`: the token strings of each vocabulary, the
+            string of id $i$ at index $i$ (for a Hugging Face tokenizer,
+            `tokenizer.convert_ids_to_tokens(range(len(tokenizer)))`).
+        - `normalise`: applied to every string first, for tokenizers that spell the
+            same text differently (a leading space as `"Ġ"` in one and `"▁"` in the
+            other). Default: the strings as given.
+
+        **Returns:**
+
+        A `SharedVocabulary` of `target_vocab = len(target_tokens)`.
+
+        **Raises:** `ValueError` if a vocabulary holds the same (normalised) string
+        twice, naming it: the map would be ambiguous.
+        """
+        normalise = normalise or (lambda token: token)
+        target_ids = {}
+        for side, tokens in (("target", target_tokens), ("draft", draft_tokens)):
+            seen = {}
+            for i, token in enumerate(tokens):
+                key = normalise(token)
+                if key in seen:
+                    raise ValueError(
+                        f"The {side} vocabulary holds {key!r} twice (ids {seen[key]} "
+                        f"and {i}): a shared token must name one id on each side. "
+                        "Pass a `normalise` that keeps them apart, or drop one."
+                    )
+                seen[key] = i
+            if side == "target":
+                target_ids = seen
+        ids = [target_ids.get(normalise(token), -1) for token in draft_tokens]
+        return cls(jnp.asarray(np.asarray(ids, np.int32)), len(target_tokens))
+
+    def shared(self) -> Bool[Array, " draft_vocab"]:
+        """Whether each draft id is on the map, shape `(V_draft,)`."""
+        return self.draft_to_target >= 0
+
+    def restrict_logits(
+        self, draft_logits: Float[Array, "*shape draft_vocab"]
+    ) -> Float[Array, "*shape draft_vocab"]:
+        """The draft's logits with the tokens off the map removed ($-\\infty$): the law
+        the draft must sample its tokens from (in its own vocabulary)."""
+        return jnp.where(self.shared(), draft_logits, -jnp.inf)
+
+    def restrict_probs(
+        self, draft_probs: Float[Array, "*shape draft_vocab"]
+    ) -> Float[Array, "*shape draft_vocab"]:
+        """The draft's distributions restricted to the shared tokens and renormalised
+        (in its own vocabulary). A row with no mass on the shared tokens becomes NaN,
+        which the verification's checks reject."""
+        kept = jnp.where(self.shared(), draft_probs, 0)
+        return kept / jnp.sum(kept, axis=-1, keepdims=True)
+
+    def tokens(self, draft_tokens: Integer[Array, "*shape"]) -> Int[Array, "*shape"]:
+        """Draft token ids as target ids (int32).
+
+        A draft token off the map, or outside `[0, V_draft)`, is an error: called on
+        concrete arrays this raises [`eqx_specdec.InvalidInputError`][] naming the first
+        such token; traced, it becomes -1, which the entry points' checks reject with
+        the same error class. Draw the draft from `restrict_logits` so that it never
+        proposes one.
+
+        **Arguments:**
+
+        - `draft_tokens`: integer, any shape.
+
+        **Returns:**
+
+        int32, the same shape.
+        """
+        ids = jnp.take(
+            self.draft_to_target.astype(jnp.int32),
+            draft_tokens.astype(jnp.int32),
+            mode="fill",
+            fill_value=-1,
+        )
+        if not isinstance(ids, jax.core.Tracer):
+            off = np.argwhere(np.asarray(ids) < 0)
+            if off.size:
+                where = tuple(int(i) for i in off[0])
+                token = int(np.asarray(draft_tokens)[where])
+                raise InvalidInputError(
+                    f"`draft_tokens` holds draft id {token} at {where}, which is off "
+                    "the shared vocabulary's map (its string is not in the target's "
+                    "vocabulary, or the id is outside the draft's): draw the draft's "
+                    "tokens from `SharedVocabulary.restrict_logits` of its logits."
+                )
+        return ids
+
+    def _scatter(self, values, fill):
+        shape = values.shape[:-1] + (self.target_vocab + 1,)
+        at = jnp.where(self.shared(), self.draft_to_target, self.target_vocab)
+        out = jnp.full(shape, fill, values.dtype).at[..., at].set(values)
+        return out[..., : self.target_vocab]  # off the map: the dropped last column
+
+    def probs(
+        self, draft_probs: Float[Array, "*shape draft_vocab"]
+    ) -> Float[Array, "*shape target_vocab"]:
+        """The restricted draft distributions (`restrict_probs`) in the target's
+        vocabulary: `(..., V_draft)` to `(..., V)`, zeros at the target ids the draft
+        does not share."""
+        return self._scatter(self.restrict_probs(draft_probs), 0)
+
+    def logits(
+        self, draft_logits: Float[Array, "*shape draft_vocab"]
+    ) -> Float[Array, "*shape target_vocab"]:
+        """The restricted draft logits (`restrict_logits`) in the target's vocabulary,
+        $-\\infty$ at the target ids the draft does not share. Give both sides the same
+        [`eqx_specdec.Warp`][] (its logit bias in target ids), and draw the draft's
+        tokens from the same warp of these logits."""
+        return self._scatter(self.restrict_logits(draft_logits), -jnp.inf)
