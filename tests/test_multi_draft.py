@@ -121,10 +121,76 @@ def test_multi_draft_rules_are_lossless_on_trees(rule, tree):
     assert result.root_acceptance <= result.optimal_acceptance + 1e-6
 
 
+def _max_flow(p, qs):
+    """The best P(Y in S) over couplings of Y ~ p with independent drafts S (draft k
+    from qs[k]): the maximum flow from the source through the tokens y (capacity p(y))
+    to the draft tuples holding y, then to the sink (capacity P(tuple)), by
+    Edmonds-Karp on the explicit network."""
+    vocab = len(p)
+    tuples = list(itertools.product(range(vocab), repeat=len(qs)))
+    nodes = 2 + vocab + len(tuples)  # 0: source, 1: sink
+    capacity = np.zeros((nodes, nodes))
+    capacity[0, 2 : 2 + vocab] = p
+    for j, draws in enumerate(tuples):
+        capacity[2 + vocab + j, 1] = np.prod([q[d] for q, d in zip(qs, draws)])
+        for y in set(draws):
+            capacity[2 + y, 2 + vocab + j] = np.inf
+    flow = 0.0
+    while True:
+        parent = np.full(nodes, -1)
+        parent[0] = 0
+        queue = [0]
+        while queue and parent[1] < 0:
+            u = queue.pop(0)
+            for v in np.flatnonzero((capacity[u] > 1e-15) & (parent < 0)):
+                parent[v] = u
+                queue.append(v)
+        if parent[1] < 0:
+            return flow
+        path, v = [], 1
+        while v != 0:
+            path.append((parent[v], v))
+            v = parent[v]
+        pushed = min(capacity[u, v] for u, v in path)
+        for u, v in path:
+            capacity[u, v] -= pushed
+            capacity[v, u] += pushed
+        flow += pushed
+
+
+def test_optimal_acceptance_of_independent_drafters_that_differ():
+    """Two or three draft models, each proposing one candidate: alpha* (a minimum over
+    every token set) equals the maximum flow over the couplings of the target and the
+    drafts; with identical drafters it is the i.i.d. optimum, and with different ones
+    it differs from the i.i.d. optimum of either."""
+    rng = np.random.default_rng(6)
+    for vocab, k in ((3, 2), (4, 2), (4, 3)):
+        p = rng.dirichlet(np.ones(vocab), size=4)
+        qs = np.stack([rng.dirichlet(np.full(vocab, 0.5), size=k) for _ in range(4)])
+        got = np.asarray(es.optimal_acceptance(p, qs, k, drafting="independent"))
+        expected = [_max_flow(p[b], qs[b]) for b in range(4)]
+        np.testing.assert_allclose(got, expected, atol=2e-6, err_msg=(vocab, k))
+        same = np.repeat(qs[:, :1], k, axis=1)
+        np.testing.assert_allclose(
+            es.optimal_acceptance(p, same, k, drafting="independent"),
+            es.optimal_acceptance(p, qs[:, 0], k),
+            atol=2e-6,
+        )
+        for j in range(k):
+            iid = np.asarray(es.optimal_acceptance(p, qs[:, j], k))
+            assert np.all(np.abs(got - iid) > 1e-4)
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., K, V\)"):
+        es.optimal_acceptance(P, Q, 2, drafting="independent")
+    with pytest.raises(ValueError, match="for V <= 16; got V = 17"):
+        es.optimal_acceptance(
+            np.full(17, 1 / 17), np.full((2, 17), 1 / 17), 2, drafting="independent"
+        )
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="`num_drafts` must be a Python int >= 1"):
         es.optimal_acceptance(P, Q, 0)
-    with pytest.raises(ValueError, match='`drafting` must be "iid" or "without'):
+    with pytest.raises(ValueError, match='`drafting` must be "iid", "without'):
         es.optimal_acceptance(P, Q, 2, drafting="top-k")
     with pytest.raises(ValueError, match="same shape"):
         es.optimal_acceptance(P, Q[:4], 2)

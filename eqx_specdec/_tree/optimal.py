@@ -67,6 +67,20 @@ def _without_replacement_inclusion(q_sorted, k: int):
     return jnp.clip(inclusion, 0, 1)
 
 
+# Independent drafters that differ: the minimum runs over every subset of the
+# vocabulary, up to this size.
+_SUBSETS_MAX_VOCAB = 16
+
+
+def _independent_row(p, qs):
+    """$\\min_H p(H) + 1 - \\prod_k q_k(H)$ over every subset $H$ of the vocabulary."""
+    vocab = p.shape[-1]
+    bits = (np.arange(2**vocab)[:, None] >> np.arange(vocab)) & 1
+    masks = jnp.asarray(bits, p.dtype)  # (2^V, V)
+    inclusion = jnp.prod(masks @ qs.T, axis=1)  # P(every draft in H)
+    return jnp.clip(jnp.min(masks @ p + 1 - inclusion), 0, 1)
+
+
 def _one_row(p, q, k: int, drafting: str):
     p_sorted, q_sorted = _sorted_by_ratio(p, q)
     if drafting == "iid":
@@ -83,7 +97,7 @@ def optimal_acceptance(
     draft_probs: Float[Array, "*B V"],
     num_drafts: int,
     *,
-    drafting: Literal["iid", "without replacement"] = "iid",
+    drafting: Literal["iid", "without replacement", "independent"] = "iid",
 ) -> Float[Array, "*B"]:
     """The best acceptance any lossless verifier can reach at one node with
     `num_drafts` candidates drawn from the draft (Khisti et al., ICLR 2025; Hu et al.,
@@ -95,16 +109,22 @@ def optimal_acceptance(
     $p/q$ ascending (checked against exhaustive search by the test suite), so it costs a
     sort and a scan: $P(S \\subseteq H) = q(H)^K$ for i.i.d. drafts, and an exact
     exponential-race integral, updated token by token, without replacement.
-    $K = 1$ gives $\\sum_v \\min(p(v), q(v))$. Traced (works under `jax.jit` and
+    $K = 1$ gives $\\sum_v \\min(p(v), q(v))$. For independent drafters that differ
+    (two draft models), $P(S \\subseteq H) = \\prod_k q_k(H)$ and no order of the
+    tokens holds the minimiser in general: the minimum runs over all $2^V$ subsets, for
+    vocabularies of up to 16 tokens (checked against a maximum flow over the couplings
+    of $p$ and the drafts by the test suite). Traced (works under `jax.jit` and
     `jax.vmap`).
 
     **Arguments:**
 
     - `target_probs`: float `(..., V)`, the target $p$ at the node.
-    - `draft_probs`: float `(..., V)`, the draft $q$ the candidates are drawn from.
+    - `draft_probs`: float `(..., V)`, the draft $q$ the candidates are drawn from;
+        with `drafting="independent"`, `(..., K, V)`: candidate $k$ drawn from row $k$.
     - `num_drafts`: the number of candidates $K \\ge 1$, a Python int.
-    - `drafting`: `"iid"` (independent draws) or `"without replacement"` (distinct
-        candidates, each drawn from $q$ renormalised over the tokens not yet drawn).
+    - `drafting`: `"iid"` (independent draws), `"without replacement"` (distinct
+        candidates, each drawn from $q$ renormalised over the tokens not yet drawn), or
+        `"independent"` (independent draws, candidate $k$ from its own $q_k$).
 
     **Returns:**
 
@@ -119,12 +139,14 @@ def optimal_acceptance(
             f"`num_drafts` must be a Python int >= 1 (the number of candidates), got "
             f"{num_drafts!r}."
         )
-    if drafting not in ("iid", "without replacement"):
+    if drafting not in ("iid", "without replacement", "independent"):
         raise ValueError(
-            '`drafting` must be "iid" or "without replacement" (how the candidates are '
-            f"drawn from the draft), got {drafting!r}."
+            '`drafting` must be "iid", "without replacement" or "independent" (how '
+            f"the candidates are drawn from the draft), got {drafting!r}."
         )
     p, q = jnp.asarray(target_probs), jnp.asarray(draft_probs)
+    if drafting == "independent":
+        return _independent(p, q, num_drafts)
     if p.shape != q.shape or p.ndim < 1:
         raise ValueError(
             "`target_probs` and `draft_probs` must have the same shape (..., V); got "
@@ -134,4 +156,25 @@ def optimal_acceptance(
     rows_p = p.astype(dtype).reshape(-1, p.shape[-1])
     rows_q = q.astype(dtype).reshape(-1, q.shape[-1])
     alpha = jax.vmap(lambda a, b: _one_row(a, b, num_drafts, drafting))(rows_p, rows_q)
+    return alpha.reshape(p.shape[:-1])
+
+
+def _independent(p, q, num_drafts: int):
+    """`optimal_acceptance` for independent drafters that differ: `q` `(..., K, V)`."""
+    if p.ndim < 1 or q.shape != p.shape[:-1] + (num_drafts, p.shape[-1]):
+        raise ValueError(
+            '`draft_probs` must have shape (..., K, V) with drafting="independent" (row '
+            f"k: the law of candidate k), here (..., {num_drafts}, V) for "
+            f"`target_probs` of shape {p.shape}; got {q.shape}."
+        )
+    if p.shape[-1] > _SUBSETS_MAX_VOCAB:
+        raise ValueError(
+            'optimal_acceptance with drafting="independent" minimises over every '
+            f"subset of the vocabulary, for V <= {_SUBSETS_MAX_VOCAB}; got V = "
+            f"{p.shape[-1]}. Restrict p and the drafts to the tokens that matter."
+        )
+    dtype = compute_dtype(p.dtype, q.dtype)
+    rows_p = p.astype(dtype).reshape(-1, p.shape[-1])
+    rows_q = q.astype(dtype).reshape((-1,) + q.shape[-2:])
+    alpha = jax.vmap(_independent_row)(rows_p, rows_q)
     return alpha.reshape(p.shape[:-1])
