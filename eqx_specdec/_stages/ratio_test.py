@@ -83,9 +83,9 @@ class AbstractRatioTest(eqx.Module):
         that counts up to the first failure, nothing after the first failing position
         then changes the outputs. For such a test that reads only the draft tokens'
         values (`reads` below), [`eqx_specdec.Verifier`][] mapping rows one by one
-        normalises warped logits (from [`eqx_specdec.Warp`][]) of 4,096 or more
-        entries a row position by position, calling the test after each, and stops at
-        the first rejection.
+        normalises warped logits (from [`eqx_specdec.Warp`][]) of 1,024 or more
+        entries a row position by position, calling the test of every sequence after
+        each, and stops each sequence at its first rejection.
     - `reads` (default `"whole rows"`, always safe): which values the test reads, so
         that the entry points' default checks (`check_inputs="read"`) validate exactly
         those: `"draft tokens"` for a test that reads only $p_i(x_i)$ and $q_i(x_i)$
