@@ -94,6 +94,8 @@ def test_bad_maps_and_warps_are_clear_errors():
         eqx_specdec.DraftVocabulary(jnp.asarray([0, 0, -1], jnp.int32), 6)
     with pytest.raises(ValueError, match=r"outside the target's vocabulary \[0, 6\)"):
         eqx_specdec.DraftVocabulary(jnp.asarray([0, 5], jnp.int32), 6)
+    with pytest.raises(ValueError, match=r"outside the target's vocabulary \[0, 6\)"):
+        eqx_specdec.DraftVocabulary(jnp.asarray([-1, 0], jnp.int32), 6)  # id -1
     with pytest.raises(ValueError, match=r"`min_p` must lie in \[0, 1\]"):
         eqx_specdec.Warp(min_p=1.5)
     x, q, p, u, s = eqx_specdec.example_inputs(batch=2, gamma=3, vocab=6)
@@ -149,6 +151,10 @@ def test_the_shared_vocabulary_maps_equal_strings():
         eqx_specdec.SharedVocabulary.from_token_strings(["a"], ["b", "b"])
     with pytest.raises(ValueError, match="share no token"):
         eqx_specdec.SharedVocabulary.from_token_strings(["a"], ["b"])
+    with pytest.raises(ValueError, match=r"outside the target's vocabulary \[0, 6\)"):
+        eqx_specdec.SharedVocabulary(jnp.asarray([-2, 0], jnp.int32), 6)
+    with pytest.raises(ValueError, match="same target id"):
+        eqx_specdec.SharedVocabulary(jnp.asarray([1, -1, 1], jnp.int32), 6)
 
 
 def test_the_restricted_draft_is_one_law_in_both_vocabularies():

@@ -12,6 +12,54 @@ from jaxtyping import Array, Bool, Float, Int, Integer
 from .._errors import InvalidInputError
 
 
+def _checked_map(
+    name: str, array, target_vocab: int, to_target, rule: str, off_map: bool = False
+):
+    """The target ids of a draft vocabulary's map `array` (given as argument `name`,
+    an integer array of shape `(V_draft,)`), checked: distinct and in
+    `[0, target_vocab)` (`rule` says how they are found), except -1 (a draft id off
+    the map) where `off_map`. `to_target`: the map array to the target ids."""
+    values = np.asarray(array)
+    if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(
+            f"`{name}` must be an integer array of shape (V_draft,); got "
+            f"{values.dtype} of shape {values.shape}."
+        )
+    ids = to_target(values)
+    mapped = ids[ids != -1] if off_map else ids
+    if mapped.size and (mapped.min() < 0 or mapped.max() >= target_vocab):
+        raise ValueError(
+            f"`{name}` maps a draft id outside the target's vocabulary [0, "
+            f"{target_vocab}): {rule}."
+        )
+    if np.unique(mapped).size != mapped.size:
+        raise ValueError(
+            f"`{name}` maps two draft ids to the same target id: the map must be "
+            "one-to-one."
+        )
+    return ids
+
+
+def _target_tokens(target_ids, draft_tokens):
+    """Draft token ids through the map `target_ids` (int32), -1 off it or outside
+    `[0, V_draft)`."""
+    return jnp.take(
+        target_ids.astype(jnp.int32),
+        draft_tokens.astype(jnp.int32),
+        mode="fill",
+        fill_value=-1,
+    )
+
+
+def _scatter(values, target_ids, target_vocab: int, fill):
+    """`values` `(..., V_draft)` at their target ids in `(..., V)`, `fill` elsewhere;
+    values of draft ids off the map (-1) are dropped."""
+    shape = values.shape[:-1] + (target_vocab + 1,)
+    at = jnp.where(target_ids >= 0, target_ids, target_vocab)
+    out = jnp.full(shape, fill, values.dtype).at[..., at].set(values)
+    return out[..., :target_vocab]  # the last column: the dropped values
+
+
 class DraftVocabulary(eqx.Module):
     """A draft model's vocabulary as a subset of the target's: draft id $d$ is target id
     $d + \\mathrm{d2t}[d]$ (EAGLE-3's `d2t` offsets). The verification runs in the
@@ -35,24 +83,13 @@ class DraftVocabulary(eqx.Module):
     target_vocab: int = eqx.field(static=True)
 
     def __check_init__(self):
-        if isinstance(self.d2t, jax.core.Tracer):
-            return
-        d2t = np.asarray(self.d2t)
-        if d2t.ndim != 1 or not np.issubdtype(d2t.dtype, np.integer):
-            raise ValueError(
-                "`d2t` must be an integer array of shape (V_draft,); got "
-                f"{d2t.dtype} of shape {d2t.shape}."
-            )
-        ids = np.arange(d2t.shape[0]) + d2t
-        if ids.size and (ids.min() < 0 or ids.max() >= self.target_vocab):
-            raise ValueError(
-                "`d2t` maps a draft id outside the target's vocabulary [0, "
-                f"{self.target_vocab}): draft id + d2t[draft id] must lie in it."
-            )
-        if np.unique(ids).size != ids.size:
-            raise ValueError(
-                "`d2t` maps two draft ids to the same target id: the map must be "
-                "one-to-one."
+        if not isinstance(self.d2t, jax.core.Tracer):
+            _checked_map(
+                "d2t",
+                self.d2t,
+                self.target_vocab,
+                lambda d2t: np.arange(d2t.shape[0]) + d2t,
+                "draft id + d2t[draft id] must lie in it",
             )
 
     def target_ids(self) -> Int[Array, " draft_vocab"]:
@@ -72,17 +109,7 @@ class DraftVocabulary(eqx.Module):
 
         int32, the same shape.
         """
-        return jnp.take(
-            self.target_ids(),
-            draft_tokens.astype(jnp.int32),
-            mode="fill",
-            fill_value=-1,
-        )
-
-    def _scatter(self, values, fill):
-        shape = values.shape[:-1] + (self.target_vocab,)
-        out = jnp.full(shape, fill, values.dtype)
-        return out.at[..., self.target_ids()].set(values)
+        return _target_tokens(self.target_ids(), draft_tokens)
 
     def probs(
         self, draft_probs: Float[Array, "*shape draft_vocab"]
@@ -98,7 +125,7 @@ class DraftVocabulary(eqx.Module):
 
         Float of shape `(..., V)`.
         """
-        return self._scatter(draft_probs, 0)
+        return _scatter(draft_probs, self.target_ids(), self.target_vocab, 0)
 
     def logits(
         self, draft_logits: Float[Array, "*shape draft_vocab"]
@@ -114,7 +141,7 @@ class DraftVocabulary(eqx.Module):
 
         Float of shape `(..., V)`.
         """
-        return self._scatter(draft_logits, -jnp.inf)
+        return _scatter(draft_logits, self.target_ids(), self.target_vocab, -jnp.inf)
 
 
 class SharedVocabulary(eqx.Module):
@@ -145,24 +172,15 @@ class SharedVocabulary(eqx.Module):
     def __check_init__(self):
         if isinstance(self.draft_to_target, jax.core.Tracer):
             return
-        ids = np.asarray(self.draft_to_target)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(
-                "`draft_to_target` must be an integer array of shape (V_draft,); got "
-                f"{ids.dtype} of shape {ids.shape}."
-            )
-        mapped = ids[ids != -1]
-        if mapped.size and (mapped.min() < 0 or mapped.max() >= self.target_vocab):
-            raise ValueError(
-                "`draft_to_target` holds an id outside the target's vocabulary [0, "
-                f"{self.target_vocab}) other than -1 (off the map)."
-            )
-        if np.unique(mapped).size != mapped.size:
-            raise ValueError(
-                "`draft_to_target` maps two draft ids to the same target id: the map "
-                "must be one-to-one."
-            )
-        if not mapped.size:
+        ids = _checked_map(
+            "draft_to_target",
+            self.draft_to_target,
+            self.target_vocab,
+            lambda ids: ids,
+            "each id is a target id, or -1 off the map",
+            off_map=True,
+        )
+        if not np.any(ids >= 0):
             raise ValueError(
                 "`draft_to_target` maps no draft id: the vocabularies share no token."
             )
@@ -194,21 +212,23 @@ class SharedVocabulary(eqx.Module):
         twice, naming it: the map would be ambiguous.
         """
         normalise = normalise or (lambda token: token)
-        target_ids = {}
-        for side, tokens in (("target", target_tokens), ("draft", draft_tokens)):
-            seen = {}
+
+        def ids_of(side, tokens):
+            ids = {}
             for i, token in enumerate(tokens):
                 key = normalise(token)
-                if key in seen:
+                if key in ids:
                     raise ValueError(
-                        f"The {side} vocabulary holds {key!r} twice (ids {seen[key]} "
+                        f"The {side} vocabulary holds {key!r} twice (ids {ids[key]} "
                         f"and {i}): a shared token must name one id on each side. "
                         "Pass a `normalise` that keeps them apart, or drop one."
                     )
-                seen[key] = i
-            if side == "target":
-                target_ids = seen
-        ids = [target_ids.get(normalise(token), -1) for token in draft_tokens]
+                ids[key] = i
+            return ids
+
+        target_ids = ids_of("target", target_tokens)
+        draft_ids = ids_of("draft", draft_tokens)
+        ids = [target_ids.get(key, -1) for key in draft_ids]
         return cls(jnp.asarray(np.asarray(ids, np.int32)), len(target_tokens))
 
     def shared(self) -> Bool[Array, " draft_vocab"]:
@@ -248,12 +268,7 @@ class SharedVocabulary(eqx.Module):
 
         int32, the same shape.
         """
-        ids = jnp.take(
-            self.draft_to_target.astype(jnp.int32),
-            draft_tokens.astype(jnp.int32),
-            mode="fill",
-            fill_value=-1,
-        )
+        ids = _target_tokens(self.draft_to_target, draft_tokens)
         if not isinstance(ids, jax.core.Tracer):
             off = np.argwhere(np.asarray(ids) < 0)
             if off.size:
@@ -267,19 +282,14 @@ class SharedVocabulary(eqx.Module):
                 )
         return ids
 
-    def _scatter(self, values, fill):
-        shape = values.shape[:-1] + (self.target_vocab + 1,)
-        at = jnp.where(self.shared(), self.draft_to_target, self.target_vocab)
-        out = jnp.full(shape, fill, values.dtype).at[..., at].set(values)
-        return out[..., : self.target_vocab]  # off the map: the dropped last column
-
     def probs(
         self, draft_probs: Float[Array, "*shape draft_vocab"]
     ) -> Float[Array, "*shape target_vocab"]:
         """The restricted draft distributions (`restrict_probs`) in the target's
         vocabulary: `(..., V_draft)` to `(..., V)`, zeros at the target ids the draft
         does not share."""
-        return self._scatter(self.restrict_probs(draft_probs), 0)
+        restricted = self.restrict_probs(draft_probs)
+        return _scatter(restricted, self.draft_to_target, self.target_vocab, 0)
 
     def logits(
         self, draft_logits: Float[Array, "*shape draft_vocab"]
@@ -288,4 +298,5 @@ class SharedVocabulary(eqx.Module):
         $-\\infty$ at the target ids the draft does not share. Give both sides the same
         [`eqx_specdec.Warp`][] (its logit bias in target ids), and draw the draft's
         tokens from the same warp of these logits."""
-        return self._scatter(self.restrict_logits(draft_logits), -jnp.inf)
+        restricted = self.restrict_logits(draft_logits)
+        return _scatter(restricted, self.draft_to_target, self.target_vocab, -jnp.inf)
