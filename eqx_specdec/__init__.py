@@ -90,7 +90,10 @@ from ._tree.node_rules import (
     DeterministicCandidates as DeterministicCandidates,
     GreedyMultiDraft as GreedyMultiDraft,
     IIDCandidates as IIDCandidates,
+    ImportanceSampling as ImportanceSampling,
+    ResidualState as ResidualState,
     SpecHub as SpecHub,
+    SpecTrKSeq as SpecTrKSeq,
     WithoutReplacementCandidates as WithoutReplacementCandidates,
 )
 from ._tree.optimal import optimal_acceptance as optimal_acceptance

@@ -463,11 +463,11 @@ class _RuleWithoutDrafting(es.AbstractNodeRule):
     exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, residual, mass, draft, token, uniform):
-        return es.IIDCandidates().test(residual, mass, draft, token, uniform)
+    def test(self, state, token, uniform, child):
+        return es.IIDCandidates().test(state, token, uniform, child)
 
-    def reject(self, residual, mass, draft, token, child):
-        return es.IIDCandidates().reject(residual, mass, draft, token, child)
+    def reject(self, state, token, child):
+        return es.IIDCandidates().reject(state, token, child)
 
 
 @pytest.mark.parametrize(

@@ -233,6 +233,8 @@ NODE_RULES = [
     (es.IIDCandidates(), "with replacement"),
     (es.WithoutReplacementCandidates(), "without replacement"),
     (es.DeterministicCandidates(), "top-k"),
+    (es.SpecTrKSeq(), "with replacement"),
+    (es.ImportanceSampling(3), "with replacement"),
     (UserIIDCandidates(), "with replacement"),
 ]
 
@@ -246,19 +248,18 @@ def test_node_rule_capabilities_agree_with_its_test(rule, drafting):
     p = jnp.asarray(rng.dirichlet(np.ones(vocab)), jnp.float32)
     q = jnp.asarray(rng.dirichlet(np.ones(vocab)), jnp.float32)
     draft = q if rule.uses_draft_probs else jnp.zeros(vocab, jnp.float32)
-    residual, mass = p, jnp.float32(1.0)
-    for child, token in enumerate((3, 1, 5)):  # a node's candidates, each rejected
+    tokens = jnp.asarray([3, 1, 5], jnp.int32)  # a node's candidates, each rejected
+    state = rule.init(p, draft, tokens, jnp.ones(3, bool))
+    for child, token in enumerate(tokens):
         child = jnp.int32(child)
-        t = rule.pass_threshold(residual, mass, draft, jnp.int32(token), child)
+        t = rule.pass_threshold(state, token, child)
         for u in np.linspace(0.005, 0.995, 50):
             if abs(u - float(t)) > 1e-5:
-                passed = rule.test(
-                    residual, mass, draft, jnp.int32(token), jnp.float32(u), child
-                )
+                passed = rule.test(state, token, jnp.float32(u), child)
                 assert bool(passed) == (u < float(t))
-        residual, mass, draft = rule.reject(
-            residual, mass, draft, jnp.int32(token), child
-        )
+        state = rule.reject(state, token, child)
+    correction = np.asarray(rule.correction(state))
+    assert np.all(correction >= 0) and correction.sum() > 0
     drafted = jnp.arange(vocab) < 2
     law = np.asarray(rule.candidate_law(q, drafted))
     assert law.sum() == pytest.approx(1.0, abs=1e-6) and np.all(law >= 0)

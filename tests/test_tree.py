@@ -165,13 +165,11 @@ def test_lossy_tree_rule_is_caught():
         exact: ClassVar[bool] = True  # a false claim, which the test catches
         uses_draft_probs: ClassVar[bool] = True
 
-        def test(self, residual, mass, draft, token, uniform, child):
-            return eqx_specdec.IIDCandidates().test(
-                residual, mass, draft, token, uniform, child
-            )
+        def test(self, state, token, uniform, child):
+            return eqx_specdec.IIDCandidates().test(state, token, uniform, child)
 
-        def reject(self, residual, mass, draft, token, child):
-            return residual, mass, draft  # forgets to update the target
+        def reject(self, state, token, child):
+            return state  # forgets to update the target
 
     vocab, draws = 16, 100_000
     p = numpy_softmax(np.random.default_rng(1).normal(size=(4, vocab)) * 1.5).astype(
@@ -236,11 +234,11 @@ class SecondChildRule(eqx_specdec.AbstractNodeRule):
     exact: ClassVar[bool] = False
     uses_draft_probs: ClassVar[bool] = False
 
-    def test(self, residual, mass, draft, token, uniform, child):
+    def test(self, state, token, uniform, child):
         return child == 1
 
-    def reject(self, residual, mass, draft, token, child):
-        return residual, mass, draft
+    def reject(self, state, token, child):
+        return state
 
 
 def test_a_node_rule_is_told_which_sibling_it_tests():

@@ -35,17 +35,17 @@ class _ForgetfulRule(es.AbstractNodeRule):
     exact: ClassVar[bool] = True  # a false claim, which the tools catch
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, residual, mass, draft, token, uniform, child):
-        return es.IIDCandidates().test(residual, mass, draft, token, uniform, child)
+    def test(self, state, token, uniform, child):
+        return es.IIDCandidates().test(state, token, uniform, child)
 
-    def reject(self, residual, mass, draft, token, child):
-        return residual, mass, draft
+    def reject(self, state, token, child):
+        return state
 
     def candidate_law(self, draft, drafted):
         return draft
 
-    def pass_threshold(self, residual, mass, draft, token, child):
-        return es.IIDCandidates().pass_threshold(residual, mass, draft, token, child)
+    def pass_threshold(self, state, token, child):
+        return es.IIDCandidates().pass_threshold(state, token, child)
 
 
 @pytest.mark.parametrize("tree", TREES, ids=str)

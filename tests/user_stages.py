@@ -136,22 +136,26 @@ class UserIIDCandidates(eqx_specdec.AbstractNodeRule):
     exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, residual, mass, draft, token, uniform, child):
+    def test(self, state, token, uniform, child):
+        residual, mass, draft = state.residual, state.mass, state.draft
         return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
 
-    def reject(self, residual, mass, draft, token, child):
+    def reject(self, state, token, child):
+        residual, mass, draft = state.residual, state.mass, state.draft
         new = jnp.maximum(residual - mass * draft, 0)
         new_mass = jnp.sum(new)
         keep = new_mass > jnp.finfo(residual.dtype).tiny
-        return jnp.where(keep, new, residual), jnp.where(keep, new_mass, mass), draft
+        return eqx_specdec.ResidualState(
+            jnp.where(keep, new, residual), jnp.where(keep, new_mass, mass), draft
+        )
 
     def candidate_law(self, draft, drafted):
         return draft
 
-    def pass_threshold(self, residual, mass, draft, token, child):
-        denominator = mass * draft[token]
+    def pass_threshold(self, state, token, child):
+        denominator = state.mass * state.draft[token]
         safe = jnp.where(denominator > 0, denominator, 1)
-        return jnp.where(denominator > 0, residual[token] / safe, jnp.inf)
+        return jnp.where(denominator > 0, state.residual[token] / safe, jnp.inf)
 
 
 class DraftlessIIDRule(eqx_specdec.AbstractNodeRule):
@@ -161,13 +165,11 @@ class DraftlessIIDRule(eqx_specdec.AbstractNodeRule):
     exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, residual, mass, draft, token, uniform, child):
-        return eqx_specdec.IIDCandidates().test(
-            residual, mass, draft, token, uniform, child
-        )
+    def test(self, state, token, uniform, child):
+        return eqx_specdec.IIDCandidates().test(state, token, uniform, child)
 
-    def reject(self, residual, mass, draft, token, child):
-        return eqx_specdec.IIDCandidates().reject(residual, mass, draft, token, child)
+    def reject(self, state, token, child):
+        return eqx_specdec.IIDCandidates().reject(state, token, child)
 
 
 class MappedVerifier(eqx_specdec.AbstractVerifier):

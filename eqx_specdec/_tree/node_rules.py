@@ -1,13 +1,16 @@
 """How the candidate children of a tree node are tried: the node rules."""
 
 import abc
+import itertools
+import math
 from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from equinox import AbstractClassVar
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from .._capabilities import capability
 from .._search import has_mass
@@ -16,23 +19,49 @@ from .optimal import optimal_acceptance
 
 Row = Float[Array, " V"]
 Scalar = Float[Array, ""]
+NodeRuleState = PyTree[Array]
+
+
+class ResidualState(eqx.Module):
+    """The state of the rules that keep an evolving target and draft (every built-in
+    rule but [`eqx_specdec.SpecTrKSeq`][] and [`eqx_specdec.ImportanceSampling`][]):
+    the target $p^{(k)} = $ `residual / mass` and the draft $q^{(k)}$ against which the
+    $k$-th child is tried. The default state of
+    [`eqx_specdec.AbstractNodeRule.init`][].
+
+    **Fields:**
+
+    - `residual`: float `(V,)`, the evolving target, unnormalised.
+    - `mass`: float scalar, its total.
+    - `draft`: float `(V,)`, the evolving draft (zeros for rules without one).
+    """
+
+    residual: Row
+    mass: Scalar
+    draft: Row
 
 
 class AbstractNodeRule(eqx.Module):
     """How the candidate children of one tree node are tried, in order.
 
-    At a node with target $p$ the candidates $c_1, \\dots, c_K$ are tested one after the
-    other against an evolving target $p^{(k)}$ (and, for some rules, an evolving draft
-    $q^{(k)}$). The first to pass is accepted and the walk descends into it; if all fail,
-    the correction is drawn from the final $p^{(K+1)}$.
+    At a node with target $p$ and draft $q$, the rule's `init` builds a state from
+    $p$, $q$ and the node's children; the children $c_1, \\dots, c_K$ are then tested
+    one after the other (`test`), each failure updating the state (`reject`). The
+    first to pass is accepted and the walk descends into it; if all fail, the
+    correction is drawn from the rule's `correction` of the final state.
 
-    The evolving target is kept unnormalised, as `residual` with total `mass`:
-    $p^{(k)} = \\text{residual} / \\text{mass}$.
+    The state is any PyTree of arrays the rule chooses (as an Optimistix solver's
+    state). By default it is a [`eqx_specdec.ResidualState`][]: an evolving target
+    $p^{(k)}$ (and draft $q^{(k)}$) against which the $k$-th child is tested, and
+    from which the correction is drawn. A rule whose test depends on the whole set of
+    siblings (as [`eqx_specdec.ImportanceSampling`][]'s does), or on their number (as
+    [`eqx_specdec.SpecTrKSeq`][]'s does), reads them in `init`.
 
     **Declared by every subclass:** `exact` (class attribute): whether the rule is
     exact (the emitted tokens follow the target exactly when children are drafted from
     its `candidate_law`); `uses_draft_probs` (class attribute): whether the rule reads
-    the draft distributions (if not, `draft_probs` may be `None`).
+    the draft distributions (if not, `draft_probs` may be `None`); `test` and
+    `reject`.
 
     **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
     `candidate_law` (how the decoding loop and the evaluation tools draft a node's
@@ -49,25 +78,46 @@ class AbstractNodeRule(eqx.Module):
     exact: AbstractClassVar[bool]
     uses_draft_probs: AbstractClassVar[bool]
 
+    def init(
+        self,
+        target: Row,
+        draft: Row,
+        tokens: Int[Array, " nodes"],
+        siblings: Bool[Array, " nodes"],
+    ) -> NodeRuleState:
+        """The state at a node, before its first child is tried.
+
+        **Arguments:**
+
+        - `target`: float `(V,)`, the target's distribution $p$ after the node.
+        - `draft`: float `(V,)`, the draft's $q$ after the node (zeros for rules
+            without `uses_draft_probs`).
+        - `tokens`: int32 `(N,)`, the token of every node of the tree.
+        - `siblings`: boolean `(N,)`, which nodes are this node's children; in index
+            order, they are the order the children are tried in.
+
+        **Returns:**
+
+        The rule's state, a PyTree of arrays. By default
+        `ResidualState(target, 1, draft)`.
+        """
+        del tokens, siblings
+        return ResidualState(target, jnp.ones((), target.dtype), draft)
+
     @abc.abstractmethod
     def test(
         self,
-        residual: Row,
-        mass: Scalar,
-        draft: Row,
+        state: NodeRuleState,
         token: Int[Array, ""],
         uniform: Scalar,
         child: Int[Array, ""],
     ) -> Bool[Array, ""]:
-        """Whether candidate `token` passes, given the evolving state.
+        """Whether candidate `token` passes, given the state.
 
         **Arguments:**
 
-        - `residual`, `mass`: the evolving target, $p^{(k)} = $ `residual / mass`. At
-            a node's first child (`child == 0`) they are the target's row after the
-            node, unnormalised only by rounding (`mass` is 1).
-        - `draft`: the evolving draft $q^{(k)}$ (zeros for rules without one); at the
-            first child, the draft's row after the node.
+        - `state`: the rule's state: from `init` for a node's first child, from
+            `reject` after.
         - `token`: the candidate $c_k$.
         - `uniform`: its uniform $u_k$.
         - `child`: $k - 1$, which sibling this is: 0 for the node's first child, 1 for
@@ -80,14 +130,9 @@ class AbstractNodeRule(eqx.Module):
 
     @abc.abstractmethod
     def reject(
-        self,
-        residual: Row,
-        mass: Scalar,
-        draft: Row,
-        token: Int[Array, ""],
-        child: Int[Array, ""],
-    ) -> tuple[Row, Scalar, Row]:
-        """The state after candidate `token` failed: `(residual, mass, draft)`.
+        self, state: NodeRuleState, token: Int[Array, ""], child: Int[Array, ""]
+    ) -> NodeRuleState:
+        """The state after candidate `token` failed.
 
         **Arguments:**
 
@@ -95,8 +140,22 @@ class AbstractNodeRule(eqx.Module):
 
         **Returns:**
 
-        The next `(residual, mass, draft)`.
+        The next state, of the same structure.
         """
+
+    def correction(self, state: NodeRuleState) -> Row:
+        """The (unnormalised) distribution the correction is drawn from when every
+        child of the node failed (or the node has none).
+
+        **Arguments:**
+
+        - `state`: the final state.
+
+        **Returns:**
+
+        A float `(V,)` row. By default `state.residual`.
+        """
+        return state.residual
 
     @capability
     def candidate_law(self, draft: Row, drafted: Bool[Array, " V"]) -> Row:
@@ -134,17 +193,11 @@ class AbstractNodeRule(eqx.Module):
 
     @capability
     def pass_threshold(
-        self,
-        residual: Row,
-        mass: Scalar,
-        draft: Row,
-        token: Int[Array, ""],
-        child: Int[Array, ""],
+        self, state: NodeRuleState, token: Int[Array, ""], child: Int[Array, ""]
     ) -> Scalar:
         """Capability for exact evaluation of trees
         ([`eqx_specdec.emission_by_quadrature`][] with a tree): the value $t$ such that
-        `test(residual, mass, draft, token, u, child)` passes exactly when $u < t$.
-        Traced.
+        `test(state, token, u, child)` passes exactly when $u < t$. Traced.
 
         **Arguments:**
 
@@ -193,15 +246,15 @@ class IIDCandidates(AbstractNodeRule):
     def optimal_acceptance(self, target, draft, num_children):
         return optimal_acceptance(target, draft, num_children, drafting="iid")
 
-    def pass_threshold(self, residual, mass, draft, token, child):
-        return _threshold(residual, mass, draft, token)
+    def pass_threshold(self, state, token, child):
+        return _threshold(state.residual, state.mass, state.draft, token)
 
-    def test(self, residual, mass, draft, token, uniform, child):
-        return _passes(residual, mass, draft, token, uniform)
+    def test(self, state, token, uniform, child):
+        return _passes(state.residual, state.mass, state.draft, token, uniform)
 
-    def reject(self, residual, mass, draft, token, child):
-        residual, mass = _subtract(residual, mass, draft)
-        return residual, mass, draft
+    def reject(self, state, token, child):
+        residual, mass = _subtract(state.residual, state.mass, state.draft)
+        return ResidualState(residual, mass, state.draft)
 
 
 class WithoutReplacementCandidates(AbstractNodeRule):
@@ -222,14 +275,15 @@ class WithoutReplacementCandidates(AbstractNodeRule):
             target, draft, num_children, drafting="without replacement"
         )
 
-    def pass_threshold(self, residual, mass, draft, token, child):
-        return _threshold(residual, mass, draft, token)
+    def pass_threshold(self, state, token, child):
+        return _threshold(state.residual, state.mass, state.draft, token)
 
-    def test(self, residual, mass, draft, token, uniform, child):
-        return _passes(residual, mass, draft, token, uniform)
+    def test(self, state, token, uniform, child):
+        return _passes(state.residual, state.mass, state.draft, token, uniform)
 
-    def reject(self, residual, mass, draft, token, child):
-        residual, mass = _subtract(residual, mass, draft)
+    def reject(self, state, token, child):
+        residual, mass = _subtract(state.residual, state.mass, state.draft)
+        draft = state.draft
         ids = jnp.arange(draft.shape[0], dtype=jnp.int32)
         remaining = 1 - draft[token]
         draft = jnp.where(
@@ -237,14 +291,16 @@ class WithoutReplacementCandidates(AbstractNodeRule):
             0,
             draft / jnp.where(remaining > 0, remaining, 1),
         )
-        return residual, mass, draft
+        return ResidualState(residual, mass, draft)
 
 
 class DeterministicCandidates(AbstractNodeRule):
     """Distinct children chosen deterministically (top-$k$ trees, EAGLE-2-style; no $q$):
     accept $c_k$ if $u_k < p^{(k)}(c_k)$; else zero $c_k$ in $p^{(k)}$. The probability
-    that some child is accepted is $\\sum_k p(c_k)$. Lossless. Its children are the draft's
-    most likely tokens, in order (`candidate_law` is one-hot)."""
+    that some child is accepted is $\\sum_k p(c_k)$. Lossless for any distinct children
+    fixed by the draft (whatever rule picked them: the draft's top-$k$, or
+    [`eqx_specdec.DynamicTree`][]'s best-first expansion). Its `candidate_law` is the
+    draft's most likely tokens, in order (one-hot)."""
 
     exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = False
@@ -257,19 +313,23 @@ class DeterministicCandidates(AbstractNodeRule):
         # A deterministic set D: P(S in H) is 1 when H holds D, else 0, so alpha* = p(D).
         return jnp.sum(jnp.where(_top_mask(draft, num_children), target, 0))
 
-    def pass_threshold(self, residual, mass, draft, token, child):
-        return residual[token] / mass
+    def pass_threshold(self, state, token, child):
+        return state.residual[token] / state.mass
 
-    def test(self, residual, mass, draft, token, uniform, child):
-        return uniform.astype(residual.dtype) * mass < residual[token]
+    def test(self, state, token, uniform, child):
+        return uniform.astype(state.residual.dtype) * state.mass < state.residual[token]
 
-    def reject(self, residual, mass, draft, token, child):
-        # (p - onehot(c))_+ is p with c zeroed: the i.i.d. update with q = onehot(c).
-        one_hot = (jnp.arange(residual.shape[0], dtype=jnp.int32) == token).astype(
-            residual.dtype
-        )
-        residual, mass = _subtract(residual, mass, one_hot)
-        return residual, mass, draft
+    def reject(self, state, token, child):
+        residual, mass = _without_token(state.residual, state.mass, token)
+        return ResidualState(residual, mass, state.draft)
+
+
+def _without_token(residual, mass, token):
+    """The residual with `token`'s entry zeroed (unchanged if nothing would remain)."""
+    rest = jnp.where(jnp.arange(residual.shape[0], dtype=jnp.int32) == token, 0, residual)
+    rest_mass = jnp.sum(rest)
+    keep = has_mass(rest_mass, residual.dtype)
+    return jnp.where(keep, rest, residual), jnp.where(keep, rest_mass, mass)
 
 
 def _top_mask(draft, k: int):
@@ -314,30 +374,29 @@ class _TopPlusOne(AbstractNodeRule):
         one_hot = jax.nn.one_hot(best, draft.shape[0], dtype=draft.dtype)
         return jnp.where(first, self._sampled_law(draft), one_hot)
 
-    def pass_threshold(self, residual, mass, draft, token, child):
+    def pass_threshold(self, state, token, child):
+        residual, mass, draft = state.residual, state.mass, state.draft
         sampled = _threshold(residual, mass, self._sampled_law(draft), token)
         return jnp.where(self._first_phase(draft), sampled, residual[token] / mass)
 
-    def test(self, residual, mass, draft, token, uniform, child):
+    def test(self, state, token, uniform, child):
+        residual, mass, draft = state.residual, state.mass, state.draft
         u = uniform.astype(residual.dtype)
         law = self._sampled_law(draft)
         sampled = _passes(residual, mass, law, token, uniform)
         deterministic = u * mass < residual[token]
         return jnp.where(self._first_phase(draft), sampled, deterministic)
 
-    def reject(self, residual, mass, draft, token, child):
-        ids = jnp.arange(residual.shape[0], dtype=jnp.int32)
+    def reject(self, state, token, child):
+        residual, mass, draft = state.residual, state.mass, state.draft
         # First phase: r = (p - q')_+ off D (q' is zero on D, so p stays there).
-        law = self._sampled_law(draft)
-        first_residual, first_mass = _subtract(residual, mass, law)
+        first_residual, first_mass = _subtract(
+            residual, mass, self._sampled_law(draft)
+        )
         # Then: the tested child's token leaves the residual.
-        rest = jnp.where(ids == token, 0, residual)
-        rest_mass = jnp.sum(rest)
-        keep = has_mass(rest_mass, residual.dtype)
-        later_residual = jnp.where(keep, rest, residual)
-        later_mass = jnp.where(keep, rest_mass, mass)
+        later_residual, later_mass = _without_token(residual, mass, token)
         first = self._first_phase(draft)
-        return (
+        return ResidualState(
             jnp.where(first, first_residual, later_residual),
             jnp.where(first, first_mass, later_mass),
             jnp.zeros_like(draft),
@@ -401,3 +460,248 @@ class SpecHub(_TopPlusOne):
 
     def optimal_acceptance(self, target, draft, num_children):
         return self._acceptance(target, draft)
+
+
+def _num_children(siblings):
+    return jnp.sum(siblings.astype(jnp.int32))
+
+
+def _repeated_failure(beta, count):
+    """$c_i = \\sum_{j < i} (1 - \\beta)^j$, the expected number of i.i.d. tries, each
+    passing with probability $\\beta$, until the first pass, capped at `count`."""
+    count = count.astype(beta.dtype)
+    geometric = -jnp.expm1(count * jnp.log1p(-beta)) / jnp.where(beta > 0, beta, 1)
+    return jnp.where(beta > 0, geometric, count)
+
+
+class _KSeqState(eqx.Module):
+    target: Row
+    draft: Row
+    scale: Scalar  # rho
+    beta: Scalar  # sum_v min(q(v), p(v) / rho)
+    rejected: Int[Array, ""]
+
+
+_KSEQ_BISECTIONS = 40
+
+
+class SpecTrKSeq(AbstractNodeRule):
+    """SpecTr's K-SEQ (Sun et al., NeurIPS 2023): $K$ children drawn i.i.d. from $q$,
+    each accepted with probability $\\min(1, p(c_k) / (\\rho\\, q(c_k)))$, the same
+    for every child whatever failed before; if all $K$ fail, the correction follows
+
+    $$p - \\min(q, p/\\rho)\\, \\frac{1 - (1 - \\beta)^K}{\\beta}, \\qquad
+    \\beta = \\sum_v \\min(q(v), p(v)/\\rho).$$
+
+    That residual is a distribution when $\\rho \\ge (1 - (1-\\beta)^K) / \\beta$;
+    `init` finds the least such $\\rho \\in [1, K]$ by bisection (where the two sides
+    cross), with $K$ the node's number of children, so that nodes of a tree may have
+    different numbers of children. Lossless; the probability that some child is
+    accepted is $1 - (1 - \\beta)^K$, at least $(1 - 1/e)$ times the optimum
+    $\\alpha^*$ of i.i.d. drafts (their Theorem 2; checked by the test suite).
+    $K = 1$ is the standard rule.
+    """
+
+    exact: ClassVar[bool] = True
+    uses_draft_probs: ClassVar[bool] = True
+
+    def init(self, target, draft, tokens, siblings):
+        count = _num_children(siblings)
+        dtype = target.dtype
+        k = jnp.maximum(count, 1).astype(dtype)
+
+        def beta_at(rho):
+            return jnp.sum(jnp.minimum(draft, target / rho))
+
+        def feasible(rho):
+            return rho >= _repeated_failure(beta_at(rho), count)
+
+        def bisect(_, bounds):
+            lo, hi = bounds
+            mid = (lo + hi) / 2
+            ok = feasible(mid)
+            return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+
+        one = jnp.ones((), dtype)
+        # rho = K is always feasible (the sum is at most K); rho = 1 is when K <= 1.
+        _, rho = jax.lax.fori_loop(0, _KSEQ_BISECTIONS, bisect, (one, k))
+        rho = jnp.where(feasible(one), one, rho)
+        return _KSeqState(target, draft, rho, beta_at(rho), jnp.int32(0))
+
+    def candidate_law(self, draft, drafted):
+        return draft
+
+    def optimal_acceptance(self, target, draft, num_children):
+        return optimal_acceptance(target, draft, num_children, drafting="iid")
+
+    def pass_threshold(self, state, token, child):
+        return _threshold(state.target, state.scale, state.draft, token)
+
+    def test(self, state, token, uniform, child):
+        return _passes(state.target, state.scale, state.draft, token, uniform)
+
+    def reject(self, state, token, child):
+        return eqx.tree_at(lambda s: s.rejected, state, state.rejected + 1)
+
+    def correction(self, state):
+        accepted = jnp.minimum(state.draft, state.target / state.scale)
+        tries = _repeated_failure(state.beta, state.rejected)
+        return jnp.maximum(state.target - accepted * tries, 0)
+
+
+# The importance-sampling rule's exact law of the selected draft enumerates the
+# multisets of the other drafts; it is refused beyond this many (multiset, token) pairs.
+_IS_MAX_ENUMERATION = 1 << 22
+
+
+def _multisets(vocab: int, size: int):
+    """Every multiset of `size` tokens out of `vocab`, as counts `(n, vocab)`, and the
+    multinomial coefficient of each (`(n,)`)."""
+    counts = []
+    for combo in itertools.combinations_with_replacement(range(vocab), size):
+        row = np.zeros(vocab, np.int64)
+        np.add.at(row, list(combo), 1)
+        counts.append(row)
+    counts = np.asarray(counts, np.int64).reshape(-1, vocab)
+    coefficients = math.factorial(size) / np.prod(
+        [[math.factorial(c) for c in row] for row in counts], axis=1
+    )
+    return counts, coefficients
+
+
+def _enumeration_size(vocab: int, num_drafts: int) -> int:
+    return vocab * sum(math.comb(vocab + k - 2, k - 1) for k in range(1, num_drafts + 1))
+
+
+class _ImportanceState(eqx.Module):
+    target: Row
+    selected_law: Row  # the law of the selected draft
+    weights: Row  # w = p / q
+    total: Scalar  # W, the siblings' total weight
+    failed: Scalar  # F, the probability that an earlier sibling was accepted
+    count: Int[Array, ""]
+
+
+class ImportanceSampling(AbstractNodeRule):
+    """The importance-sampling verifier of Khisti et al. (ICLR 2025), in two steps: of
+    the $K$ children, drawn i.i.d. from $q$, one is selected with probability
+    proportional to its weight $w = p/q$ (uniformly when every weight is 0); the
+    selected token $Y$ is then verified by the standard rule against $q_Y$, the exact
+    law of $Y$: accepted with probability $\\min(1, p(Y) / q_Y(Y))$, else the correction
+    follows $(p - q_Y)_+$. Lossless; the probability that some child is accepted is
+    $\\sum_v \\min(p(v), q_Y(v))$.
+
+    The walk tests the children one by one: child $k$ passes with probability
+    $s_k a_k / (1 - \\sum_{j<k} s_j a_j)$, with $s_k$ its selection probability and
+    $a_k$ its acceptance, which gives each child the same probability of being the one
+    accepted as the two steps do.
+
+    $q_Y(y) = K q(y)\\, E[w(y) / (w(y) + S)]$, with $S$ the total weight of $K - 1$
+    other i.i.d. drafts, is computed exactly by enumerating the multisets of those
+    drafts: $V \\binom{V + K - 2}{K - 1}$ terms, refused beyond $2^{22}$ (a vocabulary
+    of 16 tokens with up to 8 drafts). For real vocabularies, verify rows restricted
+    to their most likely tokens.
+
+    **Arguments:**
+
+    - `num_drafts`: the most children a node may have (a Python int $\\ge 1$); the law
+        of $Y$ is enumerated for every count up to it. A node with more children has a
+        NaN correction (an invalid draw, -1).
+    """
+
+    num_drafts: int = eqx.field(static=True)
+    exact: ClassVar[bool] = True
+    uses_draft_probs: ClassVar[bool] = True
+
+    def __check_init__(self):
+        if not isinstance(self.num_drafts, int) or self.num_drafts < 1:
+            raise ValueError(
+                "ImportanceSampling(`num_drafts`=...) must be a Python int >= 1 (the "
+                f"most children a node may have); got {self.num_drafts!r}."
+            )
+
+    def selected_law(self, target: Row, draft: Row, count: Int[Array, ""]) -> Row:
+        """$q_Y$: the law of the selected child when `count` children are drafted
+        i.i.d. from `draft` (zeros for `count` 0; NaN above `num_drafts`).
+
+        **Arguments:**
+
+        - `target`, `draft`: float `(V,)`, $p$ and $q$.
+        - `count`: int32 scalar, the number of children $K$.
+
+        **Returns:**
+
+        A float `(V,)` distribution.
+        """
+        vocab, dtype = target.shape[0], target.dtype
+        size = _enumeration_size(vocab, self.num_drafts)
+        if size > _IS_MAX_ENUMERATION:
+            raise ValueError(
+                f"ImportanceSampling(num_drafts={self.num_drafts}) enumerates "
+                f"{size:,} terms for a vocabulary of {vocab} (at most "
+                f"{_IS_MAX_ENUMERATION:,}): restrict the rows to their most likely "
+                "tokens, or lower `num_drafts`."
+            )
+        drafted = draft > 0
+        weights = jnp.where(drafted, target / jnp.where(drafted, draft, 1), 0)
+        laws = [jnp.zeros((vocab,), dtype)]
+        for k in range(1, self.num_drafts + 1):
+            counts, coefficients = _multisets(vocab, k - 1)
+            counts = jnp.asarray(counts, dtype)
+            chance = jnp.asarray(coefficients, dtype) * jnp.prod(
+                draft[None, :] ** counts, axis=1
+            )  # (n,)
+            others = counts @ weights  # (n,)
+            total = weights[:, None] + others[None, :]  # (V, n)
+            share = jnp.where(
+                total > 0, weights[:, None] / jnp.where(total > 0, total, 1), 1 / k
+            )
+            laws.append(k * draft * (share @ chance))
+        laws = jnp.stack(laws + [jnp.full((vocab,), jnp.nan, dtype)])
+        return laws[jnp.clip(count, 0, self.num_drafts + 1)]
+
+    def init(self, target, draft, tokens, siblings):
+        count = _num_children(siblings)
+        law = self.selected_law(target, draft, count)
+        drafted = draft > 0
+        weights = jnp.where(drafted, target / jnp.where(drafted, draft, 1), 0)
+        total = jnp.sum(jnp.where(siblings, weights[tokens], 0))
+        zero = jnp.zeros((), target.dtype)
+        return _ImportanceState(target, law, weights, total, zero, count)
+
+    def _accepted_share(self, state, token):
+        """$s_k a_k$: the probability that this child is selected and accepted."""
+        k = jnp.maximum(state.count, 1).astype(state.total.dtype)
+        selected = jnp.where(
+            state.total > 0,
+            state.weights[token] / jnp.where(state.total > 0, state.total, 1),
+            1 / k,
+        )
+        law = state.selected_law[token]
+        accepted = jnp.where(
+            law > 0, jnp.minimum(1, state.target[token] / jnp.where(law > 0, law, 1)), 0
+        )
+        return selected * accepted
+
+    def candidate_law(self, draft, drafted):
+        return draft
+
+    def optimal_acceptance(self, target, draft, num_children):
+        return optimal_acceptance(target, draft, num_children, drafting="iid")
+
+    def pass_threshold(self, state, token, child):
+        left = 1 - state.failed
+        share = self._accepted_share(state, token)
+        return jnp.where(left > 0, share / jnp.where(left > 0, left, 1), 0)
+
+    def test(self, state, token, uniform, child):
+        left = 1 - state.failed
+        share = self._accepted_share(state, token)
+        return uniform.astype(state.target.dtype) * left < share
+
+    def reject(self, state, token, child):
+        failed = state.failed + self._accepted_share(state, token)
+        return eqx.tree_at(lambda s: s.failed, state, failed)
+
+    def correction(self, state):
+        return jnp.maximum(state.target - state.selected_law, 0)

@@ -60,11 +60,10 @@ class TreeVerifier(AbstractTreeVerifier):
         return self.node_rule
 
     def _walk(self, node_tokens, parents, draft_probs, target_probs, decide, record):
-        """The top-down walk. `decide(i, residual, mass, draft, token, child)` is node
-        `i`'s
-        outcome; with `record`, each tested node's `pass_threshold` (NaN if not
-        tested). Returns the accepted length, path, tokens, the final evolving target
-        and the thresholds (`None` without `record`)."""
+        """The top-down walk. `decide(i, state, token, child)` is node `i`'s outcome;
+        with `record`, each tested node's `pass_threshold` (NaN if not tested). Returns
+        the accepted length, path, tokens, the correction's distribution and the
+        thresholds (`None` without `record`)."""
         rule = self.node_rule
         nodes, vocab = node_tokens.shape[0], target_probs.shape[1]
         dtypes = [target_probs.dtype] + (
@@ -79,31 +78,30 @@ class TreeVerifier(AbstractTreeVerifier):
                 return jnp.zeros((vocab,), dtype)
             return draft_probs[i].astype(dtype)
 
-        def step(i, carry):
-            current, depth, child, residual, mass, draft, path, tokens, thresholds = (
-                carry
+        def start(i):
+            """The rule's state at context `i` (0: the root; i + 1: after node i)."""
+            siblings = parents == i - 1
+            return rule.init(
+                target_probs[i].astype(dtype), draft_row(i), tokens_in, siblings
             )
+
+        def select(flag, new, old):
+            return jax.tree.map(lambda a, b: jnp.where(flag, a, b), new, old)
+
+        def step(i, carry):
+            current, depth, child, state, path, tokens, thresholds = carry
             token = tokens_in[i]
             is_child = parents[i] == current
             if record:
-                t = rule.pass_threshold(residual, mass, draft, token, child)
+                t = rule.pass_threshold(state, token, child)
                 thresholds = thresholds.at[i].set(jnp.where(is_child, t, jnp.nan))
-            passed = decide(i, residual, mass, draft, token, child)
+            passed = decide(i, state, token, child)
             accept = is_child & passed
             reject = is_child & ~passed
-            r_residual, r_mass, r_draft = rule.reject(
-                residual, mass, draft, token, child
-            )
-            residual = jnp.where(
+            state = select(
                 accept,
-                target_probs[i + 1].astype(dtype),
-                jnp.where(reject, r_residual, residual),
-            )
-            mass = jnp.where(
-                accept, jnp.ones((), dtype), jnp.where(reject, r_mass, mass)
-            )
-            draft = jnp.where(
-                accept, draft_row(i + 1), jnp.where(reject, r_draft, draft)
+                start(i + 1),
+                select(reject, rule.reject(state, token, child), state),
             )
             path = jnp.where(accept, path.at[depth].set(i), path)
             tokens = jnp.where(accept, tokens.at[depth].set(token), tokens)
@@ -111,32 +109,21 @@ class TreeVerifier(AbstractTreeVerifier):
             depth = depth + accept.astype(jnp.int32)
             # Which sibling the next child of `current` is: 0 after descending.
             child = jnp.where(accept, 0, child + reject.astype(jnp.int32))
-            return (
-                current,
-                depth,
-                child,
-                residual,
-                mass,
-                draft,
-                path,
-                tokens,
-                thresholds,
-            )
+            return current, depth, child, state, path, tokens, thresholds
 
         init = (
             jnp.int32(-1),
             jnp.int32(0),
             jnp.int32(0),
-            target_probs[0].astype(dtype),
-            jnp.ones((), dtype),
-            draft_row(0),
+            start(0),
             jnp.full((nodes,), -1, jnp.int32),
             jnp.full((nodes + 1,), -1, jnp.int32),
             jnp.full((nodes,), jnp.nan, dtype) if record else None,
         )
-        _, depth, _, residual, _, _, path, tokens, thresholds = jax.lax.fori_loop(
+        _, depth, _, state, path, tokens, thresholds = jax.lax.fori_loop(
             0, nodes, step, init
         )
+        residual = rule.correction(state).astype(dtype)
         # A rule's update (zeroing a candidate's entry, a clip to 0) can hide a NaN or an
         # infinity of a row the walk read: with the input checks off, a tree holding one
         # (the checks read every row) ends in a NaN residual, whose draw is -1.
@@ -179,10 +166,8 @@ class TreeVerifier(AbstractTreeVerifier):
         "path": int32 (nodes,) (the accepted nodes' indices, then -1)}`.
         """
 
-        def decide(i, residual, mass, draft, token, child):
-            return self.node_rule.test(
-                residual, mass, draft, token, accept_uniforms[i], child
-            )
+        def decide(i, state, token, child):
+            return self.node_rule.test(state, token, accept_uniforms[i], child)
 
         depth, path, tokens, residual, _ = self._walk(
             node_tokens, parents, draft_probs, target_probs, decide, record=False
