@@ -1,5 +1,6 @@
-"""Published numbers reproduced by the library: the table on the docs' "Published numbers"
-page (`docs/paper_numbers_table.txt`).
+"""Published numbers reproduced by the library: the tables and the figure on the docs'
+"Published numbers" page (`docs/paper_numbers_table.txt`, `docs/khisti_fig2_table.txt`,
+`docs/images/khisti_fig2.png`).
 
     python scripts/paper_numbers.py
 
@@ -17,8 +18,15 @@ draft $q = (2/3, 1/3)$ at every position, drafts of $G = 2, 3, 4$ tokens. For ea
   $i$ tokens more often than the $i$-token prefixes of the two laws can be coupled),
   computed exactly in fractions.
 
-`tests/test_paper_numbers.py` checks the fractions against the papers' values, and the
-committed table against this script's output.
+Khisti et al.'s Fig. 2 (ICLR 2025): three tokens, $p$ uniform, $K = 2$ i.i.d. drafts from
+$q = (1/3, q_2, 2/3 - q_2)$ (left) and $q = (1/6, q_2, 5/6 - q_2)$ (right). For each $q_2$,
+the probability that a draft is accepted: the optimum $\alpha^*$
+(`eqx_specdec.optimal_acceptance`), and SpecInfer's rule, SpecTr's K-SEQ and importance
+sampling at a root with two children, by exact quadrature.
+
+`tests/test_paper_numbers.py` checks the fractions against the papers' values, the
+figure's optimum against the closed form of its panels, and the committed tables against
+this script's output.
 """
 
 import pathlib
@@ -30,7 +38,10 @@ import numpy as np
 import eqx_specdec as es
 
 
-OUT = pathlib.Path(__file__).parent.parent / "docs" / "paper_numbers_table.txt"
+DOCS = pathlib.Path(__file__).parent.parent / "docs"
+OUT = DOCS / "paper_numbers_table.txt"
+FIG2_TABLE = DOCS / "khisti_fig2_table.txt"
+FIG2_PLOT = DOCS / "images" / "khisti_fig2.png"
 P = (Fraction(1, 3), Fraction(2, 3))
 Q = (Fraction(2, 3), Fraction(1, 3))
 GAMMAS = (2, 3, 4)
@@ -103,7 +114,88 @@ def table() -> str:
     return header + "\n".join(rows) + "\n"
 
 
+# Khisti et al.'s Fig. 2: the first draft probability of each panel, and the q2 of the
+# table (the plot samples each panel finely).
+FIG2_PANELS = {"left": Fraction(1, 3), "right": Fraction(1, 6)}
+FIG2_Q2 = (
+    Fraction(0), Fraction(1, 12), Fraction(1, 6), Fraction(1, 4), Fraction(1, 3),
+    Fraction(1, 2),
+)  # fmt: skip
+FIG2_RULES = {
+    "SpecInfer": es.IIDCandidates(),
+    "SpecTr (K-SEQ)": es.SpecTrKSeq(),
+    "importance sampling": es.ImportanceSampling(2),
+}
+
+
+def fig2_draft(panel: str, q2: float) -> np.ndarray:
+    first = float(FIG2_PANELS[panel])
+    return np.array([first, q2, 1 - first - q2])
+
+
+def fig2_point(panel: str, q2: float) -> dict[str, float]:
+    """The optimum and each rule's root acceptance (exact quadrature) at one $q_2$."""
+    p = np.full(3, 1 / 3)
+    q = fig2_draft(panel, q2)
+    values = {"optimum": float(es.optimal_acceptance(p, q, 2))}
+    for name, rule in FIG2_RULES.items():
+        result = es.evaluate_verifier(
+            es.TreeVerifier(rule, tree=(-1, -1)),
+            np.tile(q, (3, 1)),
+            np.tile(p, (3, 1)),
+            method="quadrature",
+        )
+        values[name] = result.root_acceptance
+    return values
+
+
+def fig2_table() -> str:
+    names = ["optimum", *FIG2_RULES]
+    header = (
+        "| panel, $q$ | $q_2$ | " + " | ".join(names) + " |\n"
+        "|---|---|" + "---|" * len(names) + "\n"
+    )
+    rows = []
+    for panel, first in FIG2_PANELS.items():
+        for q2 in FIG2_Q2:
+            if q2 > 1 - first:
+                continue
+            values = fig2_point(panel, float(q2))
+            cells = " | ".join(f"{values[n]:.4f}" for n in names)
+            rows.append(
+                f"| {panel}, $({first}, q_2, {1 - first} - q_2)$ | {q2} | {cells} |"
+            )
+    return header + "\n".join(rows) + "\n"
+
+
+def fig2_plot(path: pathlib.Path, points: int = 49) -> None:
+    """Both panels as curves in $q_2$ (matplotlib, the `[plot]` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, 1, figsize=(6, 6.4), sharey=True)
+    for axis, (panel, first) in zip(axes, FIG2_PANELS.items()):
+        grid = np.linspace(0, 1 - float(first), points)
+        curves = [fig2_point(panel, float(q2)) for q2 in grid]
+        for name in curves[0]:
+            axis.plot(grid, [c[name] for c in curves], label=name)
+        axis.set_title(f"q = ({first}, q2, {1 - first} - q2)")
+        axis.set_xlabel("q2")
+        axis.grid(alpha=0.3)
+    for axis in axes:
+        axis.set_ylabel("P(a draft is accepted)")
+    axes[0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
 if __name__ == "__main__":
     text = table()
     OUT.write_text(text)
     print(text, end="")
+    text = fig2_table()
+    FIG2_TABLE.write_text(text)
+    print(text, end="")
+    fig2_plot(FIG2_PLOT)

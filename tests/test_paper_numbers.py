@@ -2,6 +2,7 @@
 library's quadrature, and the committed table equal to its script's output."""
 
 import importlib.util
+import itertools
 import pathlib
 import re
 from fractions import Fraction
@@ -58,3 +59,58 @@ def test_the_committed_table_is_the_scripts():
             assert abs(number(a) - number(b)) < 1e-6, (a, b)
             assert re.findall(r"\(([0-9/]+)\)", a) == re.findall(r"\(([0-9/]+)\)", b)
         assert old[-1] == new[-1]
+
+
+def _fig2_cells(text):
+    rows = [line for line in text.splitlines()[2:] if line.startswith("|")]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+
+
+def _optimum_exact(p, q):
+    """alpha* of two i.i.d. drafts, exactly: min over every token set H of
+    p(H) + 1 - q(H)^2."""
+    subsets = itertools.chain.from_iterable(
+        itertools.combinations(range(len(p)), r) for r in range(len(p) + 1)
+    )
+    return min(
+        sum(p[i] for i in h) + 1 - sum(q[i] for i in h) ** 2 for h in subsets
+    )
+
+
+def _spec_infer_exact(p, q):
+    """SpecInfer's rule with two i.i.d. drafts, exactly: the first accepted with
+    beta = sum min(p, q), else the second against r = (p - q)_+ / (1 - beta)."""
+    beta = sum(min(a, b) for a, b in zip(p, q))
+    if beta == 1:
+        return Fraction(1)
+    r = [max(a - b, 0) / (1 - beta) for a, b in zip(p, q)]
+    return beta + (1 - beta) * sum(min(a, b) for a, b in zip(r, q))
+
+
+def test_khisti_fig2():
+    """Khisti et al.'s Fig. 2: the committed table is the script's output; the optimum
+    and SpecInfer's rule equal their exact fractions; the optimum is 1 exactly where
+    the paper's condition for K = 2 holds (q(H)^2 <= p(H) for every H, so
+    q2 in [1 - sqrt(2/3), 2/3 - (1 - sqrt(2/3))] on the left) and tops out at 35/36 on
+    the right; K-SEQ and importance sampling lie between SpecInfer and the optimum."""
+    committed = (ROOT / "docs" / "khisti_fig2_table.txt").read_text()
+    fresh = paper_numbers.fig2_table()
+    assert committed.splitlines()[:2] == fresh.splitlines()[:2]
+    third = Fraction(1, 3)
+    low = 1 - (2 / 3) ** 0.5
+    for old, new in zip(_fig2_cells(committed), _fig2_cells(fresh), strict=True):
+        assert old[:2] == new[:2]
+        values = [float(c) for c in new[2:]]
+        assert all(abs(float(a) - b) < 2e-4 for a, b in zip(old[2:], values))
+        optimum, spec_infer, k_seq, importance = values
+        first = paper_numbers.FIG2_PANELS[new[0].split(",")[0]]
+        q2 = Fraction(new[1])
+        p, q = (third,) * 3, (first, q2, 1 - first - q2)
+        assert abs(optimum - float(_optimum_exact(p, q))) < 1e-4
+        assert abs(spec_infer - float(_spec_infer_exact(p, q))) < 1e-4
+        if first == third:
+            assert (optimum > 1 - 1e-6) == (low <= q2 <= 2 / 3 - low)
+        else:
+            assert optimum <= 35 / 36 + 1e-6
+        for value in (k_seq, importance):
+            assert spec_infer - 1e-6 <= value <= optimum + 1e-6
