@@ -10,6 +10,14 @@ against the read's (a while loop's body counted once), and the mean accepted len
 Shapes: B = 64 trees of N = 64 and 256 nodes over V = 32,000, float32, the layout of
 serving trees (wide near the root, depth 5), siblings distinct (drafted without
 replacement), target and draft rows random.
+
+A second table, trees as data: `tree_accept` on a fixed shape given statically (the
+verifier's `tree`, one compiled program per shape) against the same shape as a traced
+per-row parent array (one program for every shape of up to N nodes): compiles, compile
+seconds and milliseconds per call, over 8 shapes of N = 64 nodes. A third, the decoding
+loop on the demo's models: an EAGLE-2 `DynamicTree` against a static `Tree` of as many
+nodes, both verified by `DeterministicCandidates`: tokens per target call and wall-clock
+tokens per second.
 """
 
 import argparse
@@ -149,5 +157,132 @@ def main():
             )
 
 
+def _shapes(nodes: int, count: int) -> list[tuple[int, ...]]:
+    """`count` different serving-like shapes of `nodes` nodes: the widths per depth
+    shifted one node at a time."""
+    shapes = []
+    for shift in range(count):
+        widths = _widths(nodes)
+        widths[0] = max(1, widths[0] + shift % 3 - 1)
+        widths[-1] = nodes - sum(widths[:-1])
+        children: dict[int, list[int]] = {-1: []}
+        previous, next_id = [-1], 0
+        for depth, width in enumerate(widths):
+            level = []
+            for k in range(width):
+                parent = previous[(k + shift * depth) % len(previous)]
+                children.setdefault(parent, []).append(next_id)
+                children[next_id] = []
+                level.append(next_id)
+                next_id += 1
+            previous = level
+        order, parents = [], {}
+
+        def visit(node, parent):
+            if node >= 0:
+                parents[node] = parent
+                order.append(node)
+            for child in children[node]:
+                visit(child, node)
+
+        visit(-1, None)
+        index = {node: i for i, node in enumerate(order)}
+        shapes.append(tuple(-1 if parents[n] < 0 else index[parents[n]] for n in order))
+    return shapes
+
+
+def trees_as_data(batch: int, vocab: int, nodes: int, count: int, repeats: int):
+    """Static shapes (one program each) against traced parent arrays (one program)."""
+    shapes = _shapes(nodes, count)
+    rule = es.DeterministicCandidates()
+    traced = jax.jit(
+        lambda x, parents, p, u, s: es.tree_accept(
+            x, parents, None, p, u, s, verifier=es.TreeVerifier(rule)
+        )
+    )
+    static_compile = traced_compile = 0.0
+    static_ms, traced_ms, same = [], [], True
+    for i, shape in enumerate(shapes):
+        x, parents, _, p, u, s = inputs(batch, shape, vocab, seed=i)
+        static = jax.jit(
+            lambda x, p, u, s, shape=shape: es.tree_accept(
+                x, None, None, p, u, s, verifier=es.TreeVerifier(rule, tree=shape)
+            )
+        )
+        start = time.perf_counter()
+        jax.block_until_ready(static(x, p, u, s))
+        static_compile += time.perf_counter() - start
+        start = time.perf_counter()
+        out = jax.block_until_ready(traced(x, parents, p, u, s))
+        traced_compile += time.perf_counter() - start
+        same &= bool(np.array_equal(out["tokens"], static(x, p, u, s)["tokens"]))
+        static_ms.append(_median_ms(static, (x, p, u, s), repeats))
+        traced_ms.append(_median_ms(traced, (x, parents, p, u, s), repeats))
+    compiles = traced._cache_size()
+    print()
+    print(
+        "| shapes (B, N, V) | static: compiles | static: first calls (s) | "
+        "traced: compiles | traced: first calls (s) | static (ms) | traced (ms) | "
+        "traced / static | same tokens |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        f"| {count} ({batch}, {nodes}, {vocab}) | {count} | {static_compile:.1f} | "
+        f"{compiles} | {traced_compile:.1f} | {statistics.median(static_ms):.2f} | "
+        f"{statistics.median(traced_ms):.2f} | "
+        f"{statistics.median(traced_ms) / statistics.median(static_ms):.2f} | {same} |"
+    )
+
+
+def dynamic_loop(batch: int, nodes: int, layers: int, branching: int, repeats: int):
+    """The decoding loop with an EAGLE-2 dynamic tree against a static tree of as
+    many nodes (the serving layout's), both with deterministic candidates."""
+    draft, target = es.demo.builtin_models()
+    texts = [
+        es.demo.BUILTIN_PROMPTS[i % len(es.demo.BUILTIN_PROMPTS)] for i in range(batch)
+    ]
+    width = max(map(len, texts))
+    tokens = np.zeros((batch, width), np.int32)
+    for i, text in enumerate(texts):
+        tokens[i, : len(text)] = es.demo.encode(text)
+    lengths = np.asarray([len(t) for t in texts], np.int32)
+    rule = es.DeterministicCandidates()
+    static_shape = serving_tree(nodes)
+    runs = {
+        f"DynamicTree({nodes}, {layers}, {branching})": dict(
+            verifier=es.TreeVerifier(rule),
+            proposal=es.DynamicTree(nodes, layers, branching),
+        ),
+        f"Tree (static, {nodes} nodes, depth {len(_widths(nodes))})": dict(
+            verifier=es.TreeVerifier(rule, tree=static_shape)
+        ),
+    }
+    print()
+    print("| proposal | B | tokens per call | ms per run | tokens / s |")
+    print("|---|---|---|---|---|")
+    length = 128
+    for name, options in runs.items():
+
+        def run(key, options=options):
+            return es.speculative_decode(
+                draft, target, tokens, lengths, length, key, **options
+            )
+
+        result = run(jax.random.key(0))
+        jax.block_until_ready(result.tokens)
+        times = []
+        for r in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(run(jax.random.key(r + 1)).tokens)
+            times.append(time.perf_counter() - start)
+        ms = 1e3 * statistics.median(times)
+        print(
+            f"| {name} | {batch} | {result.tokens_per_call():.2f} | {ms:.0f} | "
+            f"{batch * length / (ms / 1e3):.0f} |"
+        )
+
+
 if __name__ == "__main__":
     main()
+    trees_as_data(64, 32_000, 64, 8, 5)
+    dynamic_loop(64, 16, 5, 4, 3)

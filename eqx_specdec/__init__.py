@@ -38,6 +38,7 @@ from ._proposal.draft_length import (
     FixedDraftLength as FixedDraftLength,
     StopWhenUnlikely as StopWhenUnlikely,
 )
+from ._proposal.dynamic_tree import DynamicTree as DynamicTree
 from ._proposal.tree import Tree as Tree
 from ._sharding import ShardedVerifier as ShardedVerifier
 from ._stages.block import (

@@ -93,6 +93,10 @@ LOOP_VERIFIERS = {
         es.TreeVerifier(es.SpecHub()),
         dict(proposal=es.Tree(TREE)),
     ),
+    "dynamic tree (EAGLE-2), deterministic candidates": (
+        es.TreeVerifier(es.DeterministicCandidates()),
+        dict(proposal=es.DynamicTree(nodes=4, layers=2, branching=2)),
+    ),
     "standard, stop on the draft's confidence": (
         es.Verifier(),
         dict(proposal=es.Chain(2, draft_length=es.StopWhenUnlikely(0.5))),
@@ -155,6 +159,13 @@ def test_the_whole_loop_is_lossless(name):
     assert np.asarray(result.accepted_histogram)[:, 1:].sum() > 0
 
 
+class _UncheckedDynamicTree(es.DynamicTree):
+    """A user who switches off DynamicTree's refusal of rules that read q."""
+
+    def check(self, verifier):
+        pass
+
+
 class _IIDRuleDraftingWithoutReplacement(DraftlessIIDRule):
     """A lossy pairing: siblings drafted without replacement, verified as i.i.d."""
 
@@ -172,12 +183,17 @@ class _IIDRuleDraftingWithoutReplacement(DraftlessIIDRule):
         ),
         (es.TreeVerifier(_IIDRuleDraftingWithoutReplacement(), tree=TREE), {}),
         (es.Verifier(), dict(proposal=es.Chain(2, draft_length=PeekingLength()))),
+        (
+            es.TreeVerifier(es.IIDCandidates()),
+            dict(proposal=_UncheckedDynamicTree(nodes=4, layers=2, branching=2)),
+        ),
     ],
     ids=[
         "lenience 0.3",
         "block weights, first-failure count",
         "siblings drawn without replacement, verified as i.i.d.",
         "a draft length that peeks at the token it keeps",
+        "the q-ratio on a dynamic tree's deterministic children",
     ],
 )
 def test_the_whole_loop_catches_a_lossy_verifier(verifier, options):

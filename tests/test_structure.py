@@ -52,7 +52,7 @@ def test_the_public_api_is_what_the_docs_list():
         "LastSuccessCounter", "AbstractNodeRule", "IIDCandidates",
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",
         "AbstractTreeVerifier", "TraversalVerifier", "GreedyMultiDraft", "SpecHub",
-        "SpecTrKSeq", "ImportanceSampling", "ResidualState",
+        "SpecTrKSeq", "ImportanceSampling", "ResidualState", "DynamicTree",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
         "DecodeResult", "ShardedVerifier", "AbstractVerifier",
         "VocabShard", "RowContext", "RowSums", "SyntheticRatioTest", "DraftVocabulary",

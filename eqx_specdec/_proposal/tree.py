@@ -4,7 +4,7 @@ every context scored by the target, walked by a tree verifier."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Key
+from jaxtyping import Array, Bool, Float, Int, Key
 
 from .._capabilities import require
 from .._misc import no_type_check
@@ -105,35 +105,58 @@ class Tree(AbstractProposal):
         nodes, dq, p = jax.vmap(
             lambda t, n, k: draft_tree(models, t, n, k, self.parents, rule)
         )(buffer, lengths, keys[:, 0])
-        accept, sample = uniforms(keys, len(self.parents), False)
         parents = jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), nodes.shape)
-        draft_rows = dq if rule.uses_draft_probs else None
-        out = verifier(nodes, parents, draft_rows, p, accept, sample)
-        batch = nodes.shape[0]
-        reached = jnp.full((batch, self.depth() + 1), jnp.nan, jnp.float32)
-        drafted = jnp.full((batch,), len(self.parents), jnp.int32)
-        # The verifier's tokens cover every node; a step writes the path's slots.
-        tokens = out["tokens"][:, : self.slots()]
-        logprobs = None
-        if models.logprobs:
-            rows = tree_rows(out["path"])[:, : self.slots()]
-            emitted_rows = jnp.take_along_axis(p, rows[..., None], axis=1)
-            logprobs = emitted_logprobs(tokens, emitted_rows)
         # The target's row at every context, the draft's at those with children (the
         # draft rows of leaves are zeros): each may be read by the walk.
-        parents = set(self.parents)
-        with_children = [c in parents for c in [-1, *range(len(self.parents))]]
+        with_children = [c in set(self.parents) for c in [-1, *range(len(self.parents))]]
         used = jnp.broadcast_to(jnp.asarray(with_children), dq.shape[:-1])
-        invalid = (invalid_distributions(dq, used), invalid_distributions(p))
-        return StepOutcome(
-            out["num_accepted"],
-            tokens,
-            reached,
-            drafted,
-            jnp.asarray(len(self.parents) + 1, jnp.int32),
-            invalid=invalid,
-            logprobs=logprobs,
-        )
+        return verify_tree(
+            models, verifier, nodes, parents, dq, p, keys, used,
+            depth=self.depth(), slots=self.slots(),
+        )  # fmt: skip
+
+
+def verify_tree(
+    models: Models,
+    verifier: AbstractTreeVerifier,
+    nodes: Int[Array, "B nodes"],
+    parents: Int[Array, "B nodes"],
+    dq: Float[Array, "B nodes+1 V"],
+    p: Float[Array, "B nodes+1 V"],
+    keys: Key[Array, "B 4"],
+    used: Bool[Array, "B nodes+1"],
+    *,
+    depth: int,
+    slots: int,
+) -> StepOutcome:
+    """Verifies a batch of drafted trees and hands the step's outcome to the loop: the
+    uniforms from the step's keys, the verifier on the trees, the path's slots, the
+    emitted log-probabilities (when asked) and the flags of invalid rows (the draft's
+    where `used`)."""
+    rule = verifier.drafting_rule()
+    accept, sample = uniforms(keys, nodes.shape[1], False)
+    draft_rows = dq if rule.uses_draft_probs else None
+    out = verifier(nodes, parents, draft_rows, p, accept, sample)
+    batch = nodes.shape[0]
+    reached = jnp.full((batch, depth + 1), jnp.nan, jnp.float32)
+    drafted = jnp.full((batch,), nodes.shape[1], jnp.int32)
+    # The verifier's tokens cover every node; a step writes the path's slots.
+    tokens = out["tokens"][:, :slots]
+    logprobs = None
+    if models.logprobs:
+        rows = tree_rows(out["path"])[:, :slots]
+        emitted_rows = jnp.take_along_axis(p, rows[..., None], axis=1)
+        logprobs = emitted_logprobs(tokens, emitted_rows)
+    invalid = (invalid_distributions(dq, used), invalid_distributions(p))
+    return StepOutcome(
+        out["num_accepted"],
+        tokens,
+        reached,
+        drafted,
+        jnp.asarray(nodes.shape[1] + 1, jnp.int32),
+        invalid=invalid,
+        logprobs=logprobs,
+    )
 
 
 def draft_tree(
