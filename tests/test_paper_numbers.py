@@ -7,6 +7,11 @@ import pathlib
 import re
 from fractions import Fraction
 
+import jax.numpy as jnp
+import numpy as np
+
+import eqx_specdec as es
+
 
 ROOT = pathlib.Path(__file__).parent.parent
 _spec = importlib.util.spec_from_file_location(
@@ -114,3 +119,59 @@ def test_khisti_fig2():
             assert optimum <= 35 / 36 + 1e-6
         for value in (k_seq, importance):
             assert spec_infer - 1e-6 <= value <= optimum + 1e-6
+
+
+_spec = importlib.util.spec_from_file_location(
+    "multi_draft_table", ROOT / "scripts" / "multi_draft_table.py"
+)
+multi_draft_table = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(multi_draft_table)
+
+
+def test_the_multi_draft_table_s_closed_forms_are_the_rules():
+    """The closed forms the real-model table uses equal each rule's root acceptance by
+    exact quadrature (V = 4, K = 2 and 3)."""
+    rng = np.random.default_rng(7)
+    p = rng.dirichlet(np.full(4, 0.6), size=2).astype(np.float32)
+    q = rng.dirichlet(np.full(4, 0.6), size=2).astype(np.float32)
+    rules = {
+        multi_draft_table.spec_infer: es.IIDCandidates(),
+        multi_draft_table.k_seq: es.SpecTrKSeq(),
+        multi_draft_table.importance: es.ImportanceSampling(3),
+    }
+    for k in (2, 3):
+        for closed_form, rule in rules.items():
+            got = np.asarray(closed_form(jnp.asarray(p), jnp.asarray(q), k))
+            for b in range(2):
+                exact = es.evaluate_verifier(
+                    es.TreeVerifier(rule, tree=(-1,) * k),
+                    np.tile(q[b], (k + 1, 1)),
+                    np.tile(p[b], (k + 1, 1)),
+                    method="quadrature",
+                )
+                assert abs(got[b] - exact.root_acceptance) < 1e-5, (rule, k, b)
+
+
+def test_the_committed_multi_draft_table_orders_the_methods():
+    """In every section and vocabulary of docs/multi_draft_table.txt: each method's
+    acceptance rises with K, and optimum >= SpecTr >= SpecInfer, optimum >= importance
+    sampling (the order Khisti et al.'s Table 3 reports, but for importance sampling
+    with the plain weights p/q, which the table places, not orders)."""
+    text = (ROOT / "docs" / "multi_draft_table.txt").read_text()
+    values: dict = {}
+    section = None
+    for line in text.splitlines():
+        if line.startswith("**"):
+            section = line
+        elif line.startswith("| ") and not line.startswith("| method"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            values[section, cells[1], cells[0]] = [float(c) for c in cells[2:5]]
+    assert len(values) == 14
+    for (section, vocabulary, name), row in values.items():
+        assert all(0 < a <= b <= 1 for a, b in zip(row, row[1:])), name
+        optimum = values[section, vocabulary, "optimum"]
+        spec_tr = values[section, vocabulary, "SpecTr (K-SEQ)"]
+        spec_infer = values[section, vocabulary, "SpecInfer"]
+        for k in range(3):
+            assert optimum[k] + 1e-4 >= row[k]
+            assert spec_tr[k] + 1e-4 >= spec_infer[k]
