@@ -28,7 +28,6 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import eqx_specdec as es
 
@@ -131,7 +130,11 @@ def _section(p, q) -> list[str]:
         )
 
     for name, method in methods.items():
-        row(name, f"all {p.shape[-1]:,}", [float(method(p, q, k).mean()) for k in DRAFTS])
+        row(
+            name,
+            f"all {p.shape[-1]:,}",
+            [float(method(p, q, k).mean()) for k in DRAFTS],
+        )
     for name, method in {**methods, "importance sampling": importance}.items():
         values = [float(method(small_p, small_q, k).mean()) for k in DRAFTS]
         row(name, f"top {KEPT}", values)

@@ -22,7 +22,9 @@ def _reference_tree(draft, tokens, length, nodes, layers, branching):
     def q_after(path):
         buf = np.array(tokens)
         buf[length : length + len(path)] = path
-        return np.asarray(draft(jnp.asarray(buf), jnp.asarray([length - 1 + len(path)])))[0]
+        return np.asarray(
+            draft(jnp.asarray(buf), jnp.asarray([length - 1 + len(path)]))
+        )[0]
 
     def top(q):
         return np.argsort(-q, kind="stable")[:branching]
@@ -95,7 +97,12 @@ def test_the_builder_is_eagle_2(shape):
 def test_traced_parents_compile_once_and_equal_the_static_shapes():
     """tree_accept with per-row parent arrays: one trace for every shape up to N
     nodes (padding below -1), each row's result the static shape's."""
-    shapes = [(-1, 0, 0, -1, 3), (-1, -1, -1, 2, -2), (-1, 0, 1, 2, 3), (-1, -2, -2, -2, -2)]
+    shapes = [
+        (-1, 0, 0, -1, 3),
+        (-1, -1, -1, 2, -2),
+        (-1, 0, 1, 2, 3),
+        (-1, -2, -2, -2, -2),
+    ]
     nodes, vocab, batch = 5, 7, 8
     node_tokens, _, target, u, s = es.example_inputs(batch, nodes, vocab)
     verifier = es.TreeVerifier(es.DeterministicCandidates())
@@ -104,7 +111,9 @@ def test_traced_parents_compile_once_and_equal_the_static_shapes():
     @jax.jit
     def verify(parents):
         traces.append(None)  # at trace time only
-        return es.tree_accept(node_tokens, parents, None, target, u, s, verifier=verifier)
+        return es.tree_accept(
+            node_tokens, parents, None, target, u, s, verifier=verifier
+        )
 
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -201,7 +210,9 @@ def test_bad_dynamic_trees_are_named():
         decode(es.TreeVerifier(es.DeterministicCandidates(), tree=(-1, 0)))
     with pytest.raises(TypeError, match="`verifier` must be a tree verifier"):
         decode(es.Verifier())
-    with pytest.raises(ValueError, match=r"DynamicTree\(`nodes`=7\) is more than the 6"):
+    with pytest.raises(
+        ValueError, match=r"DynamicTree\(`nodes`=7\) is more than the 6"
+    ):
         es.DynamicTree(nodes=7, layers=2, branching=2)
     with pytest.raises(ValueError, match=r"DynamicTree\(`branching`=...\) must be"):
         es.DynamicTree(nodes=1, layers=1, branching=0)

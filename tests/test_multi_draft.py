@@ -119,7 +119,12 @@ def test_the_one_node_table():
         (es.ImportanceSampling(3), (-1, 0, -1, -1)),
     ],
     ids=[
-        "greedy K=2", "SpecHub", "greedy K=3", "K-SEQ 2+2", "K-SEQ 3+1", "IS 2+2",
+        "greedy K=2",
+        "SpecHub",
+        "greedy K=3",
+        "K-SEQ 2+2",
+        "K-SEQ 3+1",
+        "IS 2+2",
         "IS 3+1",
     ],
 )
@@ -232,7 +237,9 @@ def test_quadrature_catches_lossy_k_seq_and_importance_sampling(rule):
 def test_importance_sampling_refuses_what_it_cannot_enumerate():
     rule = es.ImportanceSampling(8)
     p = jnp.full((64,), 1 / 64)
-    with pytest.raises(ValueError, match=r"ImportanceSampling\(num_drafts=8\) enumerates"):
+    with pytest.raises(
+        ValueError, match=r"ImportanceSampling\(num_drafts=8\) enumerates"
+    ):
         rule.init(p, p, jnp.zeros(8, jnp.int32), jnp.ones(8, bool))
     with pytest.raises(ValueError, match=r"ImportanceSampling\(`num_drafts`"):
         es.ImportanceSampling(0)

@@ -77,9 +77,7 @@ def _optimum_exact(p, q):
     subsets = itertools.chain.from_iterable(
         itertools.combinations(range(len(p)), r) for r in range(len(p) + 1)
     )
-    return min(
-        sum(p[i] for i in h) + 1 - sum(q[i] for i in h) ** 2 for h in subsets
-    )
+    return min(sum(p[i] for i in h) + 1 - sum(q[i] for i in h) ** 2 for h in subsets)
 
 
 def _spec_infer_exact(p, q):

@@ -5,7 +5,7 @@ rule."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Key
+from jaxtyping import Array, Float, Int
 
 from .._misc import no_type_check
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
@@ -131,9 +131,9 @@ class DynamicTree(AbstractProposal):
         active=None,
     ) -> StepOutcome:
         del generated, states, active
-        node_tokens, parents, q, p = jax.vmap(
-            lambda t, n: self.build(models, t, n)
-        )(buffer, lengths)
+        node_tokens, parents, q, p = jax.vmap(lambda t, n: self.build(models, t, n))(
+            buffer, lengths
+        )
         # Which contexts have children: their draft rows are read (by a rule that
         # reads q) and checked.
         ids = jnp.arange(-1, self.nodes, dtype=jnp.int32)
@@ -203,13 +203,17 @@ class DynamicTree(AbstractProposal):
 
         # The best `nodes` candidates (ties: the earlier, so a parent before its child).
         kept = jnp.argsort(-score, stable=True)[: self.nodes]
-        position = jnp.full((candidates,), -1, jnp.int32).at[kept].set(
-            jnp.arange(self.nodes, dtype=jnp.int32)
+        position = (
+            jnp.full((candidates,), -1, jnp.int32)
+            .at[kept]
+            .set(jnp.arange(self.nodes, dtype=jnp.int32))
         )
         kept_parent = jnp.where(parent[kept] >= 0, position[parent[kept]], -1)
         order = _depth_first(kept_parent, level[kept], k, depth)
-        new_index = jnp.zeros((self.nodes,), jnp.int32).at[order].set(
-            jnp.arange(self.nodes, dtype=jnp.int32)
+        new_index = (
+            jnp.zeros((self.nodes,), jnp.int32)
+            .at[order]
+            .set(jnp.arange(self.nodes, dtype=jnp.int32))
         )
         chosen = kept[order]
         old_parent = kept_parent[order]

@@ -108,7 +108,9 @@ class Tree(AbstractProposal):
         parents = jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), nodes.shape)
         # The target's row at every context, the draft's at those with children (the
         # draft rows of leaves are zeros): each may be read by the walk.
-        with_children = [c in set(self.parents) for c in [-1, *range(len(self.parents))]]
+        with_children = [
+            c in set(self.parents) for c in [-1, *range(len(self.parents))]
+        ]
         used = jnp.broadcast_to(jnp.asarray(with_children), dq.shape[:-1])
         return verify_tree(
             models, verifier, nodes, parents, dq, p, keys, used,

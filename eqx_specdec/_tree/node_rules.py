@@ -326,7 +326,9 @@ class DeterministicCandidates(AbstractNodeRule):
 
 def _without_token(residual, mass, token):
     """The residual with `token`'s entry zeroed (unchanged if nothing would remain)."""
-    rest = jnp.where(jnp.arange(residual.shape[0], dtype=jnp.int32) == token, 0, residual)
+    rest = jnp.where(
+        jnp.arange(residual.shape[0], dtype=jnp.int32) == token, 0, residual
+    )
     rest_mass = jnp.sum(rest)
     keep = has_mass(rest_mass, residual.dtype)
     return jnp.where(keep, rest, residual), jnp.where(keep, rest_mass, mass)
@@ -390,9 +392,7 @@ class _TopPlusOne(AbstractNodeRule):
     def reject(self, state, token, child):
         residual, mass, draft = state.residual, state.mass, state.draft
         # First phase: r = (p - q')_+ off D (q' is zero on D, so p stays there).
-        first_residual, first_mass = _subtract(
-            residual, mass, self._sampled_law(draft)
-        )
+        first_residual, first_mass = _subtract(residual, mass, self._sampled_law(draft))
         # Then: the tested child's token leaves the residual.
         later_residual, later_mass = _without_token(residual, mass, token)
         first = self._first_phase(draft)
@@ -570,7 +570,9 @@ def _multisets(vocab: int, size: int):
 
 
 def _enumeration_size(vocab: int, num_drafts: int) -> int:
-    return vocab * sum(math.comb(vocab + k - 2, k - 1) for k in range(1, num_drafts + 1))
+    return vocab * sum(
+        math.comb(vocab + k - 2, k - 1) for k in range(1, num_drafts + 1)
+    )
 
 
 class _ImportanceState(eqx.Module):
