@@ -114,6 +114,7 @@ from ._verify.entry import (
 from ._verify.example_inputs import example_inputs as example_inputs
 from ._verify.keys import uniforms_from_key as uniforms_from_key
 from ._verify.logprobs import LogProbs as LogProbs
+from ._verify.string_level import StringLevelDraft as StringLevelDraft
 from ._verify.typed_inputs import (
     Draft as Draft,
     Logits as Logits,

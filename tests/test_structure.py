@@ -53,6 +53,7 @@ def test_the_public_api_is_what_the_docs_list():
         "WithoutReplacementCandidates", "DeterministicCandidates", "TreeVerifier",
         "AbstractTreeVerifier", "TraversalVerifier", "GreedyMultiDraft", "SpecHub",
         "SpecTrKSeq", "ImportanceSampling", "ResidualState", "DynamicTree",
+        "StringLevelDraft",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
         "DecodeResult", "ShardedVerifier", "AbstractVerifier",
         "VocabShard", "RowContext", "RowSums", "SyntheticRatioTest", "DraftVocabulary",
