@@ -165,7 +165,7 @@ def test_dynamic_trees_are_lossless_by_quadrature():
     by the deterministic-candidate rule: exact quadrature finds every position's emitted
     law equal to the target's; the q-ratio on the same children is caught."""
     rng = np.random.default_rng(4)
-    vocab, proposal = 4, es.DynamicTree(nodes=5, layers=3, branching=2)
+    vocab, proposal = 4, es.DynamicTree(nodes=4, layers=3, branching=2)
     q_table = rng.dirichlet(np.ones(vocab), size=vocab)
     p_table = rng.dirichlet(np.ones(vocab), size=vocab)
 
