@@ -93,6 +93,11 @@ LOOP_VERIFIERS = {
         es.TreeVerifier(es.SpecHub()),
         dict(proposal=es.Tree(TREE)),
     ),
+    "tree, SpecTr's K-SEQ": (es.TreeVerifier(es.SpecTrKSeq(), tree=TREE), {}),
+    "tree, importance sampling": (
+        es.TreeVerifier(es.ImportanceSampling(2), tree=TREE),
+        {},
+    ),
     "dynamic tree (EAGLE-2), deterministic candidates": (
         es.TreeVerifier(es.DeterministicCandidates()),
         dict(proposal=es.DynamicTree(nodes=4, layers=2, branching=2)),

@@ -96,8 +96,12 @@ def test_quadrature_catches_a_lossy_rule():
 
 @pytest.mark.parametrize(
     "rule, lossless",
-    [(es.WithoutReplacementCandidates(), True), (_ForgetfulRule(), False)],
-    ids=["without replacement", "forgetful (lossy)"],
+    [
+        (es.WithoutReplacementCandidates(), True),
+        (es.SpecTrKSeq(), True),
+        (_ForgetfulRule(), False),
+    ],
+    ids=["without replacement", "K-SEQ", "forgetful (lossy)"],
 )
 def test_monte_carlo_on_a_tree(rule, lossless):
     tree = (-1, -1, 0)
