@@ -86,15 +86,17 @@ from ._tree.entry import (
     tree_accept as tree_accept,
     tree_accept_logits as tree_accept_logits,
 )
+from ._tree.multi_draft import (
+    GreedyMultiDraft as GreedyMultiDraft,
+    ImportanceSampling as ImportanceSampling,
+    SpecHub as SpecHub,
+    SpecTrKSeq as SpecTrKSeq,
+)
 from ._tree.node_rules import (
     AbstractNodeRule as AbstractNodeRule,
     DeterministicCandidates as DeterministicCandidates,
-    GreedyMultiDraft as GreedyMultiDraft,
     IIDCandidates as IIDCandidates,
-    ImportanceSampling as ImportanceSampling,
     ResidualState as ResidualState,
-    SpecHub as SpecHub,
-    SpecTrKSeq as SpecTrKSeq,
     WithoutReplacementCandidates as WithoutReplacementCandidates,
 )
 from ._tree.optimal import optimal_acceptance as optimal_acceptance

@@ -12,7 +12,8 @@ from .._stages.gumbel import GumbelSampler
 from .._stages.ratio_test import LenientRatioTest
 from .._stages.typical import TypicalRatioTest, TypicalSampler
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
-from .._tree.node_rules import GreedyMultiDraft, IIDCandidates
+from .._tree.multi_draft import GreedyMultiDraft
+from .._tree.node_rules import IIDCandidates
 from .._tree.top_down import TreeVerifier
 from .._tree.traversal import TraversalVerifier
 from .._verify.verifier import Verifier
