@@ -173,3 +173,20 @@ def test_the_committed_multi_draft_table_orders_the_methods():
         for k in range(3):
             assert optimum[k] + 1e-4 >= row[k]
             assert spec_tr[k] + 1e-4 >= spec_infer[k]
+
+
+def test_the_committed_real_model_trees_table_adds_up():
+    """Each row of docs/real_model_trees_table.txt emitted at least the tokens asked
+    for (5 prompts x 32) and fewer than one more step's worth per prompt: tokens per
+    call times calls, for a chain of G = 4 and a tree of depth 3."""
+    text = (ROOT / "docs" / "real_model_trees_table.txt").read_text()
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith("| proposal")
+    ]
+    assert len(rows) == 4
+    for proposal, _, per_call, calls in rows:
+        slots = 5 if proposal.startswith("chain") else 4
+        emitted = float(per_call) * int(calls)
+        assert 5 * 32 - 0.5 <= emitted < 5 * (32 + slots), proposal
