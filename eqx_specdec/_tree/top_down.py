@@ -124,17 +124,12 @@ class TreeVerifier(AbstractTreeVerifier):
             0, nodes, step, init
         )
         # A rule's update (zeroing a candidate's entry, a clip to 0) can hide a NaN or an
-        # infinity of a row the walk read: with the input checks off, a walk that read
-        # one (the rows of the root and of the accepted path: only their states were
-        # kept) ends in a NaN correction, whose draw is -1.
-        contexts = jnp.concatenate([jnp.zeros((1,), jnp.int32), path + 1])
-
-        def finite_row(j, finite):
-            row = contexts[j]
-            total = jnp.sum(target_probs[row].astype(dtype)) + jnp.sum(draft_row(row))
-            return finite & jnp.isfinite(total)
-
-        finite = jax.lax.fori_loop(0, depth + 1, finite_row, jnp.bool_(True))
+        # infinity of a row the walk read: with the input checks off, a tree holding one
+        # (the checks read every row) ends in a NaN residual, whose draw is -1.
+        totals = [jnp.sum(target_probs)]
+        if draft_probs is not None:
+            totals.append(jnp.sum(draft_probs))
+        finite = jnp.isfinite(sum(t.astype(dtype) for t in totals))
         residual = jnp.where(finite, rule.correction(state).astype(dtype), jnp.nan)
         return depth, path, tokens, residual, thresholds
 
