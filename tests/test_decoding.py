@@ -561,7 +561,7 @@ def _nan_after(model, first_bad: int):
     return broken
 
 
-@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("tree", [False, True, "dynamic"])
 def test_a_model_that_returns_nan_stops_its_row_with_an_error(tree):
     """Each row stops at the step whose target rows hold NaN: finish reason "error",
     the step and position recorded, -1 after what it committed, and every token before
@@ -573,7 +573,14 @@ def test_a_model_that_returns_nan_stops_its_row_with_an_error(tree):
     )
     prompts = jnp.asarray(prompts, jnp.int32)
     first_bad = prompts.shape[1] + 12
-    options = dict(verifier=es.TreeVerifier(tree=(-1, 0, 0, 1))) if tree else {}
+    options = {
+        False: {},
+        True: dict(verifier=es.TreeVerifier(tree=(-1, 0, 0, 1))),
+        "dynamic": dict(
+            verifier=es.TreeVerifier(es.DeterministicCandidates()),
+            proposal=es.DynamicTree(nodes=4, layers=3, branching=2),
+        ),
+    }[tree]
     broken = _nan_after(target, first_bad)
     run = es.speculative_decode(
         draft, broken, prompts, None, 24, jax.random.key(1), **options
