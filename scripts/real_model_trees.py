@@ -35,7 +35,7 @@ OUT = (
     / "real_model_trees_table.txt"
 )
 TREE = (-1, 0, 1, -1, 3, 4)
-TOKENS = 32
+TOKENS = 64
 DRAFT_TEMPERATURE = 1.3
 
 
