@@ -27,6 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_decoding import prompts
 
 import eqx_specdec as es
 
@@ -39,15 +40,16 @@ def _widths(nodes: int) -> list[int]:
     return widths.tolist()
 
 
-def serving_tree(nodes: int) -> tuple[int, ...]:
-    """Parents in depth-first order of a tree with `_widths(nodes)` nodes per depth, each
-    level's nodes spread evenly over the previous level's."""
+def _layered_tree(widths: list[int], parent_of) -> tuple[int, ...]:
+    """Parents in depth-first order of a tree with `widths[d]` nodes at depth `d + 1`;
+    node `k` of a level hangs under `previous[parent_of(k, depth, width, len(previous))]`
+    of the level above."""
     children: dict[int, list[int]] = {-1: []}
     previous, next_id = [-1], 0
-    for width in _widths(nodes):
+    for depth, width in enumerate(widths):
         level = []
         for k in range(width):
-            parent = previous[k * len(previous) // width]
+            parent = previous[parent_of(k, depth, width, len(previous))]
             children.setdefault(parent, []).append(next_id)
             children[next_id] = []
             level.append(next_id)
@@ -65,6 +67,14 @@ def serving_tree(nodes: int) -> tuple[int, ...]:
     visit(-1, None)
     index = {node: i for i, node in enumerate(order)}
     return tuple(-1 if parents[n] < 0 else index[parents[n]] for n in order)
+
+
+def serving_tree(nodes: int) -> tuple[int, ...]:
+    """A tree with `_widths(nodes)` nodes per depth, each level's nodes spread evenly
+    over the previous level's."""
+    return _layered_tree(
+        _widths(nodes), lambda k, depth, width, above: k * above // width
+    )
 
 
 def inputs(batch: int, tree: tuple[int, ...], vocab: int, seed: int = 0):
@@ -158,36 +168,19 @@ def main():
 
 
 def _shapes(nodes: int, count: int) -> list[tuple[int, ...]]:
-    """`count` different serving-like shapes of `nodes` nodes: the widths per depth
-    shifted one node at a time."""
+    """`count` different serving-like shapes of `nodes` nodes: the first level's width
+    and the nodes' parents shifted with the shape's index."""
     shapes = []
     for shift in range(count):
         widths = _widths(nodes)
         widths[0] = max(1, widths[0] + shift % 3 - 1)
         widths[-1] = nodes - sum(widths[:-1])
-        children: dict[int, list[int]] = {-1: []}
-        previous, next_id = [-1], 0
-        for depth, width in enumerate(widths):
-            level = []
-            for k in range(width):
-                parent = previous[(k + shift * depth) % len(previous)]
-                children.setdefault(parent, []).append(next_id)
-                children[next_id] = []
-                level.append(next_id)
-                next_id += 1
-            previous = level
-        order, parents = [], {}
-
-        def visit(node, parent):
-            if node >= 0:
-                parents[node] = parent
-                order.append(node)
-            for child in children[node]:
-                visit(child, node)
-
-        visit(-1, None)
-        index = {node: i for i, node in enumerate(order)}
-        shapes.append(tuple(-1 if parents[n] < 0 else index[parents[n]] for n in order))
+        shapes.append(
+            _layered_tree(
+                widths,
+                lambda k, depth, width, above, shift=shift: (k + shift * depth) % above,
+            )
+        )
     return shapes
 
 
@@ -236,48 +229,50 @@ def trees_as_data(batch: int, vocab: int, nodes: int, count: int, repeats: int):
 
 def dynamic_loop(batch: int, nodes: int, layers: int, branching: int, repeats: int):
     """The decoding loop with an EAGLE-2 dynamic tree against a static tree of as
-    many nodes (the serving layout's), both with deterministic candidates."""
+    many nodes (the serving layout's), both with deterministic candidates, and against
+    plain decoding of the same target (`autoregressive_decode`, one compiled loop: what
+    a user runs without speculation), timed in turn, each median of `repeats`."""
     draft, target = es.demo.builtin_models()
-    texts = [
-        es.demo.BUILTIN_PROMPTS[i % len(es.demo.BUILTIN_PROMPTS)] for i in range(batch)
-    ]
-    width = max(map(len, texts))
-    tokens = np.zeros((batch, width), np.int32)
-    for i, text in enumerate(texts):
-        tokens[i, : len(text)] = es.demo.encode(text)
-    lengths = np.asarray([len(t) for t in texts], np.int32)
+    tokens, lengths = prompts(batch)
     rule = es.DeterministicCandidates()
-    static_shape = serving_tree(nodes)
-    runs = {
+    length = 128
+    speculative = {
         f"DynamicTree({nodes}, {layers}, {branching})": dict(
             verifier=es.TreeVerifier(rule),
             proposal=es.DynamicTree(nodes, layers, branching),
         ),
         f"Tree (static, {nodes} nodes, depth {len(_widths(nodes))})": dict(
-            verifier=es.TreeVerifier(rule, tree=static_shape)
+            verifier=es.TreeVerifier(rule, tree=serving_tree(nodes))
         ),
     }
-    print()
-    print("| proposal | B | tokens per call | ms per run | tokens / s |")
-    print("|---|---|---|---|---|")
-    length = 128
-    for name, options in runs.items():
-
-        def run(key, options=options):
-            return es.speculative_decode(
-                draft, target, tokens, lengths, length, key, **options
-            )
-
-        result = run(jax.random.key(0))
-        jax.block_until_ready(result.tokens)
-        times = []
-        for r in range(repeats):
+    runs = {
+        name: lambda key, options=options: es.speculative_decode(
+            draft, target, tokens, lengths, length, key, **options
+        )
+        for name, options in speculative.items()
+    }
+    runs["plain decoding of the target"] = lambda key: es.autoregressive_decode(
+        target, tokens, lengths, length, key
+    )
+    times = {name: [] for name in runs}
+    per_call = {}
+    for name, run in runs.items():  # compile, and the tokens per call
+        result = jax.block_until_ready(run(jax.random.key(0)))
+        per_call[name] = (
+            result.tokens_per_call() if hasattr(result, "tokens_per_call") else 1.0
+        )
+    for r in range(repeats):  # interleaved
+        for name, run in runs.items():
             start = time.perf_counter()
-            jax.block_until_ready(run(jax.random.key(r + 1)).tokens)
-            times.append(time.perf_counter() - start)
-        ms = 1e3 * statistics.median(times)
+            jax.block_until_ready(run(jax.random.key(r + 1)))
+            times[name].append(time.perf_counter() - start)
+    print()
+    print("| decoding | B | tokens per target call | ms per run | tokens / s |")
+    print("|---|---|---|---|---|")
+    for name in runs:
+        ms = 1e3 * statistics.median(times[name])
         print(
-            f"| {name} | {batch} | {result.tokens_per_call():.2f} | {ms:.0f} | "
+            f"| {name} | {batch} | {per_call[name]:.2f} | {ms:.0f} | "
             f"{batch * length / (ms / 1e3):.0f} |"
         )
 
