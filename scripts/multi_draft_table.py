@@ -145,26 +145,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=None)
     args = parser.parse_args(argv)
-    if args.rows:
-        rows = es.llm.RecordedRows.load(args.rows)
-        source = args.rows
-    else:
-        from eqx_specdec.llm import (
-            CHAT_PROMPTS,
-            continue_prompts,
-            fetch_smollm2,
-            load_gguf,
-            record_rows,
-        )
+    # The recording is recorded_rows_table.py's (this script's folder is on the path
+    # when it runs).
+    from recorded_rows_table import load_or_record
 
-        model, tokenizer = load_gguf(fetch_smollm2())
-        prompts = [
-            tokenizer.encode(tokenizer.chat(texts[0]))
-            for texts in CHAT_PROMPTS.values()
-        ]
-        texts = continue_prompts(model, prompts, 32)
-        rows = record_rows(model, model.first_layers(20), texts, gamma=4, windows=4)
-        source = "python -m eqx_specdec record (defaults)"
+    rows, source = load_or_record(args.rows)
     text = table(rows.draft_probs, rows.target_probs, source)
     OUT.write_text(text)
     print(text)

@@ -32,23 +32,26 @@ OUT = (
 )
 
 
+def load_or_record(path: str | None) -> tuple[RecordedRows, str]:
+    """The rows at `path`, or, without one, SmolLM2's rows recorded as `python -m
+    eqx_specdec record` does by default; and where they came from."""
+    if path:
+        return RecordedRows.load(path), path
+    model, tokenizer = load_gguf(fetch_smollm2())
+    prompts = [
+        tokenizer.encode(tokenizer.chat(texts[0])) for texts in CHAT_PROMPTS.values()
+    ]
+    texts = continue_prompts(model, prompts, 32)
+    rows = record_rows(model, model.first_layers(20), texts, gamma=4, windows=4)
+    return rows, "python -m eqx_specdec record (defaults)"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=None)
     parser.add_argument("--draws", type=int, default=32)
     args = parser.parse_args(argv)
-    if args.rows:
-        rows = RecordedRows.load(args.rows)
-        source = args.rows
-    else:
-        model, tokenizer = load_gguf(fetch_smollm2())
-        prompts = [
-            tokenizer.encode(tokenizer.chat(texts[0]))
-            for texts in CHAT_PROMPTS.values()
-        ]
-        texts = continue_prompts(model, prompts, 32)
-        rows = record_rows(model, model.first_layers(20), texts, gamma=4, windows=4)
-        source = "python -m eqx_specdec record (defaults)"
+    rows, source = load_or_record(args.rows)
     count, gamma = rows.tokens.shape
     q, p = rows.draft_probs, rows.target_probs
     block = es.Verifier(es.BlockRatioTest(), es.LastSuccessCounter())

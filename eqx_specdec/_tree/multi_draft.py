@@ -14,6 +14,7 @@ import numpy as np
 from jaxtyping import Array, Int
 
 from .node_rules import (
+    _IIDDrafting,
     _passes,
     _restricted,
     _subtract,
@@ -25,7 +26,6 @@ from .node_rules import (
     Row,
     Scalar,
 )
-from .optimal import optimal_acceptance
 
 
 class _TopPlusOne(AbstractNodeRule):
@@ -164,7 +164,7 @@ class _KSeqState(eqx.Module):
 _KSEQ_BISECTIONS = 40
 
 
-class SpecTrKSeq(AbstractNodeRule):
+class SpecTrKSeq(_IIDDrafting):
     """SpecTr's K-SEQ (Sun et al., NeurIPS 2023): $K$ children drawn i.i.d. from $q$,
     each accepted with probability $\\min(1, p(c_k) / (\\rho\\, q(c_k)))$, the same
     for every child whatever failed before; if all $K$ fail, the correction follows
@@ -207,12 +207,6 @@ class SpecTrKSeq(AbstractNodeRule):
         rho = jnp.where(feasible(one), one, rho)
         return _KSeqState(target, draft, rho, beta_at(rho), jnp.int32(0))
 
-    def candidate_law(self, draft, drafted):
-        return draft
-
-    def optimal_acceptance(self, target, draft, num_children):
-        return optimal_acceptance(target, draft, num_children, drafting="iid")
-
     def pass_threshold(self, state, token, child):
         return _threshold(state.target, state.scale, state.draft, token)
 
@@ -254,6 +248,12 @@ def _enumeration_size(vocab: int, num_drafts: int) -> int:
     )
 
 
+def _importance_weights(target, draft):
+    """$w = p / q$ where $q > 0$ (0 elsewhere: such a token is never drafted)."""
+    drafted = draft > 0
+    return jnp.where(drafted, target / jnp.where(drafted, draft, 1), 0)
+
+
 class _ImportanceState(eqx.Module):
     target: Row
     selected_law: Row  # the law of the selected draft
@@ -263,7 +263,7 @@ class _ImportanceState(eqx.Module):
     count: Int[Array, ""]
 
 
-class ImportanceSampling(AbstractNodeRule):
+class ImportanceSampling(_IIDDrafting):
     """The importance-sampling verifier of Khisti et al. (ICLR 2025), in two steps: of
     the $K$ children, drawn i.i.d. from $q$, one is selected with probability
     proportional to its weight $w = p/q$ (uniformly when every weight is 0); the
@@ -323,8 +323,7 @@ class ImportanceSampling(AbstractNodeRule):
                 f"{_IS_MAX_ENUMERATION:,}): restrict the rows to their most likely "
                 "tokens, or lower `num_drafts`."
             )
-        drafted = draft > 0
-        weights = jnp.where(drafted, target / jnp.where(drafted, draft, 1), 0)
+        weights = _importance_weights(target, draft)
         laws = [jnp.zeros((vocab,), dtype)]
         for k in range(1, self.num_drafts + 1):
             counts, coefficients = _multisets(vocab, k - 1)
@@ -344,8 +343,7 @@ class ImportanceSampling(AbstractNodeRule):
     def init(self, target, draft, tokens, siblings):
         count = _num_children(siblings)
         law = self.selected_law(target, draft, count)
-        drafted = draft > 0
-        weights = jnp.where(drafted, target / jnp.where(drafted, draft, 1), 0)
+        weights = _importance_weights(target, draft)
         total = jnp.sum(jnp.where(siblings, weights[tokens], 0))
         zero = jnp.zeros((), target.dtype)
         return _ImportanceState(target, law, weights, total, zero, count)
@@ -363,12 +361,6 @@ class ImportanceSampling(AbstractNodeRule):
             law > 0, jnp.minimum(1, state.target[token] / jnp.where(law > 0, law, 1)), 0
         )
         return selected * accepted
-
-    def candidate_law(self, draft, drafted):
-        return draft
-
-    def optimal_acceptance(self, target, draft, num_children):
-        return optimal_acceptance(target, draft, num_children, drafting="iid")
 
     def pass_threshold(self, state, token, child):
         left = 1 - state.failed

@@ -229,13 +229,9 @@ def _subtract(residual, mass, draft):
     return jnp.where(keep, new, residual), jnp.where(keep, new_mass, mass)
 
 
-class IIDCandidates(AbstractNodeRule):
-    """Candidates drawn i.i.d. from the draft $q$ at the node (SpecInfer; Miao et al.
-    2024): accept $c_k$ if $u_k < p^{(k)}(c_k) / q(c_k)$; else
-    $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - q)_+)$. Lossless."""
-
-    exact: ClassVar[bool] = True
-    uses_draft_probs: ClassVar[bool] = True
+class _IIDDrafting(AbstractNodeRule):
+    """The drafting of rules whose children are drawn i.i.d. from $q$, and the optimum
+    of that draft law."""
 
     def candidate_law(self, draft, drafted):
         return draft
@@ -243,18 +239,31 @@ class IIDCandidates(AbstractNodeRule):
     def optimal_acceptance(self, target, draft, num_children):
         return optimal_acceptance(target, draft, num_children, drafting="iid")
 
+
+class _RatioAgainstResidual(AbstractNodeRule):
+    """The test of rules with a `ResidualState`: $u\\, q^{(k)}(c) < p^{(k)}(c)$."""
+
     def pass_threshold(self, state, token, child):
         return _threshold(state.residual, state.mass, state.draft, token)
 
     def test(self, state, token, uniform, child):
         return _passes(state.residual, state.mass, state.draft, token, uniform)
 
+
+class IIDCandidates(_IIDDrafting, _RatioAgainstResidual):
+    """Candidates drawn i.i.d. from the draft $q$ at the node (SpecInfer; Miao et al.
+    2024): accept $c_k$ if $u_k < p^{(k)}(c_k) / q(c_k)$; else
+    $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - q)_+)$. Lossless."""
+
+    exact: ClassVar[bool] = True
+    uses_draft_probs: ClassVar[bool] = True
+
     def reject(self, state, token, child):
         residual, mass = _subtract(state.residual, state.mass, state.draft)
         return ResidualState(residual, mass, state.draft)
 
 
-class WithoutReplacementCandidates(AbstractNodeRule):
+class WithoutReplacementCandidates(_RatioAgainstResidual):
     """Candidates drawn from $q$ without replacement (Jeon et al. 2024): as
     [`eqx_specdec.IIDCandidates`][], with the draft updated after each rejection,
     $q^{(k+1)}(v) = q^{(k)}(v)\\,[v \\ne c_k] / (1 - q^{(k)}(c_k))$. Lossless."""
@@ -271,12 +280,6 @@ class WithoutReplacementCandidates(AbstractNodeRule):
         return optimal_acceptance(
             target, draft, num_children, drafting="without replacement"
         )
-
-    def pass_threshold(self, state, token, child):
-        return _threshold(state.residual, state.mass, state.draft, token)
-
-    def test(self, state, token, uniform, child):
-        return _passes(state.residual, state.mass, state.draft, token, uniform)
 
     def reject(self, state, token, child):
         residual, mass = _subtract(state.residual, state.mass, state.draft)
