@@ -10,6 +10,9 @@ from ._errors import (
     InvalidInputError as InvalidInputError,
     MissingCapabilityError as MissingCapabilityError,
 )
+from ._evaluation.closed_form import (
+    emission_in_closed_form as emission_in_closed_form,
+)
 from ._evaluation.evaluate import (
     ChiSquare as ChiSquare,
     evaluate_verifier as evaluate_verifier,
@@ -54,11 +57,7 @@ from ._stages.prefix_counter import (
     AbstractPrefixCounter as AbstractPrefixCounter,
     PrefixCounter as PrefixCounter,
 )
-from ._stages.ratio_test import (
-    AbstractRatioTest as AbstractRatioTest,
-    LenientRatioTest as LenientRatioTest,
-    RatioTest as RatioTest,
-)
+from ._stages.ratio_test import AbstractRatioTest as AbstractRatioTest
 from ._stages.relaxed import (
     FLyRatioTest as FLyRatioTest,
     ScheduledRatioTest as ScheduledRatioTest,
@@ -71,6 +70,11 @@ from ._stages.residual_sampler import (
 from ._stages.row_context import RowContext as RowContext
 from ._stages.row_sums import row_sums as row_sums, RowSums as RowSums
 from ._stages.synthetic import SyntheticRatioTest as SyntheticRatioTest
+from ._stages.threshold_rule import (
+    AbstractThresholdRule as AbstractThresholdRule,
+    LenientRatioTest as LenientRatioTest,
+    RatioTest as RatioTest,
+)
 from ._stages.token_assembler import (
     AbstractTokenAssembler as AbstractTokenAssembler,
     TokenAssembler as TokenAssembler,

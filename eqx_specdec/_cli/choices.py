@@ -9,7 +9,7 @@ from .._proposal.draft_length import FixedDraftLength, StopWhenUnlikely
 from .._stages.block import BlockRatioTest, LastSuccessCounter
 from .._stages.greedy import ArgmaxSampler, GreedyRatioTest
 from .._stages.gumbel import GumbelSampler
-from .._stages.ratio_test import LenientRatioTest
+from .._stages.threshold_rule import LenientRatioTest
 from .._stages.typical import TypicalRatioTest, TypicalSampler
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
 from .._tree.multi_draft import GreedyMultiDraft

@@ -9,9 +9,11 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from .._exactness import refute
 from .._misc import numpy_softmax
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
 from .._verify.verifier import Verifier
+from .closed_form import closed_form_problem, emission_in_closed_form
 from .lossless import emission_by_monte_carlo, emission_by_quadrature, evaluation_family
 from .validation import check_distributions
 
@@ -131,10 +133,16 @@ class Evaluation(eqx.Module):
 
     **Fields:**
 
-    - `method`: `"quadrature"` (exact) or `"monte-carlo"`.
+    - `method`: `"quadrature"` (exact), `"closed form"` (exact: a threshold rule's
+        chain, [`eqx_specdec.emission_in_closed_form`][]) or `"monte-carlo"`.
+    - `declared_exact`: whether the verifier declares itself exact
+        (`verifier.exact` before the measurement). [`eqx_specdec.evaluate_verifier`][]
+        raises when such a verifier measures lossy.
     - `gamma`: the draft positions (a chain's $G$, a tree's depth); `vocab`: $V$.
-    - `distance`: the largest, over positions reached, total variation distance
-        between the emitted token's conditional distribution and the target's.
+    - `distance`: the largest, over positions reached (and, with Monte Carlo,
+        measured: not under-sampled), total variation distance between the emitted
+        token's conditional distribution and the target's; `None` when no position was
+        measured (every one under-sampled: draw more, or evaluate exactly).
     - `distance_per_position`: per position (per context for a tree, root first), or
         `None` where never reached.
     - `acceptance_rate`: accepted draft tokens over drafted, $E[n] / G$.
@@ -153,16 +161,18 @@ class Evaluation(eqx.Module):
         [`eqx_specdec.EmissionEstimate.distance_noise`][]); `None` for quadrature.
     - `under_sampled`: with Monte Carlo, per position whether it was reached too
         rarely to measure (fewer than 5 draws per token the target can emit there);
-        such positions do not enter `distance`. `None` for quadrature.
+        such positions do not enter `distance`, and print as "not measured". `None`
+        for the exact methods.
     - `draws`: Monte Carlo draws (`None` for quadrature).
     - `chi_square`: a [`eqx_specdec.ChiSquare`][] with Monte Carlo, `None` for
         quadrature.
     """
 
-    method: Literal["quadrature", "monte-carlo"]
+    method: Literal["quadrature", "closed form", "monte-carlo"]
     gamma: int
     vocab: int
-    distance: float
+    declared_exact: bool
+    distance: float | None
     distance_per_position: tuple[float | None, ...]
     acceptance_rate: float
     tokens_per_step: float
@@ -194,17 +204,25 @@ class Evaluation(eqx.Module):
         return out
 
     def __str__(self) -> str:
-        how = (
-            "exact quadrature"
-            if self.method == "quadrature"
-            else f"Monte Carlo, {self.draws} draws"
-        )
+        how = {
+            "quadrature": "exact quadrature",
+            "closed form": "exact, in closed form",
+        }.get(self.method, f"Monte Carlo, {self.draws} draws")
+        under = self.under_sampled or (False,) * len(self.distance_per_position)
         per = " ".join(
-            "-" if d is None else f"{d:.4g}" for d in self.distance_per_position
+            "-" if d is None else ("not measured" if u else f"{d:.4g}")
+            for d, u in zip(self.distance_per_position, under)
         )
+        distance = (
+            "not measured (every position under-sampled)"
+            if self.distance is None
+            else f"{self.distance:.4g}"
+        )
+        claim = "declared exact" if self.declared_exact else "declared lossy"
         lines = [
             f"method: {how}",
-            f"distance from the target, max TV over positions: {self.distance:.4g}",
+            f"{claim}, measured distance from the target, max TV over positions: "
+            f"{distance}",
             f"  per position: {per}",
         ]
         if self.chi_square is not None:
@@ -238,18 +256,24 @@ def _total_variation(a, b):
     return 0.5 * float(np.abs(np.asarray(a) - np.asarray(b)).sum())
 
 
+# Past this distance an exact method's measurement refutes a declaration of exactness
+# (float32 verifiers measure exact rules within about 1e-6).
+EXACT_TOLERANCE = 1e-4
+
+
 def evaluate_verifier(
     verifier: Verifier | AbstractTreeVerifier,
     draft_probs,
     target_probs,
     *,
     draft_law=None,
-    method: Literal["auto", "quadrature", "monte-carlo"] = "auto",
+    method: Literal["auto", "quadrature", "closed form", "monte-carlo"] = "auto",
     num_draws: int = 200_000,
     key=None,
 ) -> Evaluation:
     """Measures one verifier on one row of fixed distributions: how far the tokens it
-    emits are from its target, its acceptance rate and its tokens per step.
+    emits are from its target, its acceptance rate and its tokens per step, and holds a
+    verifier that declares itself exact to that claim.
 
     The tokens are measured against the law the rule declares: $p$, or greedy decoding
     of $p$ (the one-hot of its argmax) for an exact rule whose `sampler` draws
@@ -264,19 +288,30 @@ def evaluate_verifier(
     - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`).
     - `draft_law`: the law of the draft tokens; defaults to `draft_probs`.
     - `method`: `"quadrature"` (exact: for $V^G \\le 256$ and stages that implement
-        `quadrature_breakpoints`; for trees of up to a few nodes whose node rule
-        implements `pass_threshold`), `"monte-carlo"`, or `"auto"` (the default:
-        quadrature where it applies, Monte Carlo otherwise).
+        `quadrature_breakpoints`; for trees of up to a few nodes), `"closed form"`
+        (exact at any vocabulary size, for a threshold rule's chain:
+        [`eqx_specdec.emission_in_closed_form`][]), `"monte-carlo"`, or `"auto"` (the
+        default: quadrature where it applies, else the closed form where it applies,
+        else Monte Carlo).
     - `num_draws`: Monte Carlo draws.
     - `key`: the Monte Carlo key; default `jax.random.key(0)`.
 
     **Returns:**
 
     An [`eqx_specdec.Evaluation`][] (its fields say what is measured).
+
+    **Raises:**
+
+    - `ValueError`: when the verifier declares itself exact (`verifier.exact`) and
+        measures lossy: an exact method's distance above 1e-4, or Monte Carlo counts
+        the chi-square test rejects. The claim is then refuted for the process:
+        verifiers of the same composition are no longer `exact`, and
+        `exact_only=True` refuses them.
     """
-    if method not in ("auto", "quadrature", "monte-carlo"):
+    methods = ("auto", "quadrature", "closed form", "monte-carlo")
+    if method not in methods:
         raise ValueError(
-            f'`method` must be "auto", "quadrature" or "monte-carlo", got {method!r}.'
+            f"`method` must be one of {', '.join(map(repr, methods))}, got {method!r}."
         )
     check_distributions(
         "evaluate_verifier",
@@ -289,13 +324,25 @@ def evaluate_verifier(
     vocab = p.shape[1]
     family = evaluation_family(verifier)
     family.check_shape("evaluate_verifier")
+    declared_exact = verifier.exact
     problem = family.quadrature_problem(q, p)
+    closed_problem = closed_form_problem(verifier)
     if method == "quadrature" and problem is not None:
         raise problem
+    if method == "closed form" and closed_problem is not None:
+        raise ValueError(f"evaluate_verifier: {closed_problem}")
     if method == "auto":
-        method = "quadrature" if problem is None else "monte-carlo"
+        method = (
+            "quadrature"
+            if problem is None
+            else "closed form"
+            if closed_problem is None
+            else "monte-carlo"
+        )
     if method == "quadrature":
         estimate = emission_by_quadrature(verifier, q, p, draft_law=draft_law)
+    elif method == "closed form":
+        estimate = emission_in_closed_form(verifier, q, p, draft_law=draft_law)
     else:
         key = jax.random.key(0) if key is None else key
         estimate = emission_by_monte_carlo(
@@ -319,7 +366,6 @@ def evaluate_verifier(
             bool(estimate.reached[k] < 5 * support[k]) for k in range(len(positions))
         ]
         measured = [d for d, u in zip(distances, under) if d is not None and not u]
-        measured = measured or [d for d in distances if d is not None]
         counts = np.arange(len(accepted_law))
         variance = accepted_law @ counts**2 - (accepted_law @ counts) ** 2
         extra = dict(
@@ -331,7 +377,8 @@ def evaluate_verifier(
         method=method,
         gamma=depth,
         vocab=vocab,
-        distance=max(measured),
+        declared_exact=declared_exact,
+        distance=max(measured) if measured else None,
         distance_per_position=tuple(distances),
         acceptance_rate=accepted / depth,
         tokens_per_step=1.0 + accepted,
@@ -349,4 +396,37 @@ def evaluate_verifier(
             _floats(chi["threshold"]),
             bool(passed),
         )
-    return Evaluation(**fields)
+    evaluation = Evaluation(**fields)
+    _hold_to_claim(verifier, evaluation)
+    return evaluation
+
+
+def _hold_to_claim(verifier, evaluation: Evaluation) -> None:
+    """Raises, and refutes the claim for the process, when a verifier that declares
+    itself exact measures lossy."""
+    if not evaluation.declared_exact:
+        return
+    if evaluation.method == "monte-carlo":
+        if evaluation.chi_square.passed:
+            return
+        how = (
+            f"Monte Carlo counts ({evaluation.draws} draws) that the chi-square test "
+            "rejects"
+        )
+    else:
+        if evaluation.distance is None or evaluation.distance <= EXACT_TOLERANCE:
+            return
+        how = (
+            f"a distance from the target of {evaluation.distance:.4g} by "
+            f"{evaluation.method} (tolerance {EXACT_TOLERANCE:g})"
+        )
+    measured = f"evaluate_verifier measured {how}"
+    refute(verifier, measured)
+    raise ValueError(
+        f"evaluate_verifier: {type(verifier).__name__} declares itself exact, but "
+        f"{measured}: the declaration is false. A threshold rule is exact only where "
+        "its accepted mass min(q, t) stays at most p; a stage whose correction does "
+        "not see the test's parameters is lossy. Fix the rule, or declare "
+        "`exact = False`. From now on `verifier.exact` is False for this "
+        f"composition, and `exact_only=True` refuses it.\n{evaluation}"
+    )

@@ -17,8 +17,9 @@ from .._custom_types import (
     PassedRow,
     TargetProbsRow,
 )
+from .acceptance import threshold
 from .prefix_counter import AbstractPrefixCounter
-from .ratio_test import AbstractRatioTest, clipped_ratio
+from .ratio_test import AbstractRatioTest
 from .row_context import ONE_DEVICE, RowContext
 from .verdict import Verdict
 
@@ -170,7 +171,7 @@ class BlockRatioTest(AbstractRatioTest):
     def pass_probabilities(self, draft_law, target_probs):
         # Block verification accepts at least as many tokens in expectation as the
         # standard rule (Sun et al., Theorem 2): the standard probabilities bound it.
-        return clipped_ratio(target_probs, draft_law)
+        return jnp.minimum(1, threshold(target_probs, draft_law))
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         """Each $h_k$ (in $u$) and the cumulative sums of each residual

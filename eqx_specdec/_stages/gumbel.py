@@ -43,6 +43,7 @@ class GumbelSampler(AbstractResidualSampler):
 
     randomness: ClassVar[Randomness] = "key"
     draws: ClassVar[str] = "residual"
+    derives: ClassVar[bool] = True
     reads: ClassVar[Reads] = "row n"
 
     @jaxtyped(typechecker=beartype)

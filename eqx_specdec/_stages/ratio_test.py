@@ -1,6 +1,5 @@
-"""Ratio tests: the abstract base (the extension point for acceptance rules, with the
-capabilities the library's features need of a rule), and the standard and lenient
-tests."""
+"""The ratio test's abstract base: the extension point for acceptance rules, with the
+capabilities the library's features need of a rule."""
 
 import abc
 from typing import ClassVar, Literal
@@ -8,10 +7,8 @@ from typing import ClassVar, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
-from beartype import beartype
 from equinox import AbstractClassVar
-from jaxtyping import Array, Float, Int, jaxtyped
+from jaxtyping import Array, Float, Int
 
 from .._capabilities import capability, require
 from .._custom_types import (
@@ -21,7 +18,6 @@ from .._custom_types import (
     TargetProbsRow,
 )
 from .._errors import missing_capability
-from .._misc import check_hyperparameter
 from .prefix_counter import AbstractPrefixCounter, PrefixCounter
 from .residual_sampler import AbstractResidualSampler, ResidualSampler
 from .row_context import ONE_DEVICE, RowContext
@@ -224,116 +220,3 @@ class AbstractRatioTest(eqx.Module):
         changes the correction's distribution, as block verification's residual
         scale does); `{}` if there are none.
         """
-
-
-def ratio_passes(p_x, q_x, u, lenience, log_space):
-    """`u * l * q < p`, or in log space `log u + log l < log p - log q`."""
-    u = u.astype(p_x.dtype)
-    if log_space:
-        # -inf - -inf is NaN, and NaN comparisons are false: p = q = 0 never passes.
-        threshold = p_x - q_x
-        if lenience is not None:
-            threshold = threshold - jnp.log(jnp.asarray(lenience, p_x.dtype))
-        return jnp.log(u) < threshold
-    if lenience is not None:
-        u = u * jnp.asarray(lenience, p_x.dtype)
-    return u * q_x < p_x
-
-
-def clipped_ratio(p, q, scale=1.0):
-    """$\\min(1, p / (l q))$ elementwise, 1 where $l q = 0$: the probability that the
-    (lenient) ratio test passes a drafted token."""
-    scaled = scale * q
-    return jnp.where(
-        scaled > 0, jnp.minimum(1.0, p / jnp.where(scaled > 0, scaled, 1)), 1
-    )
-
-
-class RatioTest(AbstractRatioTest):
-    """The standard test of speculative sampling: draft token $x_i$ passes when
-
-    $$u_i \\, q_i(x_i) < p_i(x_i),$$
-
-    that is $u_i < p_i(x_i) / q_i(x_i)$ computed without division, so that
-    $q_i(x_i) = 0 < p_i(x_i)$ passes and $p_i(x_i) = 0$ never passes. With
-    `draft_probs=None`, $q_i(x_i) = 1$ (one-hot drafts): the test is $u_i < p_i(x_i)$.
-    On log-probabilities (logits given to the entry point) the test is
-    $\\log u_i < \\log p_i(x_i) - \\log q_i(x_i)$, exact where probabilities would
-    underflow.
-
-    Lossless (Leviathan et al. 2023; Chen et al. 2023). Gathers only $p_i(x_i)$ and
-    $q_i(x_i)$: $O(G)$ reads. Implements every capability.
-    """
-
-    exact: ClassVar[bool] = True
-    vocab_parallel: ClassVar[bool] = True
-    causal: ClassVar[bool] = True
-    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
-
-    @jaxtyped(typechecker=beartype)
-    def __call__(
-        self,
-        draft_tokens: DraftTokensRow,
-        draft_probs: DraftProbsRow | None,
-        target_probs: TargetProbsRow,
-        accept_uniforms: AcceptUniformsRow,
-        context: RowContext = ONE_DEVICE,
-    ) -> Verdict:
-        p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
-        return Verdict(ratio_passes(p_x, q_x, accept_uniforms, None, context.log_space))
-
-    def pass_probabilities(self, draft_law, target_probs):
-        return clipped_ratio(target_probs, draft_law)
-
-    def quadrature_breakpoints(self, draft_probs, target_probs):
-        return {}
-
-
-class LenientRatioTest(AbstractRatioTest):
-    """A lenient test, accepting more draft tokens than the standard one: $x_i$ passes when
-
-    $$u_i < \\frac{p_i(x_i)}{l\\, q_i(x_i)}, \\quad l \\in (0, 1].$$
-
-    $l = 1$ is the standard rule, bit for bit. For $l < 1$ the verifier is **lossy**: the
-    emitted tokens drift from the target as $l$ falls (see the Variants page for the
-    measured distance). The residual is left standard. Implements every capability.
-
-    **Arguments:**
-
-    - `lenience`: $l$, a float or a scalar array in $(0, 1]$. A Python float is static
-        (each value compiles once); pass an array to sweep it without recompiling.
-    """
-
-    exact: ClassVar[bool] = False
-    vocab_parallel: ClassVar[bool] = True
-    causal: ClassVar[bool] = True
-    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
-    lenience: Float[Array, ""] | float = 1.0
-
-    def __check_init__(self):
-        check_hyperparameter("lenience", self.lenience, 0.0, 1.0, low_open=True)
-
-    @jaxtyped(typechecker=beartype)
-    def __call__(
-        self,
-        draft_tokens: DraftTokensRow,
-        draft_probs: DraftProbsRow | None,
-        target_probs: TargetProbsRow,
-        accept_uniforms: AcceptUniformsRow,
-        context: RowContext = ONE_DEVICE,
-    ) -> Verdict:
-        p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
-        return Verdict(
-            ratio_passes(p_x, q_x, accept_uniforms, self.lenience, context.log_space)
-        )
-
-    def pass_probabilities(self, draft_law, target_probs):
-        lenience = jnp.asarray(self.lenience, draft_law.dtype)
-        return clipped_ratio(target_probs, draft_law, lenience)
-
-    def quadrature_breakpoints(self, draft_probs, target_probs):
-        if draft_probs is None:
-            return dict(accept_breakpoints=target_probs[:-1] / float(self.lenience))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios = target_probs[:-1] / (float(self.lenience) * draft_probs)
-        return dict(accept_breakpoints=ratios)

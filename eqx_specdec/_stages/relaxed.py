@@ -18,9 +18,11 @@ from .._custom_types import (
     TargetProbsRow,
 )
 from .._misc import check_hyperparameter, no_type_check
-from .ratio_test import AbstractRatioTest, clipped_ratio, ratio_passes, RatioTest
+from .acceptance import passes, threshold
+from .ratio_test import AbstractRatioTest
 from .row_context import ONE_DEVICE, RowContext
 from .row_fields import per_row_values
+from .threshold_rule import RatioTest
 from .verdict import Verdict
 
 
@@ -29,7 +31,7 @@ def _rows_and_standard(draft_tokens, draft_probs, target_probs, u, context):
     test's outcomes (in the rows' own space, so that it is the standard test's bit for
     bit)."""
     p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
-    native = ratio_passes(p_x, q_x, u, None, context.log_space)
+    native = passes(p_x, q_x, u, context.log_space)
     probs = context.probabilities(target_probs[:-1])
     p_x = jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)[:, 0]
     return probs, p_x, native
@@ -113,7 +115,9 @@ class TopNRelaxedRatioTest(AbstractRatioTest):
             target_probs.dtype
         )
         mask = self._mask(draft_law.shape[0])[:, None]
-        return jnp.where(mask, criterion, clipped_ratio(target_probs, draft_law))
+        return jnp.where(
+            mask, criterion, jnp.minimum(1, threshold(target_probs, draft_law))
+        )
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
@@ -179,7 +183,7 @@ class FLyRatioTest(AbstractRatioTest):
         return Verdict(native | rescued)
 
     def pass_probabilities(self, draft_law, target_probs):
-        return clipped_ratio(target_probs, draft_law)
+        return jnp.minimum(1, threshold(target_probs, draft_law))
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
@@ -194,8 +198,9 @@ class ScheduledRatioTest(AbstractRatioTest):
 
     In [`eqx_specdec.speculative_decode`][] the loop sets $g$ for every row at every
     step (`in_decoding_loop`). For one step, give it as `generated`. Lossless where
-    `strict` runs, if `strict` is; each position takes the verdict of its test (residual
-    scales must be both absent or both present).
+    `strict` runs, if `strict` is; each position takes the verdict of its test, and the
+    correction is the standard one (a threshold rule that derives another, such as
+    [`eqx_specdec.LenientRatioTest`][], is refused).
 
     **Arguments:**
 
@@ -254,14 +259,20 @@ class ScheduledRatioTest(AbstractRatioTest):
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms, context)
         exact, relaxed = self.strict(*inputs), self.relaxed(*inputs)
         here = self._strict_here(draft_tokens.shape[0])
-        if (exact.residual_scale is None) != (relaxed.residual_scale is None):
+        derived = [
+            type(test).__name__
+            for test, verdict in ((self.strict, exact), (self.relaxed, relaxed))
+            if verdict.rule is not None and not isinstance(verdict.rule, RatioTest)
+        ]
+        if derived:
             raise ValueError(
-                "ScheduledRatioTest: one test returns a residual scale and the other "
-                "does not; schedule tests whose verdicts have the same fields."
+                f"ScheduledRatioTest: {' and '.join(derived)} derives a correction of "
+                "its own from its acceptance, which the schedule cannot follow "
+                "position by position (it draws the standard correction). Schedule "
+                "tests whose correction is the standard one, or verify with that rule "
+                "alone."
             )
-        scale = None
-        if exact.residual_scale is not None:
-            scale = jnp.where(here, exact.residual_scale, relaxed.residual_scale)
+        scale = jnp.where(here, exact.residual_scale, relaxed.residual_scale)
         return Verdict(jnp.where(here, exact.passed, relaxed.passed), scale)
 
     @property

@@ -31,6 +31,7 @@ from .._search import (
     two_level_search,
     window_start,
 )
+from .acceptance import accepted_mass
 from .row_context import ONE_DEVICE, RowContext
 from .row_sums import as_row_sums, row_sums, RowSums, summed
 from .verdict import Verdict
@@ -52,7 +53,8 @@ def residual_parts(
 
     Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
     `(start, length)` giving that slice of $p_n$ and of the residual
-    $(c_n p_n - q_n)_+$ (as probabilities; with `with_q=True`, of $q_n$ between them).
+    $(c_n p_n - q_n)_+$ (for a verdict of a threshold rule, its derived
+    $(c_n p_n - \\min(q_n, t_n))_+$) (as probabilities; with `with_q=True`, of $q_n$ between them).
     Only rows $n$ of the distributions are read; $q_n = \\mathrm{onehot}(x_n)$ is never
     materialised for one-hot drafts. The `context` says the rows' space and the global id
     of their first entry (a vocabulary shard's offset).
@@ -80,6 +82,17 @@ def residual_parts(
         x = x.astype(dtype)
         return jnp.exp(x) if context.log_space else x
 
+    # A threshold rule's derived correction subtracts the mass it accepted, min(q, t),
+    # with t its acceptance on row n (on probabilities); without a rule, q whole.
+    rule = verdict.rule
+    probabilities = RowContext(shard=context.shard)
+    t_row = None
+    if rule is not None and rule.reads != "draft tokens":
+        q_row = as_probs(q) if q is not None else None
+        if q_row is None:
+            q_row = (context.token_ids(p.shape[0]) == draft_token).astype(dtype)
+        t_row = rule.acceptance(as_probs(p), q_row, probabilities).astype(dtype)
+
     def p_and_residual(start, length, with_q=False):
         p_part = as_probs(jax.lax.dynamic_slice_in_dim(p, start, length))
         if q is None:  # one-hot draft
@@ -87,7 +100,15 @@ def residual_parts(
             q_part = (ids == draft_token).astype(dtype)
         else:
             q_part = as_probs(jax.lax.dynamic_slice_in_dim(q, start, length))
-        difference = scale * p_part - q_part
+        accepted = q_part
+        if t_row is not None:
+            accepted = accepted_mass(
+                q_part, jax.lax.dynamic_slice_in_dim(t_row, start, length)
+            )
+        elif rule is not None:
+            t_part = rule.acceptance(p_part, q_part, probabilities).astype(dtype)
+            accepted = accepted_mass(q_part, t_part)
+        difference = scale * p_part - accepted
         # -inf only from an invalid row (p_n holding -inf, or q_n +inf): NaN, so that
         # the draw from it gives -1 rather than a token the clip to 0 would hide.
         residual = jnp.where(
@@ -133,6 +154,12 @@ class AbstractResidualSampler(eqx.Module):
     - `vocab_parallel` (class attribute, default `False`), as for
         [`eqx_specdec.AbstractRatioTest`][]: `True` when `__call__` reads the
         vocabulary only through its [`eqx_specdec.RowContext`][].
+    - `derives` (class attribute, default `False`): `True` when the sampler draws
+        from the residual as the verdict forms it, so that a threshold rule's derived
+        correction $(p_n - \\min(q_n, t_n))_+$ is what it draws (the standard and
+        Gumbel samplers, which build it with the library's `residual_parts`); the
+        closed-form evaluation ([`eqx_specdec.emission_in_closed_form`][]) applies
+        only then.
     - `reads` (class attribute, default `"whole rows"`, always safe): which rows the
         sampler reads, so that the entry points' default checks validate exactly
         those: `"row n"` for a sampler that reads rows $n$ of $p$ and $q$ only (the
@@ -144,6 +171,7 @@ class AbstractResidualSampler(eqx.Module):
     randomness: AbstractClassVar[Randomness]
     draws: AbstractClassVar[str]
     vocab_parallel: ClassVar[bool] = False
+    derives: ClassVar[bool] = False
     reads: ClassVar[Reads] = "whole rows"
 
     @abc.abstractmethod
@@ -247,6 +275,7 @@ class ResidualSampler(AbstractResidualSampler):
     randomness: ClassVar[Randomness] = "uniform"
     draws: ClassVar[str] = "residual"
     vocab_parallel: ClassVar[bool] = True
+    derives: ClassVar[bool] = True
     reads: ClassVar[Reads] = "row n"
 
     @jaxtyped(typechecker=beartype)

@@ -57,6 +57,13 @@ class RowContext(eqx.Module):
             return jnp.argmax(values, axis=-1).astype(jnp.int32)
         return self.shard.argmax(values)
 
+    def times(self, values: Float[Array, "*shape"], factor) -> Float[Array, "*shape"]:
+        """`values` scaled by a positive `factor`, in the rows' space: `values * factor`
+        on probabilities, `values + log(factor)` on log-probabilities (what a threshold
+        rule's acceptance writes, such as $t = c\\,p$)."""
+        factor = jnp.asarray(factor, values.dtype)
+        return values + jnp.log(factor) if self.log_space else values * factor
+
     def probabilities(self, rows: Float[Array, "*rows width"]) -> Float[Array, "..."]:
         """`rows` as probabilities in their compute dtype (at least float32):
         exponentiated when they hold log-probabilities."""

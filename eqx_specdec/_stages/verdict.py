@@ -27,13 +27,25 @@ class Verdict(eqx.Module):
         passed its test. A prefix counter turns these into the number of accepted tokens.
     - `residual_scale`: float of shape `(G,)`, the factor $c_n$ above. Defaults to
         ones (float32), the standard residual $(p_n - q_n)_+$.
+    - `rule`: the [`eqx_specdec.AbstractThresholdRule`][] that decided, if any (set by
+        the threshold rules themselves): the residual is then its derived correction
+        $(c_n\\, p_n - \\min(q_n, t_n))_+$, with $t_n$ the rule's acceptance on row
+        $n$, so that the correction sees the very instance (and parameters) that
+        decided. Default `None`: $q_n$ is subtracted whole.
     """
 
     passed: PassedRow
     residual_scale: ScaleRow
+    rule: eqx.Module | None
 
-    def __init__(self, passed: PassedRow, residual_scale: ScaleRow | None = None):
+    def __init__(
+        self,
+        passed: PassedRow,
+        residual_scale: ScaleRow | None = None,
+        rule: eqx.Module | None = None,
+    ):
         self.passed = passed
         if residual_scale is None:
             residual_scale = jnp.ones(passed.shape, jnp.float32)
         self.residual_scale = residual_scale
+        self.rule = rule

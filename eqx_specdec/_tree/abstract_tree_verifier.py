@@ -44,8 +44,7 @@ class AbstractTreeVerifier(eqx.Module):
 
     **Capabilities** (default raises [`eqx_specdec.MissingCapabilityError`][]):
     `forced_walk` (exact evaluation of trees). A verifier that delegates a capability
-    to a field (the top-down walk's `forced_walk` needs its node rule's
-    `pass_threshold`) declares it in the class attribute `capabilities_from`.
+    to a field declares it in the class attribute `capabilities_from`.
     """
 
     tree: eqx.AbstractVar[tuple[int, ...] | None]

@@ -13,12 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
+from .._stages.acceptance import accepted_mass
 from .node_rules import (
     _IIDDrafting,
-    _passes,
     _restricted,
     _subtract,
-    _threshold,
     _top_mask,
     _without_token,
     AbstractNodeRule,
@@ -55,23 +54,19 @@ class _TopPlusOne(AbstractNodeRule):
         one_hot = jax.nn.one_hot(best, draft.shape[0], dtype=draft.dtype)
         return jnp.where(first, self._sampled_law(draft), one_hot)
 
-    def pass_threshold(self, state, token, child):
+    def ratio(self, state, token, child):
         residual, mass, draft = state.residual, state.mass, state.draft
-        sampled = _threshold(residual, mass, self._sampled_law(draft), token)
-        return jnp.where(self._first_phase(draft), sampled, residual[token] / mass)
-
-    def test(self, state, token, uniform, child):
-        residual, mass, draft = state.residual, state.mass, state.draft
-        u = uniform.astype(residual.dtype)
+        first = self._first_phase(draft)
         law = self._sampled_law(draft)
-        sampled = _passes(residual, mass, law, token, uniform)
-        deterministic = u * mass < residual[token]
-        return jnp.where(self._first_phase(draft), sampled, deterministic)
+        return residual[token], mass * jnp.where(first, law[token], 1)
 
     def reject(self, state, token, child):
         residual, mass, draft = state.residual, state.mass, state.draft
         # First phase: r = (p - q')_+ off D (q' is zero on D, so p stays there).
-        first_residual, first_mass = _subtract(residual, mass, self._sampled_law(draft))
+        law = self._sampled_law(draft)
+        first_residual, first_mass = _subtract(
+            residual, mass, accepted_mass(law, residual / mass)
+        )
         # Then: the tested child's token leaves the residual.
         later_residual, later_mass = _without_token(residual, mass, token)
         first = self._first_phase(draft)
@@ -207,11 +202,8 @@ class SpecTrKSeq(_IIDDrafting):
         rho = jnp.where(feasible(one), one, rho)
         return _KSeqState(target, draft, rho, beta_at(rho), jnp.int32(0))
 
-    def pass_threshold(self, state, token, child):
-        return _threshold(state.target, state.scale, state.draft, token)
-
-    def test(self, state, token, uniform, child):
-        return _passes(state.target, state.scale, state.draft, token, uniform)
+    def ratio(self, state, token, child):
+        return state.target[token], state.scale * state.draft[token]
 
     def reject(self, state, token, child):
         return eqx.tree_at(lambda s: s.rejected, state, state.rejected + 1)
@@ -362,15 +354,8 @@ class ImportanceSampling(_IIDDrafting):
         )
         return selected * accepted
 
-    def pass_threshold(self, state, token, child):
-        left = 1 - state.failed
-        share = self._accepted_share(state, token)
-        return jnp.where(left > 0, share / jnp.where(left > 0, left, 1), 0)
-
-    def test(self, state, token, uniform, child):
-        left = 1 - state.failed
-        share = self._accepted_share(state, token)
-        return uniform.astype(state.target.dtype) * left < share
+    def ratio(self, state, token, child):
+        return self._accepted_share(state, token), 1 - state.failed
 
     def reject(self, state, token, child):
         failed = state.failed + self._accepted_share(state, token)

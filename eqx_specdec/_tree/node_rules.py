@@ -11,6 +11,9 @@ from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from .._capabilities import capability
 from .._search import has_mass
+from .._stages.acceptance import accepted_mass, passes, threshold
+from .._stages.row_context import ONE_DEVICE
+from .._stages.threshold_rule import AbstractThresholdRule, RatioTest
 from .optimal import optimal_acceptance
 
 
@@ -57,14 +60,20 @@ class AbstractNodeRule(eqx.Module):
     **Declared by every subclass:** `exact` (class attribute): whether the rule is
     exact (the emitted tokens follow the target exactly when children are drafted from
     its `candidate_law`); `uses_draft_probs` (class attribute): whether the rule reads
-    the draft distributions (if not, `draft_probs` may be `None`); `test` and
-    `reject`.
+    the draft distributions (if not, `draft_probs` may be `None`); `ratio` (the test
+    of a candidate, stated once: the walk's division-free `test` and exact
+    evaluation's `pass_threshold` are derived from it) and `reject`.
 
     **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
     `candidate_law` (how the decoding loop and the evaluation tools draft a node's
-    children), `pass_threshold` (exact evaluation of trees), `optimal_acceptance` (the
-    best acceptance of the rule's draft law, reported by
-    [`eqx_specdec.evaluate_verifier`][]).
+    children), `optimal_acceptance` (the best acceptance of the rule's draft law,
+    reported by [`eqx_specdec.evaluate_verifier`][]).
+
+    A rule that accepts a child with a probability computed from the node's target and
+    draft is a threshold rule: write it once as an
+    [`eqx_specdec.AbstractThresholdRule`][] and get its tree form from
+    [`eqx_specdec.IIDCandidates`][]`(rule)` or
+    [`eqx_specdec.WithoutReplacementCandidates`][]`(rule)`, with no node rule to write.
 
     A rule may accept a child after an earlier sibling failed by testing it against the
     residual (as [`eqx_specdec.GreedyMultiDraft`][] does): a draw from the residual that
@@ -102,6 +111,28 @@ class AbstractNodeRule(eqx.Module):
         return ResidualState(target, jnp.ones((), target.dtype), draft)
 
     @abc.abstractmethod
+    def ratio(
+        self, state: NodeRuleState, token: Int[Array, ""], child: Int[Array, ""]
+    ) -> tuple[Scalar, Scalar]:
+        """The rule's test of one candidate, stated once: the candidate passes with
+        uniform $u$ when $u < \\text{numerator} / \\text{denominator}$. The walk
+        tests it without division (`test`), and exact evaluation cuts the uniforms at
+        the ratio (`pass_threshold`); both are derived from this.
+
+        **Arguments:**
+
+        - `state`: the rule's state: from `init` for a node's first child, from
+            `reject` after.
+        - `token`: the candidate $c_k$.
+        - `child`: $k - 1$, which sibling this is: 0 for the node's first child, 1 for
+            the child tried after it failed, and so on (int32 scalar).
+
+        **Returns:**
+
+        `(numerator, denominator)`, two float scalars $\\ge 0$ (for the standard rule,
+        $p^{(k)}(c_k)$ and $q^{(k)}(c_k)$).
+        """
+
     def test(
         self,
         state: NodeRuleState,
@@ -109,21 +140,10 @@ class AbstractNodeRule(eqx.Module):
         uniform: Scalar,
         child: Int[Array, ""],
     ) -> Bool[Array, ""]:
-        """Whether candidate `token` passes, given the state.
-
-        **Arguments:**
-
-        - `state`: the rule's state: from `init` for a node's first child, from
-            `reject` after.
-        - `token`: the candidate $c_k$.
-        - `uniform`: its uniform $u_k$.
-        - `child`: $k - 1$, which sibling this is: 0 for the node's first child, 1 for
-            the child tried after it failed, and so on (int32 scalar).
-
-        **Returns:**
-
-        A boolean scalar.
-        """
+        """Whether candidate `token` passes with uniform $u$ = `uniform`:
+        $u \\cdot \\text{denominator} < \\text{numerator}$ from `ratio`."""
+        numerator, denominator = self.ratio(state, token, child)
+        return passes(numerator, denominator, uniform, log_space=False)
 
     @abc.abstractmethod
     def reject(
@@ -188,42 +208,19 @@ class AbstractNodeRule(eqx.Module):
         A float scalar.
         """
 
-    @capability
     def pass_threshold(
         self, state: NodeRuleState, token: Int[Array, ""], child: Int[Array, ""]
     ) -> Scalar:
-        """Capability for exact evaluation of trees
-        ([`eqx_specdec.emission_by_quadrature`][] with a tree): the value $t$ such that
-        `test(state, token, u, child)` passes exactly when $u < t$. Traced.
-
-        **Arguments:**
-
-        - as for `test`, without the uniform.
-
-        **Returns:**
-
-        A float scalar ($+\\infty$ allowed).
-        """
+        """For exact evaluation of trees ([`eqx_specdec.emission_by_quadrature`][]
+        with a tree): the value $t$ such that `test(state, token, u, child)` passes
+        exactly when $u < t$, from `ratio` ($+\\infty$ allowed)."""
+        return threshold(*self.ratio(state, token, child))
 
 
-def _passes(residual, mass, draft, token, uniform):
-    """$u\\, q(c) < p^{(k)}(c)$, with $p^{(k)} = $ `residual / mass`."""
-    return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
-
-
-def _threshold(residual, mass, draft, token):
-    """`residual[c] / (mass q(c))`: where `_passes` flips (+inf where q(c) = 0)."""
-    denominator = mass * draft[token]
-    return jnp.where(
-        denominator > 0,
-        residual[token] / jnp.where(denominator > 0, denominator, 1),
-        jnp.inf,
-    )
-
-
-def _subtract(residual, mass, draft):
-    """`norm((p - q)_+)` kept unnormalised; unchanged if nothing would remain."""
-    new = jnp.maximum(residual - mass * draft, 0)
+def _subtract(residual, mass, accepted):
+    """The residual after a rejection, `(p - accepted)_+` with `p = residual / mass`,
+    kept unnormalised; unchanged if nothing would remain."""
+    new = jnp.maximum(residual / mass - accepted, 0)
     new_mass = jnp.sum(new)
     keep = has_mass(new_mass, residual.dtype)
     return jnp.where(keep, new, residual), jnp.where(keep, new_mass, mass)
@@ -240,36 +237,79 @@ class _IIDDrafting(AbstractNodeRule):
         return optimal_acceptance(target, draft, num_children, drafting="iid")
 
 
-class _RatioAgainstResidual(AbstractNodeRule):
-    """The test of rules with a `ResidualState`: $u\\, q^{(k)}(c) < p^{(k)}(c)$."""
+class _ThresholdAgainstResidual(AbstractNodeRule):
+    """A threshold rule's tree form: the $k$-th child is tested by the rule's
+    acceptance against the running target $p^{(k)} = $ `residual / mass` and draft
+    $q^{(k)}$, passing when $u\\, q^{(k)}(c) < t^{(k)}(c)$; a rejection leaves
+    $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - \\min(q^{(k)}, t^{(k)}))_+)$."""
 
-    def pass_threshold(self, state, token, child):
-        return _threshold(state.residual, state.mass, state.draft, token)
-
-    def test(self, state, token, uniform, child):
-        return _passes(state.residual, state.mass, state.draft, token, uniform)
-
-
-class IIDCandidates(_IIDDrafting, _RatioAgainstResidual):
-    """Candidates drawn i.i.d. from the draft $q$ at the node (SpecInfer; Miao et al.
-    2024): accept $c_k$ if $u_k < p^{(k)}(c_k) / q(c_k)$; else
-    $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - q)_+)$. Lossless."""
-
-    exact: ClassVar[bool] = True
+    rule: AbstractThresholdRule = RatioTest()
     uses_draft_probs: ClassVar[bool] = True
 
+    def __check_init__(self):
+        if not isinstance(self.rule, AbstractThresholdRule):
+            raise TypeError(
+                f"{type(self).__name__}(`rule`=...) must be an "
+                "eqx_specdec.AbstractThresholdRule (a rule given by its acceptance "
+                f"function), got {type(self.rule).__name__}."
+            )
+
+    @property
+    def exact(self) -> bool:
+        """Whether the rule is exact: its threshold rule's `exact`."""
+        return self.rule.exact
+
+    def _acceptance(self, state, token=None):
+        """$t^{(k)}$ at `token` (every token when `None`), on probabilities."""
+        target, draft = state.residual / state.mass, state.draft
+        if token is not None and self.rule.reads == "draft tokens":
+            return self.rule.acceptance(target[token], draft[token], ONE_DEVICE)
+        t = self.rule.acceptance(target, draft, ONE_DEVICE)
+        return t if token is None else t[token]
+
+    def ratio(self, state, token, child):
+        return self._acceptance(state, token), state.draft[token]
+
+    def _rejected(self, state):
+        """The residual and mass after a rejection."""
+        accepted = accepted_mass(state.draft, self._acceptance(state))
+        return _subtract(state.residual, state.mass, accepted)
+
+
+class IIDCandidates(_IIDDrafting, _ThresholdAgainstResidual):
+    """Candidates drawn i.i.d. from the draft $q$ at the node, tested one by one by a
+    threshold rule against the running residual: accept $c_k$ if
+    $u_k\\, q(c_k) < t^{(k)}(c_k)$, with $t^{(k)}$ the rule's acceptance on
+    $(p^{(k)}, q)$; else $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - \\min(q, t^{(k)}))_+)$.
+    With the standard rule (the default), SpecInfer's (Miao et al. 2024): accept
+    $c_k$ if $u_k < p^{(k)}(c_k) / q(c_k)$, else $p^{(k+1)} = \\operatorname{norm}((p^{(k)} - q)_+)$.
+
+    Exact whenever the rule is: every child's accepted mass is then at most the
+    residual it is tested against. On a chain-shaped tree it gives the chain's tokens
+    with the same rule ([`eqx_specdec.Verifier`][]`(rule)`).
+
+    **Arguments:**
+
+    - `rule`: an [`eqx_specdec.AbstractThresholdRule`][]. Default
+        [`eqx_specdec.RatioTest`][].
+    """
+
     def reject(self, state, token, child):
-        residual, mass = _subtract(state.residual, state.mass, state.draft)
+        residual, mass = self._rejected(state)
         return ResidualState(residual, mass, state.draft)
 
 
-class WithoutReplacementCandidates(_RatioAgainstResidual):
+class WithoutReplacementCandidates(_ThresholdAgainstResidual):
     """Candidates drawn from $q$ without replacement (Jeon et al. 2024): as
     [`eqx_specdec.IIDCandidates`][], with the draft updated after each rejection,
-    $q^{(k+1)}(v) = q^{(k)}(v)\\,[v \\ne c_k] / (1 - q^{(k)}(c_k))$. Lossless."""
+    $q^{(k+1)}(v) = q^{(k)}(v)\\,[v \\ne c_k] / (1 - q^{(k)}(c_k))$. Exact whenever
+    its rule is (the standard rule by default).
 
-    exact: ClassVar[bool] = True
-    uses_draft_probs: ClassVar[bool] = True
+    **Arguments:**
+
+    - `rule`: an [`eqx_specdec.AbstractThresholdRule`][]. Default
+        [`eqx_specdec.RatioTest`][].
+    """
 
     def candidate_law(self, draft, drafted):
         remaining = jnp.where(drafted, 0, draft)
@@ -282,7 +322,7 @@ class WithoutReplacementCandidates(_RatioAgainstResidual):
         )
 
     def reject(self, state, token, child):
-        residual, mass = _subtract(state.residual, state.mass, state.draft)
+        residual, mass = self._rejected(state)
         draft = state.draft
         ids = jnp.arange(draft.shape[0], dtype=jnp.int32)
         remaining = 1 - draft[token]
@@ -313,11 +353,8 @@ class DeterministicCandidates(AbstractNodeRule):
         # A deterministic set D: P(S in H) is 1 when H holds D, else 0, so alpha* = p(D).
         return jnp.sum(jnp.where(_top_mask(draft, num_children), target, 0))
 
-    def pass_threshold(self, state, token, child):
-        return state.residual[token] / state.mass
-
-    def test(self, state, token, uniform, child):
-        return uniform.astype(state.residual.dtype) * state.mass < state.residual[token]
+    def ratio(self, state, token, child):
+        return state.residual[token], state.mass
 
     def reject(self, state, token, child):
         residual, mass = _without_token(state.residual, state.mass, token)

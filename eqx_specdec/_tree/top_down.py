@@ -1,7 +1,5 @@
 """Tree (multi-candidate) verification: SpecInfer-style trees of draft tokens."""
 
-from typing import ClassVar
-
 import jax
 import jax.numpy as jnp
 from beartype import beartype
@@ -15,6 +13,7 @@ from .._custom_types import (
     TreeOutputs,
     TreeProbsRow,
 )
+from .._exactness import refutation
 from .._misc import compute_dtype
 from .._search import inverse_cdf
 from .abstract_tree_verifier import (
@@ -47,14 +46,12 @@ class TreeVerifier(AbstractTreeVerifier):
 
     node_rule: AbstractNodeRule = IIDCandidates()
     tree: tuple[int, ...] | None = tree_field(default=None)
-    capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {
-        "forced_walk": (("node_rule", "pass_threshold"),)
-    }
 
     @property
     def exact(self) -> bool:
-        """Whether the node rule is exact (its `exact` declaration)."""
-        return self.node_rule.exact
+        """Whether the node rule is exact (its `exact` declaration), unless an
+        evaluation tool has measured a verifier of the same composition lossy."""
+        return self.node_rule.exact and refutation(self) is None
 
     def drafting_rule(self) -> AbstractNodeRule:
         return self.node_rule

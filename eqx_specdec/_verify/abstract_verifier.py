@@ -9,7 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from equinox import AbstractVar
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from .._custom_types import (
     AcceptUniforms,
@@ -18,6 +18,7 @@ from .._custom_types import (
     SampleRandomnessBatch,
     TargetProbs,
 )
+from .._exactness import refutation
 from .._stages.prefix_counter import AbstractPrefixCounter
 from .._stages.ratio_test import AbstractRatioTest
 from .._stages.residual_sampler import AbstractResidualSampler
@@ -43,12 +44,14 @@ class RowReport(NamedTuple):
     extra work): the ratio test's residual scales and the sampler's token (`None` when
     the verifier does not expose them), and with value checks in the rows, the
     [`eqx_specdec.RowSums`][] of rows n and the gathered
-    $p_i(x_i)$, $q_i(x_i)$."""
+    $p_i(x_i)$, $q_i(x_i)$; for a threshold rule that declares itself exact without
+    proof, whether it accepted more than the target holds on row n (`excess`)."""
 
     residual_scale: Float[Array, "*B G"] | None = None
     correction: Int[Array, "*B"] | None = None
     sums: RowSums | None = None
     gathered: tuple | None = None
+    excess: Bool[Array, "*B"] | None = None
 
 
 def malformed_tokens(tokens, num_accepted, vocab: int):
@@ -81,11 +84,14 @@ class AbstractVerifier(eqx.Module):
         """Whether the verifier is exact: its emitted tokens follow the ratio test's
         target (for greedy rules, greedy decoding of it) exactly. True when the
         ratio test declares `exact = True` and the counter and sampler fit it (their
-        `counts` and `draws` equal those of the test's own `counter` and `sampler`).
-        A Python bool, known before tracing."""
-        return self.ratio_test.exact and not stage_mismatches(
+        `counts` and `draws` equal those of the test's own `counter` and `sampler`),
+        unless an evaluation tool has measured a verifier of the same composition lossy
+        in this process ([`eqx_specdec.evaluate_verifier`][]). A Python bool, known
+        before tracing."""
+        declared = self.ratio_test.exact and not stage_mismatches(
             self.ratio_test, self.prefix_counter, self.residual_sampler
         )
+        return declared and refutation(self) is None
 
     @abc.abstractmethod
     def __call__(
@@ -339,4 +345,24 @@ def verify_row(
     gathered = None
     if values:
         gathered = context.gather(draft_tokens, draft_probs, target_probs)
-    return outputs, RowReport(verdict.residual_scale, y, sums, gathered)
+    excess = None
+    rule = verdict.rule
+    if rule is not None and rule.exact and not rule.proven:
+        excess = _excess(rule, n, draft_tokens, draft_probs, target_probs, context)
+    return outputs, RowReport(verdict.residual_scale, y, sums, gathered, excess)
+
+
+def _excess(rule, n, draft_tokens, draft_probs, target_probs, context):
+    """Whether a threshold rule accepted more than the target holds on row n, where its
+    correction is drawn: $\\min(q_n, t_n) > p_n$ somewhere (its derived correction is
+    then not exact). One more pass over rows n, for rules declared exact without
+    proof only."""
+    gamma = draft_tokens.shape[0]
+    at = jnp.minimum(n, gamma - 1)
+    p = context.probabilities(target_probs[at])
+    if draft_probs is None:
+        q = (context.token_ids(p.shape[0]) == draft_tokens[at]).astype(p.dtype)
+    else:
+        q = context.probabilities(draft_probs[at]).astype(p.dtype)
+    over = context.sum(rule.excess(p, q).astype(jnp.int32)) > 0
+    return (n < gamma) & over

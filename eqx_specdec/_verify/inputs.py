@@ -158,6 +158,19 @@ def stage_problems(
                 "the residual scale must be finite (1 for the standard residual).",
             )
         )
+    if report.excess is not None:
+        name = type(verifier.ratio_test).__name__
+        problems.append(
+            (
+                report.excess,
+                f"{name} (the ratio test) accepts more of some token than the target "
+                "holds, min(q, t) > p, on the row its correction is drawn from, in row "
+                "{row} (the first such row): with it the verifier is not exact, though "
+                f"{name} declares `exact = True`. Fix {name}: make its acceptance t at "
+                "most p wherever t < q (for example t = c p with c <= 1), or declare "
+                "`exact = False` for a rule that is lossy on purpose.",
+            )
+        )
     problems.append(
         stage_problem(
             verifier.prefix_counter,

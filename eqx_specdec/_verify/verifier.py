@@ -25,10 +25,11 @@ from .._custom_types import (
 )
 from .._misc import no_type_check
 from .._stages.prefix_counter import AbstractPrefixCounter
-from .._stages.ratio_test import AbstractRatioTest, RatioTest
+from .._stages.ratio_test import AbstractRatioTest
 from .._stages.residual_sampler import AbstractResidualSampler
 from .._stages.row_context import ONE_DEVICE, RowContext
 from .._stages.row_fields import per_row_values, with_row_values
+from .._stages.threshold_rule import RatioTest
 from .._stages.token_assembler import AbstractTokenAssembler, TokenAssembler
 from .abstract_verifier import (
     AbstractVerifier,
@@ -112,9 +113,11 @@ class Verifier(AbstractVerifier):
         self.ratio_test = ratio_test
         if isinstance(ratio_test, AbstractRatioTest):
             if prefix_counter is None:
-                prefix_counter = ratio_test.counter
+                prefix_counter = _class_stage(ratio_test, "counter", "prefix_counter")
             if residual_sampler is None:
-                residual_sampler = ratio_test.sampler
+                residual_sampler = _class_stage(
+                    ratio_test, "sampler", "residual_sampler"
+                )
         self.prefix_counter = prefix_counter
         self.residual_sampler = residual_sampler
         self.token_assembler = token_assembler
@@ -353,6 +356,24 @@ class Verifier(AbstractVerifier):
             and test.reads == "draft tokens"
             and self.prefix_counter.counts == "first failure"
         )
+
+
+def _class_stage(ratio_test: AbstractRatioTest, name: str, role: str):
+    """The stage a ratio test names at class level (`counter`, `sampler`), refused when
+    it holds parameters: a class attribute cannot see the test instance's fields, so
+    its parameters would silently be other than the test's."""
+    stage = getattr(ratio_test, name)
+    if jax.tree_util.tree_leaves(stage):
+        test, kind = type(ratio_test).__name__, type(stage).__name__
+        raise ValueError(
+            f"Verifier: {test} names {kind}(...) as its class-level `{name}`, which "
+            f"holds parameters of its own: a class attribute cannot see {test}'s "
+            f"fields, so {kind}'s parameters would not be {test}'s. Write the rule as "
+            "an eqx_specdec.AbstractThresholdRule (its correction is derived from its "
+            f"acceptance, with its own fields), or pass `{role}=` built from the "
+            "test's parameters."
+        )
+    return stage
 
 
 # From this many entries a row, normalising rows only up to the first rejection pays for
