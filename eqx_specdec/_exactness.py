@@ -1,39 +1,5 @@
-"""Exactness held to its declaration: the claims the evaluation tools have measured
-false in this process, and the exact-only switch (an entry point asked for exact
-verification refuses a verifier that is not exact, or whose claim a tool refuted)."""
-
-import dataclasses
-
-import equinox as eqx
-
-
-# The verifiers a tool measured lossy though they declare themselves exact, by their
-# composition (the verifier's class and its stages' classes): a class's `exact = True`
-# is a claim about all its instances, and one measurement refutes it.
-_REFUTED: dict[tuple, str] = {}
-
-
-def _composition(module) -> tuple:
-    """The classes a verifier is built from: its own, then each field's that is a
-    module, recursively (a node rule's threshold rule included)."""
-    parts = [type(module)]
-    for field in dataclasses.fields(module):
-        value = getattr(module, field.name, None)
-        if isinstance(value, eqx.Module):
-            parts.append(_composition(value))
-    return tuple(parts)
-
-
-def refute(verifier, measured: str) -> None:
-    """Records that a tool measured `verifier`, declared exact, lossy (`measured` says
-    how): from then on, verifiers of its composition are not `exact`."""
-    _REFUTED[_composition(verifier)] = measured
-
-
-def refutation(verifier) -> str | None:
-    """What a tool measured of a verifier of this composition declared exact, or
-    `None` when no tool has refuted its claim."""
-    return _REFUTED.get(_composition(verifier))
+"""The exact-only switch: an entry point asked for exact verification refuses a verifier
+that is not exact (its `exact` property, read before tracing)."""
 
 
 def refuse_inexact(entry: str, verifier, exact_only) -> None:
@@ -55,10 +21,7 @@ def refuse_inexact(entry: str, verifier, exact_only) -> None:
         )
         if stage is not None and not stage.exact
     ]
-    measured = refutation(verifier)
-    if measured is not None:
-        why = f"it declares itself exact, but {measured}"
-    elif stages:
+    if stages:
         names = ", ".join(type(stage).__name__ for stage in stages)
         why = f"{names} declares `exact = False` (a lossy rule)"
     else:

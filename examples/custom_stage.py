@@ -1,71 +1,44 @@
-"""A new acceptance rule as one stage, written from scratch: lenient verification,
-accept draft token x when u * l * q(x) < p(x).
+"""A new acceptance rule is its acceptance function: the capped rule, accept draft token
+x with probability min(1, c p(x) / q(x)) for a c in (0, 1], in five lines.
 
-Lenience `l` in (0, 1] accepts more draft tokens than the standard rule (l = 1) at the
-cost of exactness. Only the ratio test changes; the rest of the pipeline is reused.
+The library derives the rest from `acceptance`: the division-free verdict, the exact
+correction norm((p - min(q, c p))_+), pass probabilities, the quadrature's cuts, the
+closed-form emission and the tree form. The rule declares nothing about exactness: it
+is exact by construction (min(q, c p) <= p), and the entry points check that bound on
+every row its correction is drawn from.
 
-Besides `__call__`, the stage implements the capabilities of its abstract base, so that
-everything the library does with its own rules works with this one too:
-
-- `pass_probabilities`: the decoding loop's theoretical acceptance;
-- `quadrature_breakpoints`: exact quadrature in `evaluate_verifier`;
-- `vocab_parallel = True`: its `__call__` reads the vocabulary only through its
-  `RowContext`, so `ShardedVerifier` runs it unchanged on a slice of the vocabulary.
-
-The `RowContext` also says whether the rows hold probabilities or log-probabilities
-(the entry point knows from its input's type): `context.gather` returns values in the
-rows' space, so the test is written once for both.
+Lenient acceptance, min(1, p(x) / (l q(x))), is the same one method with t = p / l; it
+accepts more than the target holds where p < q, so it says so: `exact = False`.
 """
 
-# --8<-- [start:stage]
 from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Integer
+from jaxtyping import Array, Float
 
 import eqx_specdec
 
 
-class MyLenientRatioTest(eqx_specdec.AbstractRatioTest):
-    exact: ClassVar[bool] = False  # lossy for lenience < 1
-    vocab_parallel: ClassVar[bool] = True  # it reduces only through its context
-    reads: ClassVar[str] = "draft tokens"  # only p(x) and q(x): the checks validate those
-    lenience: Float[Array, ""] | float  # an array: sweeping it does not recompile
-    def __check_init__(self):
-        if not isinstance(self.lenience, jax.core.Tracer) and not (
-            0 < self.lenience <= 1
-        ):
-            raise ValueError(f"`lenience` must lie in (0, 1], got {self.lenience}.")
-    def __call__(
-        self,
-        draft_tokens: Integer[Array, " G"],
-        draft_probs: Float[Array, "G V"] | None,
-        target_probs: Float[Array, "G+1 V"],
-        accept_uniforms: Float[Array, " G"],
-        context: eqx_specdec.RowContext,
-    ) -> eqx_specdec.Verdict:
-        # p(x) and q(x), from the shard that owns x when the vocabulary is split.
-        p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
-        u = accept_uniforms.astype(p_x.dtype)
-        lenience = jnp.asarray(self.lenience, p_x.dtype)
-        if context.log_space:  # logits given: log u + log l < log p - log q
-            return eqx_specdec.Verdict(jnp.log(u) + jnp.log(lenience) < p_x - q_x)
-        return eqx_specdec.Verdict(u * lenience * q_x < p_x)
-    def pass_probabilities(self, draft_law, target_probs):
-        # The test passes a drafted v with probability min(1, p(v) / (l q(v))).
-        scaled = jnp.asarray(self.lenience, draft_law.dtype) * draft_law
-        ratio = target_probs / jnp.where(scaled > 0, scaled, 1)
-        return jnp.where(scaled > 0, jnp.minimum(1.0, ratio), 1)
-    def quadrature_breakpoints(self, draft_probs, target_probs):
-        # The outcome flips where u = p(v) / (l q(v)): the quadrature cuts there.
-        q = 1.0 if draft_probs is None else draft_probs
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios = target_probs[:-1] / (float(self.lenience) * q)
-        return {"accept_breakpoints": ratios}
-# --8<-- [end:stage]
+# --8<-- [start:rule]
+class Capped(eqx_specdec.AbstractThresholdRule):
+    """Accepts x with probability min(1, c p(x) / q(x)), for c in (0, 1]."""
+    c: Float[Array, ""]  # an array field: swept under jax.jit without recompiling
+    def acceptance(self, p, q, context):
+        return context.times(p, self.c)  # t = c p, in the rows' space (or log space)
+# --8<-- [end:rule]
+
+
+# --8<-- [start:lenient]
+class MyLenientRatioTest(eqx_specdec.AbstractThresholdRule):
+    """Accepts x with probability min(1, p(x) / (l q(x))), for l in (0, 1]."""
+    exact: ClassVar[bool] = False  # it accepts min(q, p / l) > p where p < q
+    lenience: Float[Array, ""] | float
+    def acceptance(self, p, q, context):
+        return context.times(p, 1 / jnp.asarray(self.lenience, p.dtype))
+# --8<-- [end:lenient]
 
 
 # --8<-- [start:use]
@@ -83,24 +56,38 @@ if __name__ == "__main__":
     draft_tokens = jax.random.categorical(keys[2], jnp.log(draft_probs))
     uniforms = jax.random.uniform(keys[3], (B, G + 1))
     inputs = (draft_tokens, draft_probs, target_probs, uniforms[:, :G], uniforms[:, G])
-    # Check the new stage: at l = 1 it must reproduce the standard verifier exactly.
+    # At c = 1 the capped rule is the standard rule, bit for bit.
     standard = eqx_specdec.speculative_accept(*inputs)
-    lenient = eqx_specdec.speculative_accept(
-        *inputs, verifier=eqx_specdec.Verifier(MyLenientRatioTest(jnp.asarray(1.0)))
+    capped = eqx_specdec.speculative_accept(
+        *inputs, verifier=eqx_specdec.Verifier(Capped(jnp.asarray(1.0)))
     )
-    assert (standard["tokens"] == lenient["tokens"]).all()
-    for lenience in (1.0, 0.5, 0.25):
-        ratio_test = MyLenientRatioTest(jnp.asarray(lenience))
-        accepted = mean_accepted(eqx_specdec.Verifier(ratio_test=ratio_test), inputs)
-        print(f"lenience {lenience:.2f}: {float(accepted):.3f} draft tokens accepted")
-    # Its capabilities at work: exact quadrature, as for the library's own rules.
-    q = np.asarray(draft_probs[0, :2, :3], np.float64)
-    p = np.asarray(target_probs[0, :3, :3], np.float64)
+    assert (standard["tokens"] == capped["tokens"]).all()
+    # A sweep of c: one compilation.
+    for c in (1.0, 0.5, 0.25):
+        verifier = eqx_specdec.Verifier(Capped(jnp.asarray(c)))
+        print(f"c = {c:.2f}: {float(mean_accepted(verifier, inputs)):.3f} accepted")
+    # The same rule object on a tree: i.i.d. children tested against the residual.
+    rule = Capped(jnp.asarray(0.5))
+    tree = eqx_specdec.TreeVerifier(eqx_specdec.IIDCandidates(rule), tree=(-1, -1, 0))
+    q = np.asarray(draft_probs[0, :, :3], np.float64)
+    p = np.asarray(target_probs[0, :, :3], np.float64)
     q, p = q / q.sum(-1, keepdims=True), p / p.sum(-1, keepdims=True)
-    verifier = eqx_specdec.Verifier(MyLenientRatioTest(0.5))
-    result = eqx_specdec.evaluate_verifier(verifier, q, p)
+    result = eqx_specdec.evaluate_verifier(tree, q[:4], p[:4])
     print(
-        f"lenience 0.50, G = 2, V = 3 ({result.method}): distance from the target "
-        f"{result.distance:.4f}, tokens per step {result.tokens_per_step:.4f}"
+        f"c = 0.50 on a tree of 3 nodes, V = 3 ({result.method}): distance from the "
+        f"target {result.distance:.1e}, exact: {tree.exact}"
     )
+    # Exact evaluation on a chain, at any vocabulary: in closed form.
+    for verifier in (
+        eqx_specdec.Verifier(rule),
+        eqx_specdec.Verifier(MyLenientRatioTest(0.5)),
+    ):
+        result = eqx_specdec.evaluate_verifier(
+            verifier, draft_probs[0], target_probs[0], method="closed-form"
+        )
+        print(
+            f"{type(verifier.ratio_test).__name__}, G = {G}, V = {V} ({result.method}): "
+            f"distance {result.distance:.1e}, tokens per step "
+            f"{result.tokens_per_step:.4f}, exact: {verifier.exact}"
+        )
 # --8<-- [end:use]

@@ -3,10 +3,12 @@ random test cases."""
 
 import os
 import pathlib
+import re
 
 import equinox as eqx
 import jax
 import numpy as np
+import pytest
 
 import eqx_specdec
 
@@ -37,7 +39,8 @@ def reference_row(x, q, p, u, s, *, lenience=1.0):
             break
     if n < gamma:
         q_n = np.eye(vocab)[x[n]] if q is None else q[n]
-        residual = np.maximum(p[n] - q_n, 0.0)
+        # The lenient rule's derived correction, norm((p - min(q, p / l))_+).
+        residual = np.maximum(p[n] - np.minimum(q_n, p[n] / lenience), 0.0)
         if residual.sum() == 0:
             residual = p[n]
     else:
@@ -107,6 +110,18 @@ def random_case(seed, batch, gamma, vocab, *, dtype=np.float32):
         u.astype(dtype),
         s.astype(dtype),
     )
+
+
+def caught_false_claim(evaluate, verifier) -> float | None:
+    """Runs `evaluate()`, an evaluation of `verifier`, which declares itself exact but
+    is lossy: the tool raises naming the false claim. Returns the distance the error
+    reports (`None` for Monte Carlo, which reports the chi-square test's
+    rejection)."""
+    assert verifier.exact
+    with pytest.raises(ValueError, match="declares itself exact, but") as caught:
+        evaluate()
+    found = re.search(r"distance from the target of ([0-9.e+-]+)", str(caught.value))
+    return None if found is None else float(found.group(1))
 
 
 def float_dtypes():

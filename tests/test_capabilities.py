@@ -104,11 +104,6 @@ def test_exact_quadrature_is_bit_for_bit(lenience):
     assert abs(results[1].distance_per_position[0] - tv) < 1e-6
 
 
-class _DraftingOnlyRule(DraftlessIIDRule):
-    def candidate_law(self, draft, drafted):
-        return draft
-
-
 def _decode_theory(verifier):
     draft, target = es.demo.builtin_models()
     result = es.speculative_decode(
@@ -180,15 +175,6 @@ MISSING = [
         "DraftlessIIDRule does not implement `candidate_law`",
     ),
     (
-        "tree quadrature",
-        lambda: es.evaluate_verifier(
-            es.TreeVerifier(_DraftingOnlyRule(), tree=(-1, -1, 0)),
-            *_tree_case(),
-            method="quadrature",
-        ),  # fmt: skip
-        "_DraftingOnlyRule does not implement `pass_threshold`",
-    ),
-    (
         "Gumbel quadrature",
         lambda: es.evaluate_verifier(
             es.Verifier(residual_sampler=es.GumbelSampler()),
@@ -219,8 +205,10 @@ MISSING = [
 
 def test_a_composite_has_a_capability_when_its_parts_have_it():
     """`capabilities_from` is the one way to delegate: a schedule of two tests has
-    `pass_probabilities` only if both tests do, and a tree verifier `forced_walk`
-    only if its node rule has `pass_threshold`; declared, so read before tracing."""
+    `pass_probabilities` only if both tests do; declared, so read before tracing. A
+    tree verifier's `forced_walk` needs nothing of its node rule (the threshold is
+    derived from the rule's `ratio`), but the tree's quadrature drafts its children
+    with the rule's `candidate_law`."""
     schedule = es.ScheduledRatioTest()
     assert has_capability(schedule, "pass_probabilities")
     bare = es.ScheduledRatioTest(relaxed=BareLenientRatioTest(0.5))
@@ -228,9 +216,10 @@ def test_a_composite_has_a_capability_when_its_parts_have_it():
     assert schedule.theory == "exact"
     assert es.ScheduledRatioTest(relaxed=es.FLyRatioTest()).theory == "lower bound"
     assert has_capability(es.TreeVerifier(), "forced_walk")
-    assert not has_capability(es.TreeVerifier(DraftlessIIDRule()), "forced_walk")
+    assert has_capability(es.TreeVerifier(DraftlessIIDRule()), "forced_walk")
     with pytest.raises(
-        es.MissingCapabilityError, match="DraftlessIIDRule does not implement"
+        es.MissingCapabilityError,
+        match="DraftlessIIDRule does not implement `candidate_law`",
     ):
         es.emission_by_quadrature(
             es.TreeVerifier(DraftlessIIDRule(), tree=(-1, 0)),

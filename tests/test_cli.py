@@ -117,7 +117,7 @@ def test_evaluate_by_quadrature(verifier, lossless, capsys):
 def test_evaluate_by_monte_carlo(capsys):
     out = _run(
         ["evaluate", "--verifier", "gumbel", "--case", "flat", "--vocab", "64",
-         "--draws", "50000", "--json"],
+         "--method", "monte-carlo", "--draws", "50000", "--json"],
         capsys,
     )  # fmt: skip
     result = json.loads(out)
@@ -126,13 +126,19 @@ def test_evaluate_by_monte_carlo(capsys):
     lossy = json.loads(
         _run(
             ["evaluate", "--verifier", "lenient", "--lenience", "0.3", "--case", "flat",
-             "--vocab", "64", "--draws", "50000", "--json"],
+             "--vocab", "64", "--method", "monte-carlo", "--draws", "50000", "--json"],
             capsys,
         )
     )  # fmt: skip
     assert lossy["chi_square"]["passed"] is False
-    text = _run(["evaluate", "--case", "ngram", "--draws", "20000"], capsys)
+    text = _run(
+        ["evaluate", "--case", "ngram", "--method", "monte-carlo", "--draws", "20000"],
+        capsys,
+    )
     assert "Monte Carlo, 20000 draws" in text and "(consistent with the target)" in text
+    # Beyond quadrature's reach, a threshold rule is evaluated exactly, in closed form.
+    exact = json.loads(_run(["evaluate", "--case", "ngram", "--json"], capsys))
+    assert exact["method"] == "closed-form" and exact["distance"] < 1e-6
 
 
 @pytest.mark.parametrize(

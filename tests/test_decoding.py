@@ -484,8 +484,8 @@ class _RuleWithoutDrafting(es.AbstractNodeRule):
     exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, state, token, uniform, child):
-        return es.IIDCandidates().test(state, token, uniform, child)
+    def ratio(self, state, token, child):
+        return es.IIDCandidates().ratio(state, token, child)
 
     def reject(self, state, token, child):
         return es.IIDCandidates().reject(state, token, child)

@@ -19,9 +19,10 @@ EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
         (
             "custom_stage.py",
             [
-                "lenience 1.00:",
-                "lenience 0.25:",
+                "c = 1.00:",
+                "c = 0.25:",
                 "(quadrature): distance from the target",
+                "Capped, G = 4, V = 100 (closed-form): distance",
             ],
         ),
         ("end_to_end.py", ["'the ' -> '", "tokens per target call:", "theory:"]),

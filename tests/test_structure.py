@@ -40,7 +40,7 @@ def _is_abstract(cls) -> bool:
 def test_the_public_api_is_what_the_docs_list():
     names = {cls.__name__ for cls in _public_classes(eqx_specdec)}
     assert names == {
-        "AbstractRatioTest", "RatioTest",
+        "AbstractRatioTest", "AbstractThresholdRule", "RatioTest",
         "AbstractPrefixCounter", "PrefixCounter",
         "AbstractResidualSampler", "ResidualSampler",
         "AbstractTokenAssembler", "TokenAssembler",

@@ -165,8 +165,8 @@ def test_lossy_tree_rule_is_caught():
         exact: ClassVar[bool] = True  # a false claim, which the test catches
         uses_draft_probs: ClassVar[bool] = True
 
-        def test(self, state, token, uniform, child):
-            return eqx_specdec.IIDCandidates().test(state, token, uniform, child)
+        def ratio(self, state, token, child):
+            return eqx_specdec.IIDCandidates().ratio(state, token, child)
 
         def reject(self, state, token, child):
             return state  # forgets to update the target
@@ -234,8 +234,8 @@ class SecondChildRule(eqx_specdec.AbstractNodeRule):
     exact: ClassVar[bool] = False
     uses_draft_probs: ClassVar[bool] = False
 
-    def test(self, state, token, uniform, child):
-        return child == 1
+    def ratio(self, state, token, child):
+        return jnp.where(child == 1, 1.0, 0.0), jnp.ones(())
 
     def reject(self, state, token, child):
         return state

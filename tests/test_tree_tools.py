@@ -7,6 +7,7 @@ from typing import ClassVar
 import jax
 import numpy as np
 import pytest
+from helpers import caught_false_claim
 from user_stages import UserIIDCandidates
 
 import eqx_specdec as es
@@ -35,17 +36,14 @@ class _ForgetfulRule(es.AbstractNodeRule):
     exact: ClassVar[bool] = True  # a false claim, which the tools catch
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, state, token, uniform, child):
-        return es.IIDCandidates().test(state, token, uniform, child)
+    def ratio(self, state, token, child):
+        return es.IIDCandidates().ratio(state, token, child)
 
     def reject(self, state, token, child):
         return state
 
     def candidate_law(self, draft, drafted):
         return draft
-
-    def pass_threshold(self, state, token, child):
-        return es.IIDCandidates().pass_threshold(state, token, child)
 
 
 @pytest.mark.parametrize("tree", TREES, ids=str)
@@ -87,11 +85,14 @@ def test_top_k_children_accept_with_their_target_mass():
 
 
 def test_quadrature_catches_a_lossy_rule():
+    """A rule that declares itself exact and is not: quadrature measures it lossy, and
+    the tool raises on the false claim."""
     q, p = _case((-1, -1, 0), seed=1)
-    result = es.evaluate_verifier(
-        es.TreeVerifier(_ForgetfulRule(), tree=(-1, -1, 0)), q, p
+    verifier = es.TreeVerifier(_ForgetfulRule(), tree=(-1, -1, 0))
+    distance = caught_false_claim(
+        lambda: es.evaluate_verifier(verifier, q, p), verifier
     )
-    assert result.method == "quadrature" and result.distance > 0.02
+    assert distance > 0.02
 
 
 @pytest.mark.parametrize(
@@ -106,11 +107,18 @@ def test_quadrature_catches_a_lossy_rule():
 def test_monte_carlo_on_a_tree(rule, lossless):
     tree = (-1, -1, 0)
     q, p = _case(tree, vocab=8, seed=2)
-    result = es.evaluate_verifier(
-        es.TreeVerifier(rule, tree=tree), q, p, method="monte-carlo",
-        num_draws=40_000, key=jax.random.key(3),
-    )  # fmt: skip
-    assert result.chi_square.passed is lossless
+    verifier = es.TreeVerifier(rule, tree=tree)
+
+    def evaluate():
+        return es.evaluate_verifier(
+            verifier, q, p, method="monte-carlo", num_draws=40_000,
+            key=jax.random.key(3),
+        )  # fmt: skip
+
+    if lossless:
+        assert evaluate().chi_square.passed
+    else:  # the chi-square test rejects the counts, and the false claim is caught
+        caught_false_claim(evaluate, verifier)
 
 
 def test_bad_tree_arguments_are_named():

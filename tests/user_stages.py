@@ -131,14 +131,14 @@ class ScatterTokenAssembler(eqx_specdec.AbstractTokenAssembler):
 
 
 class UserIIDCandidates(eqx_specdec.AbstractNodeRule):
-    """SpecInfer's i.i.d. rule written out, with its drafting and threshold capability."""
+    """SpecInfer's i.i.d. rule written out as a node rule, with its drafting
+    capability."""
 
     exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, state, token, uniform, child):
-        residual, mass, draft = state.residual, state.mass, state.draft
-        return uniform.astype(residual.dtype) * draft[token] * mass < residual[token]
+    def ratio(self, state, token, child):
+        return state.residual[token], state.mass * state.draft[token]
 
     def reject(self, state, token, child):
         residual, mass, draft = state.residual, state.mass, state.draft
@@ -152,21 +152,16 @@ class UserIIDCandidates(eqx_specdec.AbstractNodeRule):
     def candidate_law(self, draft, drafted):
         return draft
 
-    def pass_threshold(self, state, token, child):
-        denominator = state.mass * state.draft[token]
-        safe = jnp.where(denominator > 0, denominator, 1)
-        return jnp.where(denominator > 0, state.residual[token] / safe, jnp.inf)
-
 
 class DraftlessIIDRule(eqx_specdec.AbstractNodeRule):
-    """The i.i.d. rule's test and update, without the drafting (`candidate_law`) and
-    exact-evaluation (`pass_threshold`) capabilities."""
+    """The i.i.d. rule's test and update, without the drafting capability
+    (`candidate_law`)."""
 
     exact: ClassVar[bool] = True
     uses_draft_probs: ClassVar[bool] = True
 
-    def test(self, state, token, uniform, child):
-        return eqx_specdec.IIDCandidates().test(state, token, uniform, child)
+    def ratio(self, state, token, child):
+        return eqx_specdec.IIDCandidates().ratio(state, token, child)
 
     def reject(self, state, token, child):
         return eqx_specdec.IIDCandidates().reject(state, token, child)

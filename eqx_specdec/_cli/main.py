@@ -439,9 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="(default 0)")
     evaluate.add_argument(
         "--method",
-        choices=("auto", "quadrature", "monte-carlo"),
+        choices=("auto", "quadrature", "closed-form", "monte-carlo"),
         default="auto",
-        help="auto: quadrature when V^G <= 256 and the rule allows it (default auto)",
+        help="auto: quadrature when V^G <= 256 and the rule allows it, else the "
+        "closed form for a threshold rule, else Monte Carlo (default auto)",
     )
     evaluate.add_argument(
         "--draws",

@@ -9,7 +9,6 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._exactness import refute
 from .._misc import numpy_softmax
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
 from .._verify.verifier import Verifier
@@ -133,7 +132,7 @@ class Evaluation(eqx.Module):
 
     **Fields:**
 
-    - `method`: `"quadrature"` (exact), `"closed form"` (exact: a threshold rule's
+    - `method`: `"quadrature"` (exact), `"closed-form"` (exact: a threshold rule's
         chain, [`eqx_specdec.emission_in_closed_form`][]) or `"monte-carlo"`.
     - `declared_exact`: whether the verifier declares itself exact
         (`verifier.exact` before the measurement). [`eqx_specdec.evaluate_verifier`][]
@@ -168,7 +167,7 @@ class Evaluation(eqx.Module):
         quadrature.
     """
 
-    method: Literal["quadrature", "closed form", "monte-carlo"]
+    method: Literal["quadrature", "closed-form", "monte-carlo"]
     gamma: int
     vocab: int
     declared_exact: bool
@@ -206,7 +205,7 @@ class Evaluation(eqx.Module):
     def __str__(self) -> str:
         how = {
             "quadrature": "exact quadrature",
-            "closed form": "exact, in closed form",
+            "closed-form": "exact, in closed form",
         }.get(self.method, f"Monte Carlo, {self.draws} draws")
         under = self.under_sampled or (False,) * len(self.distance_per_position)
         per = " ".join(
@@ -267,7 +266,7 @@ def evaluate_verifier(
     target_probs,
     *,
     draft_law=None,
-    method: Literal["auto", "quadrature", "closed form", "monte-carlo"] = "auto",
+    method: Literal["auto", "quadrature", "closed-form", "monte-carlo"] = "auto",
     num_draws: int = 200_000,
     key=None,
 ) -> Evaluation:
@@ -288,7 +287,7 @@ def evaluate_verifier(
     - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`).
     - `draft_law`: the law of the draft tokens; defaults to `draft_probs`.
     - `method`: `"quadrature"` (exact: for $V^G \\le 256$ and stages that implement
-        `quadrature_breakpoints`; for trees of up to a few nodes), `"closed form"`
+        `quadrature_breakpoints`; for trees of up to a few nodes), `"closed-form"`
         (exact at any vocabulary size, for a threshold rule's chain:
         [`eqx_specdec.emission_in_closed_form`][]), `"monte-carlo"`, or `"auto"` (the
         default: quadrature where it applies, else the closed form where it applies,
@@ -304,11 +303,10 @@ def evaluate_verifier(
 
     - `ValueError`: when the verifier declares itself exact (`verifier.exact`) and
         measures lossy: an exact method's distance above 1e-4, or Monte Carlo counts
-        the chi-square test rejects. The claim is then refuted for the process:
-        verifiers of the same composition are no longer `exact`, and
-        `exact_only=True` refuses them.
+        the chi-square test rejects. The message holds the measurement; a declaration
+        of exactness is never reported beside a loss.
     """
-    methods = ("auto", "quadrature", "closed form", "monte-carlo")
+    methods = ("auto", "quadrature", "closed-form", "monte-carlo")
     if method not in methods:
         raise ValueError(
             f"`method` must be one of {', '.join(map(repr, methods))}, got {method!r}."
@@ -329,19 +327,19 @@ def evaluate_verifier(
     closed_problem = closed_form_problem(verifier)
     if method == "quadrature" and problem is not None:
         raise problem
-    if method == "closed form" and closed_problem is not None:
+    if method == "closed-form" and closed_problem is not None:
         raise ValueError(f"evaluate_verifier: {closed_problem}")
     if method == "auto":
         method = (
             "quadrature"
             if problem is None
-            else "closed form"
+            else "closed-form"
             if closed_problem is None
             else "monte-carlo"
         )
     if method == "quadrature":
         estimate = emission_by_quadrature(verifier, q, p, draft_law=draft_law)
-    elif method == "closed form":
+    elif method == "closed-form":
         estimate = emission_in_closed_form(verifier, q, p, draft_law=draft_law)
     else:
         key = jax.random.key(0) if key is None else key
@@ -402,8 +400,7 @@ def evaluate_verifier(
 
 
 def _hold_to_claim(verifier, evaluation: Evaluation) -> None:
-    """Raises, and refutes the claim for the process, when a verifier that declares
-    itself exact measures lossy."""
+    """Raises when a verifier that declares itself exact measures lossy."""
     if not evaluation.declared_exact:
         return
     if evaluation.method == "monte-carlo":
@@ -420,13 +417,10 @@ def _hold_to_claim(verifier, evaluation: Evaluation) -> None:
             f"a distance from the target of {evaluation.distance:.4g} by "
             f"{evaluation.method} (tolerance {EXACT_TOLERANCE:g})"
         )
-    measured = f"evaluate_verifier measured {how}"
-    refute(verifier, measured)
     raise ValueError(
         f"evaluate_verifier: {type(verifier).__name__} declares itself exact, but "
-        f"{measured}: the declaration is false. A threshold rule is exact only where "
-        "its accepted mass min(q, t) stays at most p; a stage whose correction does "
-        "not see the test's parameters is lossy. Fix the rule, or declare "
-        "`exact = False`. From now on `verifier.exact` is False for this "
-        f"composition, and `exact_only=True` refuses it.\n{evaluation}"
+        f"evaluate_verifier measured {how}: the declaration is false. A threshold "
+        "rule is exact only where its accepted mass min(q, t) stays at most p; a "
+        "stage whose correction does not see the test's parameters is lossy. Fix the "
+        f"rule, or declare `exact = False`.\n{evaluation}"
     )

@@ -199,8 +199,8 @@ class ScheduledRatioTest(AbstractRatioTest):
     In [`eqx_specdec.speculative_decode`][] the loop sets $g$ for every row at every
     step (`in_decoding_loop`). For one step, give it as `generated`. Lossless where
     `strict` runs, if `strict` is; each position takes the verdict of its test, and the
-    correction is the standard one (a threshold rule that derives another, such as
-    [`eqx_specdec.LenientRatioTest`][], is refused).
+    correction at the first rejected position is that position's test's (a threshold
+    rule's derived correction, or the standard one).
 
     **Arguments:**
 
@@ -259,21 +259,15 @@ class ScheduledRatioTest(AbstractRatioTest):
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms, context)
         exact, relaxed = self.strict(*inputs), self.relaxed(*inputs)
         here = self._strict_here(draft_tokens.shape[0])
-        derived = [
-            type(test).__name__
-            for test, verdict in ((self.strict, exact), (self.relaxed, relaxed))
-            if verdict.rule is not None and not isinstance(verdict.rule, RatioTest)
-        ]
-        if derived:
-            raise ValueError(
-                f"ScheduledRatioTest: {' and '.join(derived)} derives a correction of "
-                "its own from its acceptance, which the schedule cannot follow "
-                "position by position (it draws the standard correction). Schedule "
-                "tests whose correction is the standard one, or verify with that rule "
-                "alone."
-            )
         scale = jnp.where(here, exact.residual_scale, relaxed.residual_scale)
-        return Verdict(jnp.where(here, exact.passed, relaxed.passed), scale)
+        rule = None
+        if exact.rule is not None or relaxed.rule is not None:
+            # The correction at the first failure n follows the test of position n.
+            passed = jnp.where(here, exact.passed, relaxed.passed)
+            n = jnp.sum(jnp.cumprod(passed.astype(jnp.int32)))
+            at = jnp.minimum(n, draft_tokens.shape[0] - 1)
+            rule = _ScheduledCorrection(exact.rule, relaxed.rule, here[at])
+        return Verdict(jnp.where(here, exact.passed, relaxed.passed), scale, rule)
 
     @property
     def theory(self) -> Literal["exact", "lower bound"]:
@@ -300,3 +294,32 @@ class ScheduledRatioTest(AbstractRatioTest):
 
     def in_decoding_loop(self, generated):
         return eqx.tree_at(lambda t: t.generated, self, generated)
+
+
+class _ScheduledCorrection(eqx.Module):
+    """The correction of a schedule's verdict: at the first rejected position, the
+    derived correction of the test that decided there (`None`: the standard one,
+    which subtracts $q$ whole, as an acceptance $t = +\\infty$ would)."""
+
+    strict: eqx.Module | None
+    relaxed: eqx.Module | None
+    strict_here: Bool[Array, ""]
+    exact: ClassVar[bool] = False  # a schedule's bound is not checked at run time
+    proven: ClassVar[bool] = False
+
+    @property
+    def reads(self) -> str:
+        rules = [r for r in (self.strict, self.relaxed) if r is not None]
+        return (
+            "draft tokens"
+            if all(r.reads == "draft tokens" for r in rules)
+            else "whole rows"
+        )
+
+    def acceptance(self, target, draft, context=ONE_DEVICE):
+        def of(rule):
+            if rule is None:
+                return jnp.full(target.shape, jnp.inf, target.dtype)
+            return rule.acceptance(target, draft, context).astype(target.dtype)
+
+        return jnp.where(self.strict_here, of(self.strict), of(self.relaxed))

@@ -13,7 +13,6 @@ from .._custom_types import (
     TreeOutputs,
     TreeProbsRow,
 )
-from .._exactness import refutation
 from .._misc import compute_dtype
 from .._search import inverse_cdf
 from .abstract_tree_verifier import (
@@ -49,9 +48,8 @@ class TreeVerifier(AbstractTreeVerifier):
 
     @property
     def exact(self) -> bool:
-        """Whether the node rule is exact (its `exact` declaration), unless an
-        evaluation tool has measured a verifier of the same composition lossy."""
-        return self.node_rule.exact and refutation(self) is None
+        """Whether the node rule is exact (its `exact` declaration)."""
+        return self.node_rule.exact
 
     def drafting_rule(self) -> AbstractNodeRule:
         return self.node_rule

@@ -18,7 +18,6 @@ from .._custom_types import (
     SampleRandomnessBatch,
     TargetProbs,
 )
-from .._exactness import refutation
 from .._stages.prefix_counter import AbstractPrefixCounter
 from .._stages.ratio_test import AbstractRatioTest
 from .._stages.residual_sampler import AbstractResidualSampler
@@ -84,14 +83,12 @@ class AbstractVerifier(eqx.Module):
         """Whether the verifier is exact: its emitted tokens follow the ratio test's
         target (for greedy rules, greedy decoding of it) exactly. True when the
         ratio test declares `exact = True` and the counter and sampler fit it (their
-        `counts` and `draws` equal those of the test's own `counter` and `sampler`),
-        unless an evaluation tool has measured a verifier of the same composition lossy
-        in this process ([`eqx_specdec.evaluate_verifier`][]). A Python bool, known
-        before tracing."""
-        declared = self.ratio_test.exact and not stage_mismatches(
+        `counts` and `draws` equal those of the test's own `counter` and `sampler`).
+        A Python bool, known before tracing; [`eqx_specdec.evaluate_verifier`][]
+        holds it to its claim."""
+        return self.ratio_test.exact and not stage_mismatches(
             self.ratio_test, self.prefix_counter, self.residual_sampler
         )
-        return declared and refutation(self) is None
 
     @abc.abstractmethod
     def __call__(
