@@ -6,8 +6,6 @@ wherever the library uses a rule's capabilities: one-device verification, vocabu
 sharded verification, the decoding loop's theory and exact quadrature. A rule without a
 capability gets `MissingCapabilityError` naming the method to write, on every path."""
 
-import importlib.util
-import pathlib
 from typing import ClassVar
 
 import jax
@@ -16,17 +14,15 @@ import numpy as np
 import pytest
 from helpers import random_case
 from lossless_cases import distributions
-from user_stages import DraftlessIIDRule, LenientRatioTest as BareLenientRatioTest
+from user_stages import (
+    DraftlessIIDRule,
+    LenientRatioTest as BareLenientRatioTest,
+    MyLenientRatioTest,
+)
 
 import eqx_specdec as es
 from eqx_specdec._capabilities import has_capability
 
-
-_EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "custom_stage.py"
-_spec = importlib.util.spec_from_file_location("custom_stage", _EXAMPLE)
-custom_stage = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(custom_stage)
-MyLenientRatioTest = custom_stage.MyLenientRatioTest
 
 LENIENCES = [0.3, 0.7, 1.0]
 

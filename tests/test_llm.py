@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from user_stages import Capped
 
 import eqx_specdec as es
 from eqx_specdec.llm import (
@@ -364,7 +365,8 @@ def test_recorded_rows_are_the_models_rows_and_evaluate(smollm2, reference, tmp_
     positions (checked against forward passes of the text); they survive `save`/`load`
     to float16 rounding; `evaluate_verifier` on a recorded window (by quadrature, on
     its eight most likely tokens) agrees with the closed form of the standard rule's
-    expected accepted length."""
+    expected accepted length, and at the full vocabulary evaluates threshold rules
+    exactly, in closed form."""
     model, _ = smollm2
     draft = model.first_layers(4)
     text = reference[0]["ids"].tolist()  # a chat prompt; its last 8 tokens as the
@@ -396,3 +398,16 @@ def test_recorded_rows_are_the_models_rows_and_evaluate(smollm2, reference, tmp_
     exact = 1 + float(es.expected_accepted_length(q[None], p[None])[0])
     assert abs(evaluation.tokens_per_step - exact) < 1e-5
     assert evaluation.distance < 1e-6
+    # At the full vocabulary a threshold rule is evaluated exactly, in closed form:
+    # the standard and the docs' capped rule lossless, lenience as far from the target
+    # as its excess, sum (min(q, p / l) - p)_+.
+    q = np.asarray(loaded.draft_probs[0], np.float64)
+    p = np.asarray(loaded.target_probs[0], np.float64)
+    q, p = q / q.sum(-1, keepdims=True), p / p.sum(-1, keepdims=True)
+    for rule in (es.RatioTest(), Capped(jnp.asarray(0.5))):
+        full = es.evaluate_verifier(es.Verifier(rule), q, p)
+        assert full.method == "closed-form" and full.vocab == model.config.vocab_size
+        assert full.distance < 1e-5
+    lenient = es.evaluate_verifier(es.Verifier(es.LenientRatioTest(0.5)), q, p)
+    excess = np.maximum(np.minimum(q, 2 * p[:-1]) - p[:-1], 0).sum(-1)
+    np.testing.assert_allclose(lenient.distance_per_position[:2], excess, atol=1e-5)

@@ -1,6 +1,8 @@
 """Stages written the way a research user would: subclasses of the abstract bases, one
 (at least) for every base, some with Python fields used in Python control flow."""
 
+import importlib.util
+import pathlib
 from typing import ClassVar
 
 import jax
@@ -187,3 +189,18 @@ class MappedVerifier(eqx_specdec.AbstractVerifier):
             return {"num_accepted": n, "tokens": tokens.astype(jnp.int32)}
 
         return jax.vmap(row)(draft_tokens, draft_probs, target_probs, accept, sample)
+
+
+def _custom_stage_example():
+    """examples/custom_stage.py, the worked example of "Writing a custom stage"."""
+    path = pathlib.Path(__file__).parent.parent / "examples" / "custom_stage.py"
+    spec = importlib.util.spec_from_file_location("custom_stage", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The docs' capped and lenient rules, as users write them.
+_EXAMPLE = _custom_stage_example()
+Capped = _EXAMPLE.Capped
+MyLenientRatioTest = _EXAMPLE.MyLenientRatioTest
