@@ -152,6 +152,11 @@ def test_a_false_claim_is_caught_at_run_time_and_by_the_tools():
     with pytest.raises(Exception, match="min\\(q, t\\) > p"):
         jax.jit(lambda *a: es.speculative_accept(*a, verifier=verifier))(x, q, p, u, s)
     es.speculative_accept(x, q, p, u, s, verifier=verifier, check_inputs="off")
+    # Asked for exactness, with the checks off, an unproven claim is refused.
+    with pytest.raises(ValueError, match="Overeager's exactness rests on the bound"):
+        es.speculative_accept(
+            x, q, p, u, s, verifier=verifier, check_inputs="off", exact_only=True
+        )
     q, p, _ = distributions("flat", 2, 3, 0)
     distance = caught_false_claim(
         lambda: es.evaluate_verifier(verifier, q, p), verifier

@@ -7,6 +7,7 @@ import numpy as np
 from .._stages.row_context import ONE_DEVICE
 from .._stages.threshold_rule import is_threshold_rule
 from .emission import EmissionEstimate
+from .lossless import checked_row
 
 
 def closed_form_problem(verifier) -> Exception | None:
@@ -93,29 +94,8 @@ def emission_in_closed_form(
     if problem is not None:
         raise ValueError(f"emission_in_closed_form: {problem}")
     rule = verifier.ratio_test
-    p = np.asarray(target_probs, np.float64)
-    if p.ndim != 2:
-        raise ValueError(
-            f"`target_probs` must have shape (G+1, V) (one row, no batch axis); got "
-            f"{p.shape}."
-        )
-    gamma, vocab = p.shape[0] - 1, p.shape[1]
-    q = None if draft_probs is None else np.asarray(draft_probs, np.float64)
-    if draft_law is None:
-        if q is None:
-            raise ValueError(
-                "With `draft_probs=None` (one-hot drafts), pass `draft_law`: the (G, V) "
-                "law of the draft tokens."
-            )
-        draft_law = q
-    law = np.asarray(draft_law, np.float64)
-    for name, array in (("draft_probs", q), ("draft_law", law)):
-        if array is not None and array.shape != (gamma, vocab):
-            raise ValueError(
-                f"`{name}` must have shape (G, V) = {(gamma, vocab)}; got "
-                f"{array.shape}."
-            )
-    law = law / law.sum(-1, keepdims=True)
+    q, p, law = checked_row(draft_probs, target_probs, draft_law)
+    gamma = law.shape[0]
     target = p[:gamma]
     if q is not None:
         t = _rows(rule, target, q)

@@ -29,7 +29,9 @@ from .validation import check_distributions
 _COMPARED_WIDTH = 1e-5
 
 
-def _checked(draft_probs, target_probs, draft_law):
+def checked_row(draft_probs, target_probs, draft_law):
+    """One row's distributions for the evaluation tools, checked: `(draft, target,
+    law)` as float64 NumPy (`draft` `None` for one-hot drafts), the law normalised."""
     check_distributions(
         "the emission tools",
         draft_probs=draft_probs,
@@ -228,7 +230,7 @@ def _chain_quadrature(
     """`emission_by_quadrature` for a chain verifier."""
     if subdivisions is None:
         subdivisions = 2
-    draft, target, law = _checked(draft_probs, target_probs, draft_law)
+    draft, target, law = checked_row(draft_probs, target_probs, draft_law)
     gamma, vocab = law.shape
     _check_cost(math.prod(int(np.count_nonzero(row > 0)) for row in law), gamma, vocab)
     declared = stage_breakpoints(
@@ -422,7 +424,7 @@ def _chain_monte_carlo(
     chunk_size,
 ) -> EmissionEstimate:
     """`emission_by_monte_carlo` for a chain verifier."""
-    draft, target, law = _checked(draft_probs, target_probs, draft_law)
+    draft, target, law = checked_row(draft_probs, target_probs, draft_law)
     gamma, vocab = law.shape
     q, p = _verifier_inputs(draft, target, log_inputs)
     law_cdf = jnp.asarray(np.cumsum(law, -1), jnp.float32)

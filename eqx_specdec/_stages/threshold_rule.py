@@ -204,8 +204,9 @@ class LenientRatioTest(AbstractThresholdRule):
     $l = 1$ is the standard rule. For $l < 1$ the verifier is **lossy** (it accepts
     $\\min(q, p/l) > p$ wherever $p < q$): the emitted tokens drift from the target as
     $l$ falls, by exactly $\\sum_v (\\min(q, p/l) - p)_+$ in total variation, the least
-    any correction allows (its derived correction is
-    $\\operatorname{norm}((p - \\min(q, p/l))_+)$).
+    any correction allows. Its derived correction,
+    $\\operatorname{norm}((p - \\min(q, p/l))_+)$, is the standard one,
+    $\\operatorname{norm}((p - q)_+)$: where $p < q$ neither leaves anything.
 
     **Arguments:**
 

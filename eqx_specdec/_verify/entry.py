@@ -230,7 +230,7 @@ def verify(
                 "(`verifier=TreeVerifier()`, or TraversalVerifier())."
             )
         verifier = Verifier()
-    refuse_inexact(entry, verifier, exact_only)
+    refuse_inexact(entry, verifier, exact_only, options.check_inputs)
     if not isinstance(randomness, Uniforms):
         randomness = as_key(randomness)
     return run_step(entry, target, draft, randomness, verifier, options, throw)
@@ -294,7 +294,7 @@ def draft_of(tokens, distribution, kind, parents=None):
 def contract_call(entry, verifier, exact_only, target, draft, randomness, options):
     """What the contract's conveniences share: refuse a verifier that is not exact when
     asked, run `verify`'s program, and return the contract's dict."""
-    refuse_inexact(entry, verifier, exact_only)
+    refuse_inexact(entry, verifier, exact_only, options.check_inputs)
     verification = run_step(entry, target, draft, randomness, verifier, options, True)
     return verification.as_dict()
 
@@ -376,8 +376,9 @@ def speculative_accept(
         its rows are then masked and renormalised too, as the law it drew from.
     - `exact_only`: `True` to refuse (a `ValueError`, before tracing) a verifier that is
         not exact (`verifier.exact` is False: a lossy rule, or stages built with
-        `allow_mismatch=True`): for users who must not change the distribution. Default
-        `False`.
+        `allow_mismatch=True`), and a threshold rule whose exactness is not proven with
+        `check_inputs="off"` (only the run-time checks verify its bound): for users who
+        must not change the distribution. Default `False`.
 
     **Returns:**
 
