@@ -19,7 +19,7 @@ def refuse_inexact(entry: str, verifier, exact_only, check_inputs="read") -> Non
         if is_threshold_rule(rule) and not rule.proven:
             name = type(rule).__name__
             raise ValueError(
-                f"{entry}(exact_only=True, check_inputs=\"off\"): {name}'s exactness "
+                f'{entry}(exact_only=True, check_inputs="off"): {name}\'s exactness '
                 "rests on the bound min(q, t) <= p, which only the run-time checks "
                 "verify (it is not proven: `proven = False`). Leave `check_inputs` on, "
                 f"or declare `proven = True` on {name} if the bound holds for every "
