@@ -195,3 +195,22 @@ def test_evaluation_at_a_real_vocabulary_tells_the_truth():
     assert all(sampled.under_sampled) and sampled.distance is None
     assert "not measured" in str(sampled)
     assert sampled.tokens_per_step == pytest.approx(exact.tokens_per_step, abs=0.05)
+
+
+def test_with_the_checks_off_an_invalid_row_is_never_a_token():
+    """The derived correction keeps a row's invalid values visible: an infinite draft
+    probability or a NaN target on the row a correction is drawn from gives -1, for the
+    standard and the capped rule alike; with the checks on it is an error."""
+    x, q, p, u, s = random_case(5, 4, 3, 40)
+    q, p = np.array(q), np.array(p)
+    for i in range(3):  # every row of sequence 0's q, at a token not drafted there
+        q[0, i, (x[0, i] + 1) % 40] = np.inf
+    p[1, :, 3] = np.nan  # every row of sequence 1's p
+    for verifier in (es.Verifier(), _capped(0.5)):
+        out = es.speculative_accept(
+            x, q, p, u, s, verifier=verifier, check_inputs="off"
+        )
+        n, tokens = np.asarray(out["num_accepted"]), np.asarray(out["tokens"])
+        np.testing.assert_array_equal(tokens[[0, 1], n[:2]], [-1, -1])
+        with pytest.raises(es.InvalidInputError):
+            es.speculative_accept(x, q, p, u, s, verifier=verifier)

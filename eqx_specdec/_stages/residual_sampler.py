@@ -47,8 +47,12 @@ def residual_parts(
     draft_probs: DraftProbsRow | None,
     target_probs: TargetProbsRow,
     context: RowContext,
+    *,
+    checked: bool = False,
 ):
-    """What every residual-based sampler needs for one row.
+    """What every residual-based sampler needs for one row. `checked`: the caller
+    validates rows n in the same pass (the entry points' checks), so an invalid entry of
+    $q_n$ need not show in the residual.
 
     Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
     `(start, length)` giving that slice of $p_n$ and of the residual
@@ -101,19 +105,21 @@ def residual_parts(
             q_part = as_probs(jax.lax.dynamic_slice_in_dim(q, start, length))
         if rule is None:
             difference = scale * p_part - q_part
-            # -inf only from an invalid row (p_n holding -inf, or q_n +inf): NaN, so
-            # that the draw from it gives -1 rather than a token the clip would hide.
-            invalid = difference == -jnp.inf
         else:
             if t_row is not None:
                 t_part = jax.lax.dynamic_slice_in_dim(t_row, start, length)
             else:
                 t_part = rule.acceptance(p_part, q_part, probabilities).astype(dtype)
-            difference = scale * p_part - jnp.minimum(q_part, t_part)
-            # NaN from an invalid row (a NaN, or p_n holding -inf): the draw gives -1.
-            # (A test of q_n's entries here too made XLA CPU copy row n of q for the
-            # checks' pass: 2x slower at (64, 5, 128256). The checks catch +inf.)
-            invalid = jnp.isnan(difference)
+            accepted = jnp.minimum(q_part, t_part)
+            if not checked:
+                # q_n's +inf kept, so that the difference below is -inf.
+                accepted = jnp.where(q_part == jnp.inf, q_part, accepted)
+            # (A test of q_n's entries beside the checks' sums made XLA CPU copy row n
+            # of q for their pass: 2x slower at (64, 5, 128256). The checks catch it.)
+            difference = scale * p_part - accepted
+        # -inf only from an invalid row (p_n holding -inf, or q_n +inf): NaN, so that
+        # the draw from it gives -1 rather than a token the clip would hide (a NaN stays).
+        invalid = difference == -jnp.inf
         residual = jnp.where(invalid, jnp.nan, jnp.maximum(difference, 0))
         return (p_part, q_part, residual) if with_q else (p_part, residual)
 
@@ -326,7 +332,13 @@ class ResidualSampler(AbstractResidualSampler):
         that the entry points' default checks read, computed in the draw's own pass."""
         gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
         dtype, p_and_residual = residual_parts(
-            num_accepted, verdict, draft_tokens, draft_probs, target_probs, context
+            num_accepted,
+            verdict,
+            draft_tokens,
+            draft_probs,
+            target_probs,
+            context,
+            checked=with_sums,
         )
         size = block_size(vocab)
         rejected = num_accepted < gamma
