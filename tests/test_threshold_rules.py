@@ -181,20 +181,21 @@ def test_a_parameterised_class_level_sampler_is_refused():
     )
 
 
-def test_evaluation_at_a_real_vocabulary_tells_the_truth():
-    """V = 4,096, G = 3: quadrature does not apply; the closed form is exact, and Monte
-    Carlo with too few draws reports its positions as not measured, never as the
-    headline distance."""
+def test_evaluation_beyond_quadrature_tells_the_truth():
+    """V = 4,096, G = 3: quadrature does not apply, and the closed form is exact. Monte
+    Carlo with too few draws for its vocabulary (V = 64: fewer than 5 draws per token)
+    reports its positions as not measured, never as the headline distance."""
     q, p, _ = distributions("flat", 3, 4096, 4)
-    verifier = es.Verifier()
-    exact = es.evaluate_verifier(verifier, q, p)
+    exact = es.evaluate_verifier(es.Verifier(), q, p)
     assert exact.method == "closed-form" and exact.distance < 1e-6
+    q, p, _ = distributions("flat", 1, 64, 4)
     sampled = es.evaluate_verifier(
-        verifier, q, p, method="monte-carlo", num_draws=2_000
+        es.Verifier(), q, p, method="monte-carlo", num_draws=200
     )
     assert all(sampled.under_sampled) and sampled.distance is None
     assert "not measured" in str(sampled)
-    assert sampled.tokens_per_step == pytest.approx(exact.tokens_per_step, abs=0.05)
+    closed = es.evaluate_verifier(es.Verifier(), q, p, method="closed-form")
+    assert sampled.tokens_per_step == pytest.approx(closed.tokens_per_step, abs=0.1)
 
 
 def test_with_the_checks_off_an_invalid_row_is_never_a_token():
