@@ -66,8 +66,7 @@ def emission_in_closed_form(
     and is reached with probability $\\prod_{j < i} \\beta_j$; the bonus position emits
     $p_G$. For an exact rule ($\\min(q, t) \\le p$, $L = q$) the emission is $p$ at
     every position; for a lossy one its distance is $\\sum_v (\\min(q, t) - p)_+$.
-    One-hot drafts (`draft_probs=None`, $q_i = \\mathrm{onehot}(v)$ at the drafted
-    $v$) need a rule whose acceptance reads the draft tokens' values only.
+    One-hot drafts (`draft_probs=None`): $q_i = \\mathrm{onehot}(v)$ at the drafted $v$.
 
     The rule's acceptance runs in JAX's default float precision; the sums in float64.
 
@@ -105,12 +104,6 @@ def emission_in_closed_form(
         rejected = 1 - (law * a).sum(-1, keepdims=True)
         conditional = law * a + rejected * correction
     else:
-        if rule.reads != "draft tokens":
-            raise ValueError(
-                f"emission_in_closed_form: with one-hot drafts the closed form needs an "
-                f"acceptance that reads the draft tokens' values only; "
-                f"{type(rule).__name__} reads whole rows."
-            )
         # q = onehot(v) at the drafted v: a(v) = min(1, t(v)), and the correction
         # r_v lowers only entry v of p, to (p(v) - min(1, t(v)))_+.
         t = _rows(rule, target, np.ones_like(target))

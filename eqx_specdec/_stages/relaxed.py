@@ -307,15 +307,6 @@ class _ScheduledCorrection(eqx.Module):
     exact: ClassVar[bool] = False  # a schedule's bound is not checked at run time
     proven: ClassVar[bool] = False
 
-    @property
-    def reads(self) -> str:
-        rules = [r for r in (self.strict, self.relaxed) if r is not None]
-        return (
-            "draft tokens"
-            if all(r.reads == "draft tokens" for r in rules)
-            else "whole rows"
-        )
-
     def acceptance(self, target, draft, context=ONE_DEVICE):
         def of(rule):
             if rule is None:

@@ -89,12 +89,6 @@ def residual_parts(
     # with t its acceptance on row n (on probabilities); without a rule, q whole.
     rule = verdict.rule
     probabilities = RowContext(shard=context.shard)
-    t_row = None
-    if rule is not None and rule.reads != "draft tokens":
-        q_row = as_probs(q) if q is not None else None
-        if q_row is None:
-            q_row = (context.token_ids(p.shape[0]) == draft_token).astype(dtype)
-        t_row = rule.acceptance(as_probs(p), q_row, probabilities).astype(dtype)
 
     def p_and_residual(start, length, with_q=False):
         p_part = as_probs(jax.lax.dynamic_slice_in_dim(p, start, length))
@@ -106,10 +100,7 @@ def residual_parts(
         if rule is None:
             difference = scale * p_part - q_part
         else:
-            if t_row is not None:
-                t_part = jax.lax.dynamic_slice_in_dim(t_row, start, length)
-            else:
-                t_part = rule.acceptance(p_part, q_part, probabilities).astype(dtype)
+            t_part = rule.acceptance(p_part, q_part, probabilities).astype(dtype)
             accepted = jnp.minimum(q_part, t_part)
             if not checked:
                 # q_n's +inf kept, so that the difference below is -inf.

@@ -66,13 +66,13 @@ class AbstractThresholdRule(AbstractRatioTest):
     - `proven` (default `False`): `True` when $\\min(q, t) \\le p$ holds for every
         input by construction (the library's standard rule: $\\min(q, p) \\le p$), so
         the run-time check of the bound is skipped.
-    - `reads` (default `"draft tokens"`): `acceptance` is elementwise, computed from
-        the values $p(v)$, $q(v)$ at the same token only (then it is called on the
-        draft tokens' values alone: $O(G)$ reads); `"whole rows"` when it reads the
-        rows (a top-$k$ condition), then it receives whole rows `(..., V)`.
-    - `vocab_parallel` (default `True`), `causal` (default `True`), as for
-        [`eqx_specdec.AbstractRatioTest`][]; a rule whose acceptance reads whole rows
-        sets `vocab_parallel = False` unless it reduces through its context.
+    - `vocab_parallel`, `causal` and `reads` are those of an elementwise acceptance:
+        `True`, `True` and `"draft tokens"` (the verdict reads $p_i(x_i)$ and
+        $q_i(x_i)$ alone, $O(G)$ reads, on any slice of the vocabulary).
+
+    The acceptance is elementwise: $t(v)$ from $p(v)$ and $q(v)$ at the same token. A
+    rule that reads whole rows (a top-$k$ condition, an entropy) subclasses
+    [`eqx_specdec.AbstractRatioTest`][].
 
     A rule whose acceptance is not of this form (block verification, typical
     acceptance) subclasses [`eqx_specdec.AbstractRatioTest`][] instead.
@@ -93,8 +93,7 @@ class AbstractThresholdRule(AbstractRatioTest):
 
         **Arguments:**
 
-        - `target`: $p$ at some tokens (`reads = "draft tokens"`: values of any shape)
-            or whole rows `(..., V)` (`reads = "whole rows"`), in the context's space.
+        - `target`: $p$ at some tokens (values of any shape), in the context's space.
         - `draft`: $q$ at the same tokens, in the same space (1, or 0 in log space, at
             a one-hot draft's token).
         - `context`: the [`eqx_specdec.RowContext`][]: `context.log_space` says
@@ -116,20 +115,7 @@ class AbstractThresholdRule(AbstractRatioTest):
         context: RowContext = ONE_DEVICE,
     ) -> Verdict:
         p_x, q_x = context.gather(draft_tokens, draft_probs, target_probs)
-        if self.reads == "draft tokens":
-            t_x = self.acceptance(p_x, q_x, context)
-        else:
-            gamma, width = draft_tokens.shape[0], target_probs.shape[1]
-            rows = target_probs[:gamma].astype(p_x.dtype)
-            if draft_probs is None:  # one-hot drafts: q = onehot(x)
-                one, zero = (0.0, -jnp.inf) if context.log_space else (1.0, 0.0)
-                drafted = context.token_ids(width)[None, :] == draft_tokens[:, None]
-                draft = jnp.where(drafted, one, zero).astype(p_x.dtype)
-            else:
-                draft = draft_probs.astype(p_x.dtype)
-            t_rows = self.acceptance(rows, draft, context)
-            index = draft_tokens.astype(jnp.int32)[:, None]
-            t_x = jnp.take_along_axis(t_rows, index, axis=1)[:, 0]
+        t_x = self.acceptance(p_x, q_x, context)
         t_x = t_x.astype(p_x.dtype)
         return Verdict(passes(t_x, q_x, accept_uniforms, context.log_space), rule=self)
 

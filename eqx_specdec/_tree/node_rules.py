@@ -262,10 +262,9 @@ class _ThresholdAgainstResidual(AbstractNodeRule):
     def _acceptance(self, state, token=None):
         """$t^{(k)}$ at `token` (every token when `None`), on probabilities."""
         target, draft = state.residual / state.mass, state.draft
-        if token is not None and self.rule.reads == "draft tokens":
-            return self.rule.acceptance(target[token], draft[token], ONE_DEVICE)
-        t = self.rule.acceptance(target, draft, ONE_DEVICE)
-        return t if token is None else t[token]
+        if token is not None:
+            target, draft = target[token], draft[token]
+        return self.rule.acceptance(target, draft, ONE_DEVICE)
 
     def ratio(self, state, token, child):
         return self._acceptance(state, token), state.draft[token]
