@@ -346,12 +346,12 @@ def _shapes_of(batch, gamma, vocab, tree: bool):
 def compile_table(shapes=((4, 4, 6), (64, 5, 128_256))) -> list[tuple]:
     """Seconds to lower and compile each entry point's program at each check level,
     with XLA's defaults and no persistent cache: `(entry point, shape, {level: s})`."""
-    from eqx_specdec import speculative_accept_logits, tree_accept
+    from benchmarks.contract_calls import accept_logits, tree_accept
 
     entries = [
         ("speculative_accept", speculative_accept, False),
-        ("speculative_accept_logits", speculative_accept_logits, False),
-        ("tree_accept", tree_accept, True),
+        ("verify on Logits", accept_logits, False),
+        ("verify on a tree", tree_accept, True),
     ]
     # The first compile of a process pays for XLA's own start-up: pay it here.
     jax.jit(lambda a: a + 1).lower(jnp.zeros(3)).compile()

@@ -5,7 +5,7 @@ layers of width 320, a key-value cache) and, as drafts, the built-in character n
 models and the built-in small transformer (one layer of width 64, cached), against plain
 autoregressive decoding of the same target with the same cache, the runs interleaved.
 Prints tokens per second, the measured speed-up, what a cost model predicts from the
-models' per-call times alone (`eqx_specdec.Speedup.predicted_speedup`) and the tokens per
+models' per-call times alone (`eqx_specdec.evaluation.Speedup.predicted_speedup`) and the tokens per
 target call. The standard rule, sampled drafts, the built-in prompts.
 """
 

@@ -5,7 +5,7 @@ SmolLM2-135M-Instruct (`eqx_specdec.llm.fetch_smollm2`, float32 weights dequanti
 its GGUF file) answers chat prompts in five categories (summarise, extract, edit code,
 continue, open question), greedily (temperature 0), by
 
-- **speculative decoding**: a prompt-lookup draft (`eqx_specdec.PromptLookupDraft`,
+- **speculative decoding**: a prompt-lookup draft (`eqx_specdec.models.PromptLookupDraft`,
   n-grams of 3 down to 2) proposing each row's chain of G tokens in one call
   (`Chain(drafting="propose")`: the match's continuation; a row with no match drafts
   nothing), or with `--drafting sample` one token a draft call, stopping before the
@@ -149,7 +149,7 @@ def main(argv=None):
         for c in args.categories
     }
     width = max(len(r) for rows in encoded.values() for r in rows)
-    draft = es.PromptLookupDraft(
+    draft = es.models.PromptLookupDraft(
         model.config.vocab_size,
         max_ngram=max(3, args.min_ngram),
         min_ngram=args.min_ngram,

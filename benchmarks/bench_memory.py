@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import eqx_specdec as es
+from benchmarks.contract_calls import accept_logits, tree_accept
 
 
 def _memory(fn, *args) -> tuple[float, float]:
@@ -42,7 +43,7 @@ def rows(batch: int, gamma: int, vocab: int) -> dict:
     q_tree = jnp.concatenate([q[:, : len(tree)], q[:, :1]], axis=1)
 
     def logits(warp, **options):
-        return lambda t, a, b, c, d: es.speculative_accept_logits(
+        return lambda t, a, b, c, d: accept_logits(
             t, a, b, c, d, target_warp=warp, draft_warp=warp, **options
         )["tokens"]
 
@@ -80,7 +81,7 @@ def rows(batch: int, gamma: int, vocab: int) -> dict:
             logit_args,
         ),
         "logits + penalties (history of 256)": (
-            lambda t, a, b, c, d, h: es.speculative_accept_logits(
+            lambda t, a, b, c, d, h: accept_logits(
                 t, a, b, c, d, target_warp=penalised, draft_warp=penalised, history=h
             )["tokens"],
             logit_args + (history,),
@@ -90,13 +91,13 @@ def rows(batch: int, gamma: int, vocab: int) -> dict:
             logit_args,
         ),
         f"tree_accept, {len(tree)} nodes": (
-            lambda t, a, b, c, d: es.tree_accept(
+            lambda t, a, b, c, d: tree_accept(
                 t, None, a, b, c, d, verifier=es.TreeVerifier(tree=tree)
             )["tokens"],
             (nodes, q_tree, p, u[:, : len(tree)], s),
         ),
         f"traversal, {len(tree)} nodes": (
-            lambda t, a, b, c, d: es.tree_accept(
+            lambda t, a, b, c, d: tree_accept(
                 t, None, a, b, c, d, verifier=es.TraversalVerifier(tree=tree)
             )["tokens"],
             (nodes, q_tree, p, u[:, : len(tree)], s),

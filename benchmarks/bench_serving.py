@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import eqx_specdec as es
+from benchmarks.contract_calls import accept_logits
 
 
 def _median_ms(fns: dict, repeats: int) -> dict:
@@ -65,9 +66,7 @@ def main(argv=None):
     probs = functools.partial(es.speculative_accept, tokens, q, p, u, s)
     warp = es.Warp(0.8, top_k=50)
     penalised = es.Warp(0.8, top_k=50, repetition_penalty=1.2, frequency_penalty=0.3)
-    logits = functools.partial(
-        es.speculative_accept_logits, tokens, logq, logp, u, s, draft_warp=warp
-    )
+    logits = functools.partial(accept_logits, tokens, logq, logp, u, s, draft_warp=warp)
     rows = {
         "probabilities: default": lambda: probs(),
         "probabilities: + log-probabilities": lambda: probs(logprobs=es.LogProbs()),

@@ -1,7 +1,7 @@
 """Benchmark of tree verification: `python benchmarks/bench_trees.py`.
 
 Prints one markdown table, one row per (verifier, tree size): milliseconds per call of
-`tree_accept` with its default checks (median of interleaved repeats after compilation),
+`verify` on a tree with its default checks (median of interleaved repeats after compilation),
 the same unchecked, and both against a jitted read of the same inputs (`jnp.sum` of
 every array: each byte read once, the floor any verifier that reads its inputs can
 reach). Beside them, the bytes XLA's cost analysis counts for each compiled program
@@ -11,7 +11,7 @@ Shapes: B = 64 trees of N = 64 and 256 nodes over V = 32,000, float32, the layou
 serving trees (wide near the root, depth 5), siblings distinct (drafted without
 replacement), target and draft rows random.
 
-A second table, trees as data: `tree_accept` on a fixed shape given statically (the
+A second table, trees as data: `verify` on a tree on a fixed shape given statically (the
 verifier's `tree`, one compiled program per shape) against the same shape as a traced
 per-row parent array (one program for every shape of up to N nodes): compiles, compile
 seconds and milliseconds per call, over 8 shapes of N = 64 nodes. A third, the decoding
@@ -30,6 +30,7 @@ import numpy as np
 from bench_decoding import prompts
 
 import eqx_specdec as es
+from benchmarks.contract_calls import tree_accept
 
 
 def _widths(nodes: int) -> list[int]:
@@ -149,10 +150,10 @@ def main():
         for name, verifier in verifiers.items():
 
             def default(*a, verifier=verifier):
-                return es.tree_accept(*a, verifier=verifier)
+                return tree_accept(*a, verifier=verifier)
 
             def unchecked(*a, verifier=verifier):
-                return es.tree_accept(*a, verifier=verifier, check_inputs="off")
+                return tree_accept(*a, verifier=verifier, check_inputs="off")
 
             default_ms = _median_ms(default, data, args.repeats)
             unchecked_ms = _median_ms(unchecked, data, args.repeats)
@@ -189,7 +190,7 @@ def trees_as_data(batch: int, vocab: int, nodes: int, count: int, repeats: int):
     shapes = _shapes(nodes, count)
     rule = es.DeterministicCandidates()
     traced = jax.jit(
-        lambda x, parents, p, u, s: es.tree_accept(
+        lambda x, parents, p, u, s: tree_accept(
             x, parents, None, p, u, s, verifier=es.TreeVerifier(rule)
         )
     )
@@ -198,7 +199,7 @@ def trees_as_data(batch: int, vocab: int, nodes: int, count: int, repeats: int):
     for i, shape in enumerate(shapes):
         x, parents, _, p, u, s = inputs(batch, shape, vocab, seed=i)
         static = jax.jit(
-            lambda x, p, u, s, shape=shape: es.tree_accept(
+            lambda x, p, u, s, shape=shape: tree_accept(
                 x, None, None, p, u, s, verifier=es.TreeVerifier(rule, tree=shape)
             )
         )

@@ -8,7 +8,7 @@ unchecked, `check_inputs="off"`, but one) of:
   the draft tokens are drawn from the draft at temperature 0.7, as a drafter draws them
   (the table gives the mean number accepted), since the logits path normalises rows
   only up to the first rejection;
-- `speculative_accept_logits` with the same warp on both sides: temperature 0.7 alone,
+- `verify` on `Logits` with the same warp on both sides: temperature 0.7 alone,
   then with top-k 50, top-p 0.9 and min-p 0.05; temperature 0.7 with the default checks
   on, and on the same logits in bfloat16;
 - the straightforward JAX version of each warp, as a JAX user writes it without the
@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqx_specdec import speculative_accept, speculative_accept_logits, Warp
+from benchmarks.contract_calls import accept_logits
+from eqx_specdec import speculative_accept, Warp
 
 
 SHAPES = [(16, 5, 32_000), (64, 5, 128_256), (256, 8, 32_000)]
@@ -144,17 +145,15 @@ def benchmark(shapes, repeats: int, with_torch: bool) -> list[dict]:
         )
     }
     for name, warp in WARPS.items():
-        impls[name] = lambda x, q, p, u, s, dl, tl, *_, w=warp: (
-            speculative_accept_logits(
-                x, dl, tl, u, s, target_warp=w, draft_warp=w, check_inputs="off"
-            )
+        impls[name] = lambda x, q, p, u, s, dl, tl, *_, w=warp: accept_logits(
+            x, dl, tl, u, s, target_warp=w, draft_warp=w, check_inputs="off"
         )
     for name, fn in _jax_warps().items():
         impls[name] = lambda x, q, p, u, s, dl, tl, *_, fn=fn: fn(x, dl, tl, u, s)
-    impls[CHECKED] = lambda x, q, p, u, s, dl, tl, *_: speculative_accept_logits(
+    impls[CHECKED] = lambda x, q, p, u, s, dl, tl, *_: accept_logits(
         x, dl, tl, u, s, target_warp=Warp(0.7), draft_warp=Warp(0.7)
     )
-    impls[BF16] = lambda x, q, p, u, s, dl, tl, dl16, tl16: speculative_accept_logits(
+    impls[BF16] = lambda x, q, p, u, s, dl, tl, dl16, tl16: accept_logits(
         x,
         dl16,
         tl16,

@@ -1,7 +1,7 @@
 """The passes over the rows in the compiled logits path: `python benchmarks/hlo_passes.py`.
 
 For each warp of `bench_warps.py` (the same warp on both sides, unchecked), compiles
-`speculative_accept_logits` at (B, G, V) and reads XLA's optimised HLO: every operation
+`verify` on `Logits` at (B, G, V) and reads XLA's optimised HLO: every operation
 outside fused computations (fusions, custom calls such as TopK, sorts, reductions) with
 an operand holding whole rows of V entries (its last axis V, or V split in blocks of 16)
 reads those rows, or a slice of them (a fusion holding a dynamic slice of the batch's
@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqx_specdec import speculative_accept_logits, Warp
+from benchmarks.contract_calls import accept_logits
+from eqx_specdec import Warp
 
 
 WARPS = {
@@ -106,7 +107,7 @@ def main(argv=None):
     details = {}
     for name, warp in WARPS.items():
         fn = jax.jit(
-            lambda x, d, t, u, s, w=warp: speculative_accept_logits(
+            lambda x, d, t, u, s, w=warp: accept_logits(
                 x, d, t, u, s, target_warp=w, draft_warp=w, check_inputs="off"
             )
         )

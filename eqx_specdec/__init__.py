@@ -1,39 +1,13 @@
 """The verification step of speculative decoding as typed, composable Equinox stages."""
 
-import importlib.metadata
+import importlib as _importlib
+import importlib.metadata as _metadata
 
+from . import evaluation as evaluation, models as models
 from ._decoding.autoregressive import autoregressive_decode as autoregressive_decode
 from ._decoding.loop import speculative_decode as speculative_decode
 from ._decoding.result import DecodeResult as DecodeResult
-from ._decoding.speedup import measure_speedup as measure_speedup, Speedup as Speedup
-from ._errors import (
-    InvalidInputError as InvalidInputError,
-    MissingCapabilityError as MissingCapabilityError,
-)
-from ._evaluation.closed_form import (
-    emission_in_closed_form as emission_in_closed_form,
-)
-from ._evaluation.evaluate import (
-    ChiSquare as ChiSquare,
-    evaluate_verifier as evaluate_verifier,
-    Evaluation as Evaluation,
-    synthetic_distributions as synthetic_distributions,
-)
-from ._evaluation.lossless import (
-    emission_by_monte_carlo as emission_by_monte_carlo,
-    emission_by_quadrature as emission_by_quadrature,
-    EmissionEstimate as EmissionEstimate,
-)
-from ._evaluation.objectives import (
-    acceptance_by_position as acceptance_by_position,
-    acceptance_by_position_logits as acceptance_by_position_logits,
-    expected_accepted_length as expected_accepted_length,
-    expected_accepted_length_logits as expected_accepted_length_logits,
-)
-from ._models.cached import AbstractCachedModel as AbstractCachedModel
-from ._models.prompt_lookup import PromptLookupDraft as PromptLookupDraft
-from ._models.tempered import Tempered as Tempered
-from ._models.warped import Warped as Warped
+from ._errors import MissingCapabilityError as MissingCapabilityError
 from ._proposal.abstract_proposal import AbstractProposal as AbstractProposal
 from ._proposal.chain import Chain as Chain
 from ._proposal.draft_length import (
@@ -68,7 +42,7 @@ from ._stages.residual_sampler import (
     ResidualSampler as ResidualSampler,
 )
 from ._stages.row_context import RowContext as RowContext
-from ._stages.row_sums import row_sums as row_sums, RowSums as RowSums
+from ._stages.row_sums import RowSums as RowSums
 from ._stages.synthetic import SyntheticRatioTest as SyntheticRatioTest
 from ._stages.threshold_rule import (
     AbstractThresholdRule as AbstractThresholdRule,
@@ -86,10 +60,6 @@ from ._stages.typical import (
 from ._stages.verdict import Verdict as Verdict
 from ._stages.vocab_shard import VocabShard as VocabShard
 from ._tree.abstract_tree_verifier import AbstractTreeVerifier as AbstractTreeVerifier
-from ._tree.entry import (
-    tree_accept as tree_accept,
-    tree_accept_logits as tree_accept_logits,
-)
 from ._tree.multi_draft import (
     GreedyMultiDraft as GreedyMultiDraft,
     ImportanceSampling as ImportanceSampling,
@@ -103,24 +73,14 @@ from ._tree.node_rules import (
     ResidualState as ResidualState,
     WithoutReplacementCandidates as WithoutReplacementCandidates,
 )
-from ._tree.optimal import optimal_acceptance as optimal_acceptance
 from ._tree.top_down import TreeVerifier as TreeVerifier
 from ._tree.traversal import TraversalVerifier as TraversalVerifier
 from ._verify.abstract_verifier import AbstractVerifier as AbstractVerifier
-from ._verify.draft_vocabulary import (
-    DraftVocabulary as DraftVocabulary,
-    SharedVocabulary as SharedVocabulary,
-)
-from ._verify.entry import (
-    speculative_accept as speculative_accept,
-    speculative_accept_from_key as speculative_accept_from_key,
-    speculative_accept_logits as speculative_accept_logits,
-    verify as verify,
-)
+from ._verify.entry import speculative_accept as speculative_accept, verify as verify
 from ._verify.example_inputs import example_inputs as example_inputs
 from ._verify.keys import uniforms_from_key as uniforms_from_key
 from ._verify.logprobs import LogProbs as LogProbs
-from ._verify.string_level import StringLevelDraft as StringLevelDraft
+from ._verify.results import RESULTS as RESULTS
 from ._verify.typed_inputs import (
     Draft as Draft,
     Logits as Logits,
@@ -129,16 +89,12 @@ from ._verify.typed_inputs import (
 )
 from ._verify.verification import Verification as Verification
 from ._verify.verifier import Verifier as Verifier
-from ._verify.warp import (
-    NormalisedRows as NormalisedRows,
-    Warp as Warp,
-    WarpedRows as WarpedRows,
-)
+from ._verify.warp import Warp as Warp
 
 
 try:
-    __version__ = importlib.metadata.version("eqx_specdec")
-except importlib.metadata.PackageNotFoundError:  # a source checkout on the path
+    __version__ = _metadata.version("eqx_specdec")
+except _metadata.PackageNotFoundError:  # a source checkout on the path
     __version__ = "unknown"
 
 
@@ -146,5 +102,5 @@ def __getattr__(name: str):
     # `eqx_specdec.demo` on first use: the demo's models and data are not imported with
     # the library.
     if name == "demo":
-        return importlib.import_module(".demo", __name__)
+        return _importlib.import_module(".demo", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -72,7 +72,7 @@ if __name__ == "__main__":
     q = np.asarray(draft_probs[0, :, :3], np.float64)
     p = np.asarray(target_probs[0, :, :3], np.float64)
     q, p = q / q.sum(-1, keepdims=True), p / p.sum(-1, keepdims=True)
-    result = eqx_specdec.evaluate_verifier(tree, q[:4], p[:4])
+    result = eqx_specdec.evaluation.evaluate_verifier(tree, q[:4], p[:4])
     print(
         f"c = 0.50 on a tree of 3 nodes, V = 3 ({result.method}): distance from the "
         f"target {result.distance:.1e}, exact: {tree.exact}"
@@ -82,7 +82,7 @@ if __name__ == "__main__":
         eqx_specdec.Verifier(rule),
         eqx_specdec.Verifier(MyLenientRatioTest(0.5)),
     ):
-        result = eqx_specdec.evaluate_verifier(
+        result = eqx_specdec.evaluation.evaluate_verifier(
             verifier, draft_probs[0], target_probs[0], method="closed-form"
         )
         print(

@@ -30,7 +30,7 @@ contexts = corpus[windows[:, :GAMMA]]  # a bigram draft reads the last token onl
 def loss(draft_logits):
     """Minus the mean expected accepted length over the windows of the text."""
     draft_rows = jax.nn.softmax(draft_logits, axis=-1)[contexts]  # (W, G, V)
-    return -jnp.mean(es.expected_accepted_length(draft_rows, target_rows))
+    return -jnp.mean(es.evaluation.expected_accepted_length(draft_rows, target_rows))
 
 
 @jax.jit

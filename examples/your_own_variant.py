@@ -44,7 +44,7 @@ def check(rescale: bool, draws: int = 200_000):
     p = rng.dirichlet(np.full(16, 0.5), size=4)  # G = 3 draft positions, V = 16
     q = rng.dirichlet(np.full(16, 0.5), size=3)
     verifier = eqx_specdec.Verifier(ratio_test=RecycledUniformTest(rescale))
-    estimate = eqx_specdec.emission_by_monte_carlo(
+    estimate = eqx_specdec.evaluation.emission_by_monte_carlo(
         verifier, q, p, jax.random.key(0), draws
     )
     stats = estimate.chi_square(p)

@@ -13,7 +13,7 @@ the library's own objective.
    frozen, with a trained norm scale `s` and a `dim x dim` map `A` (332K weights), the
    same as a `Llama` whose untied head is `(I + A) E^T`. Trained with Adam on
    `1 - sum_v min(p(v), q(v))`, the standard rule's per-position rejection probability
-   (DistillSpec's objective, `eqx_specdec.acceptance_by_position` for G = 1).
+   (DistillSpec's objective, `eqx_specdec.evaluation.acceptance_by_position` for G = 1).
 4. Reported: training time, the acceptance rate sum_v min(p, q) on held-out text before
    and after training, and the draft's call cost against the target's.
 

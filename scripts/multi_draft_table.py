@@ -8,7 +8,7 @@ continues one prompt per category; the draft is its first 20 of 30 layers; G = 4
 per window). Every recorded position is one node with $K$ i.i.d. drafts from its $q$. For
 $K = 2, 4, 8$, the probability that a draft is accepted, averaged over the positions:
 
-- over the whole vocabulary: the optimum $\\alpha^*$ (`eqx_specdec.optimal_acceptance`),
+- over the whole vocabulary: the optimum $\\alpha^*$ (`eqx_specdec.evaluation.optimal_acceptance`),
   SpecTr's K-SEQ ($1 - (1 - \\beta)^K$ at the $\\rho$ that `eqx_specdec.SpecTrKSeq`
   finds) and SpecInfer's rule (the recursion over its evolving residual);
 - on each row restricted to the 12 tokens of highest $p + q$ and renormalised (importance
@@ -80,7 +80,7 @@ def importance(p, q, k: int):
 
 
 def optimum(p, q, k: int):
-    return es.optimal_acceptance(p, q, k)
+    return es.evaluation.optimal_acceptance(p, q, k)
 
 
 def restricted(p, q, kept: int):

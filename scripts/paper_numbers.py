@@ -9,7 +9,7 @@ draft $q = (2/3, 1/3)$ at every position, drafts of $G = 2, 3, 4$ tokens. For ea
 
 - the expected accepted draft tokens of the standard rule and of block verification,
   measured by the library's exact quadrature over the uniforms
-  (`eqx_specdec.emission_by_quadrature`), beside their exact fractions;
+  (`eqx_specdec.evaluation.emission_by_quadrature`), beside their exact fractions;
 - Leviathan et al.'s Eq. 1, the expected tokens per step
   $(1 - \\alpha^{G + 1}) / (1 - \\alpha)$ with $\\alpha = \\sum_v \\min(p(v), q(v))$,
   beside the measured $1 + E[n]$ of the standard rule;
@@ -21,7 +21,7 @@ draft $q = (2/3, 1/3)$ at every position, drafts of $G = 2, 3, 4$ tokens. For ea
 Khisti et al.'s Fig. 2 (ICLR 2025): three tokens, $p$ uniform, $K = 2$ i.i.d. drafts from
 $q = (1/3, q_2, 2/3 - q_2)$ (left) and $q = (1/6, q_2, 5/6 - q_2)$ (right). For each $q_2$,
 the probability that a draft is accepted: the optimum $\alpha^*$
-(`eqx_specdec.optimal_acceptance`), and SpecInfer's rule, SpecTr's K-SEQ and importance
+(`eqx_specdec.evaluation.optimal_acceptance`), and SpecInfer's rule, SpecTr's K-SEQ and importance
 sampling at a root with two children, by exact quadrature.
 
 `tests/test_paper_numbers.py` checks the fractions against the papers' values, the
@@ -81,8 +81,8 @@ def measured(gamma: int) -> tuple[float, float, float]:
     by exact quadrature, and block verification's largest error against $p$."""
     p = np.tile(np.asarray(P, np.float64), (gamma + 1, 1))
     q = np.tile(np.asarray(Q, np.float64), (gamma, 1))
-    standard = es.emission_by_quadrature(es.Verifier(), q, p)
-    block = es.emission_by_quadrature(BLOCK, q, p)
+    standard = es.evaluation.emission_by_quadrature(es.Verifier(), q, p)
+    block = es.evaluation.emission_by_quadrature(BLOCK, q, p)
     return (
         float(standard.reached[1:].sum()),
         float(block.reached[1:].sum()),
@@ -137,9 +137,9 @@ def fig2_point(panel: str, q2: float) -> dict[str, float]:
     """The optimum and each rule's root acceptance (exact quadrature) at one $q_2$."""
     p = np.full(3, 1 / 3)
     q = fig2_draft(panel, q2)
-    values = {"optimum": float(es.optimal_acceptance(p, q, 2))}
+    values = {"optimum": float(es.evaluation.optimal_acceptance(p, q, 2))}
     for name, rule in FIG2_RULES.items():
-        result = es.evaluate_verifier(
+        result = es.evaluation.evaluate_verifier(
             es.TreeVerifier(rule, tree=(-1, -1)),
             np.tile(q, (3, 1)),
             np.tile(p, (3, 1)),

@@ -70,9 +70,9 @@ def main(argv=None):
     ]
     for name, (verifier, drafts) in rules.items():
         if drafts is None:
-            reach = es.acceptance_by_position(q, p, verifier=verifier)
+            reach = es.evaluation.acceptance_by_position(q, p, verifier=verifier)
         elif drafts == "argmax":
-            reach = es.acceptance_by_position(
+            reach = es.evaluation.acceptance_by_position(
                 None, p, verifier=verifier, draft_tokens=jnp.argmax(q, -1)
             )
         else:
@@ -80,7 +80,7 @@ def main(argv=None):
             reach = jnp.mean(
                 jnp.stack(
                     [
-                        es.acceptance_by_position(
+                        es.evaluation.acceptance_by_position(
                             q,
                             p,
                             verifier=verifier,

@@ -68,7 +68,9 @@ def main(argv=None):
     for name, verifier in rules.items():
         start = time.perf_counter()
         found = [
-            es.evaluate_verifier(verifier, rows.draft_probs[w], rows.target_probs[w])
+            es.evaluation.evaluate_verifier(
+                verifier, rows.draft_probs[w], rows.target_probs[w]
+            )
             for w in range(count)
         ]
         seconds = time.perf_counter() - start
@@ -81,7 +83,7 @@ def main(argv=None):
             f"| {name} | {verifier.exact} | {distance:.1e} | {tokens:.3f} | "
             f"{seconds:.1f} |"
         )
-    sampled = es.evaluate_verifier(
+    sampled = es.evaluation.evaluate_verifier(
         es.Verifier(),
         rows.draft_probs[0],
         rows.target_probs[0],

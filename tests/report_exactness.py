@@ -31,7 +31,9 @@ def distance(verifier) -> str:
         extra["sample_breakpoints"] = np.zeros(0)
     if isinstance(verifier.residual_sampler, es.GumbelSampler):
         return "(key-driven)"
-    estimate = es.emission_by_quadrature(verifier, t.DRAFT, t.TARGET, **extra)
+    estimate = es.evaluation.emission_by_quadrature(
+        verifier, t.DRAFT, t.TARGET, **extra
+    )
     target = t.law(verifier.ratio_test)
     return f"{estimate.max_error(target):.1e}"
 

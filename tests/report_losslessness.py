@@ -29,7 +29,7 @@ def quadrature_table():
     for case in QUADRATURE_CASES:
         kind, gamma, vocab, _ = case
         q, p, law = distributions(*case)
-        est = eqx_specdec.emission_by_quadrature(
+        est = eqx_specdec.evaluation.emission_by_quadrature(
             eqx_specdec.Verifier(), q, p, draft_law=law
         )
         reach = np.max(np.abs(est.reached - acceptance_products(q, p, law)))
@@ -45,7 +45,7 @@ def monte_carlo_table():
     for case in MONTE_CARLO_CASES:
         kind, gamma, vocab, seed = case
         q, p, law = distributions(*case)
-        est = eqx_specdec.emission_by_monte_carlo(
+        est = eqx_specdec.evaluation.emission_by_monte_carlo(
             eqx_specdec.Verifier(), q, p, jax.random.key(seed), NUM_DRAWS, draft_law=law
         )
         stats = est.chi_square(p)
@@ -81,11 +81,11 @@ def controls_table():
         # As in the test: the user's lenient test declares no breakpoints.
         with np.errstate(divide="ignore", invalid="ignore"):
             cuts = p[:-1] / (0.5 * q)
-        quad = eqx_specdec.emission_by_quadrature(
+        quad = eqx_specdec.evaluation.emission_by_quadrature(
             verifier, q, p, draft_law=law, accept_breakpoints=cuts
         ).max_error(p)
         q, p, law = distributions("peaked", 1, MONTE_CARLO_VOCAB, 7)
-        est = eqx_specdec.emission_by_monte_carlo(
+        est = eqx_specdec.evaluation.emission_by_monte_carlo(
             verifier, q, p, jax.random.key(1), NUM_DRAWS, draft_law=law
         )
         stats = est.chi_square(p)

@@ -65,8 +65,10 @@ def main():
     )
     print("|---|---|---|---|---|")
     for name, (q, p) in cases.items():
-        standard = es.emission_by_quadrature(es.Verifier(), q, p).reached[1:].sum()
-        block = es.emission_by_quadrature(BLOCK, q, p)
+        standard = (
+            es.evaluation.emission_by_quadrature(es.Verifier(), q, p).reached[1:].sum()
+        )
+        block = es.evaluation.emission_by_quadrature(BLOCK, q, p)
         block = block.reached[1:].sum()
         t2, n2 = tree_expected_accepted(q, p, 2)
         t4, n4 = tree_expected_accepted(q, p, 4)

@@ -38,7 +38,7 @@ def main():
         "| variant | acceptance rate | tokens per step | distance from its target (max TV) |"
     )
     print("|---|---|---|---|")
-    quad = es.emission_by_quadrature
+    quad = es.evaluation.emission_by_quadrature
     _row("standard", quad(es.Verifier(), q, p), p)
     greedy = es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler())
     _row(
@@ -108,7 +108,9 @@ def main():
     _row("block verification", quad(block, q, p), p)
     gumbel = es.Verifier(residual_sampler=es.GumbelSampler())
     draws = 400_000
-    estimate = es.emission_by_monte_carlo(gumbel, q, p, jax.random.key(0), draws)
+    estimate = es.evaluation.emission_by_monte_carlo(
+        gumbel, q, p, jax.random.key(0), draws
+    )
     _row(f"Gumbel sampler (Monte Carlo, {draws} draws)", estimate, p, draws)
 
 

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_case
+from helpers import accept_logits, random_case
 from lossless_cases import distributions
 
 import eqx_specdec
@@ -32,7 +32,7 @@ def _binary_toy(gamma):
 @pytest.mark.parametrize("gamma", [2, 4])
 def test_first_failure_block_verification_is_not_lossless(gamma):
     q, p = _binary_toy(gamma)
-    estimate = eqx_specdec.emission_by_quadrature(FIRST_FAILURE_BLOCK, q, p)
+    estimate = eqx_specdec.evaluation.emission_by_quadrature(FIRST_FAILURE_BLOCK, q, p)
     assert estimate.max_error(p) > 0.1
 
 
@@ -41,14 +41,14 @@ def test_first_failure_block_verification_is_not_lossless(gamma):
 )
 def test_block_is_lossless_by_quadrature(case):
     q, p, law = distributions(*case)
-    estimate = eqx_specdec.emission_by_quadrature(BLOCK, q, p, draft_law=law)
+    estimate = eqx_specdec.evaluation.emission_by_quadrature(BLOCK, q, p, draft_law=law)
     assert estimate.max_error(p) < 1e-6
 
 
 @pytest.mark.execution_bound
 def test_block_is_lossless_by_chi_square():
     q, p, law = distributions("near-equal", 3, 1024, 5)
-    estimate = eqx_specdec.emission_by_monte_carlo(
+    estimate = eqx_specdec.evaluation.emission_by_monte_carlo(
         BLOCK, q, p, jax.random.key(3), 100_000, draft_law=law
     )
     stats = estimate.chi_square(p)
@@ -111,9 +111,7 @@ def test_block_through_the_entry_points():
     x, q, p, u, s = random_case(3, 16, 4, 300)
     out = jax.jit(eqx_specdec.speculative_accept)(x, q, p, u, s, verifier=BLOCK)
     assert out["tokens"].dtype == jnp.int32
-    logits = eqx_specdec.speculative_accept_logits(
-        x, np.log(q), np.log(p), u, s, verifier=BLOCK
-    )
+    logits = accept_logits(x, np.log(q), np.log(p), u, s, verifier=BLOCK)
     np.testing.assert_array_equal(out["num_accepted"], logits["num_accepted"])
     with pytest.raises(ValueError, match="BlockRatioTest needs `draft_probs`"):
         eqx_specdec.speculative_accept(x, None, p, u, s, verifier=BLOCK)

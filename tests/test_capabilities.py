@@ -87,7 +87,7 @@ def test_decoding_loop_theory_is_bit_for_bit():
 def test_exact_quadrature_is_bit_for_bit(lenience):
     q, p, _ = distributions("peaked", 2, 5, 0)
     library, user = _pair(lenience)
-    results = [es.evaluate_verifier(v, q, p) for v in (library, user)]
+    results = [es.evaluation.evaluate_verifier(v, q, p) for v in (library, user)]
     assert results[0].method == results[1].method == "quadrature"
     assert results[0].as_dict() == results[1].as_dict()
     # Exact: the lenient rule's emission has a closed form at the first position,
@@ -129,14 +129,14 @@ MISSING = [
     ),
     (
         "quadrature",
-        lambda: es.emission_by_quadrature(
+        lambda: es.evaluation.emission_by_quadrature(
             es.Verifier(BareLenientRatioTest(0.5)), *distributions("flat", 2, 4, 0)[:2]
         ),
         "LenientRatioTest does not implement `quadrature_breakpoints`",
     ),
     (
         "evaluate, quadrature",
-        lambda: es.evaluate_verifier(
+        lambda: es.evaluation.evaluate_verifier(
             es.Verifier(BareLenientRatioTest(0.5)),
             *distributions("flat", 2, 4, 0)[:2],
             method="quadrature",
@@ -162,7 +162,7 @@ MISSING = [
     ),
     (
         "tree drafting in the tools",
-        lambda: es.emission_by_monte_carlo(
+        lambda: es.evaluation.emission_by_monte_carlo(
             es.TreeVerifier(DraftlessIIDRule(), tree=(-1, -1, 0)),
             *_tree_case(),
             jax.random.key(0),
@@ -172,7 +172,7 @@ MISSING = [
     ),
     (
         "Gumbel quadrature",
-        lambda: es.evaluate_verifier(
+        lambda: es.evaluation.evaluate_verifier(
             es.Verifier(residual_sampler=es.GumbelSampler()),
             *distributions("flat", 2, 4, 0)[:2],
             method="quadrature",
@@ -181,7 +181,7 @@ MISSING = [
     ),
     (
         "objective",
-        lambda: es.expected_accepted_length(
+        lambda: es.evaluation.expected_accepted_length(
             *(jnp.asarray(a[None]) for a in distributions("flat", 2, 4, 0)[:2]),
             verifier=es.Verifier(BareLenientRatioTest(0.5)),
         ),
@@ -190,7 +190,7 @@ MISSING = [
     ),
     (
         "schedule of a rule without the capability",
-        lambda: es.emission_by_quadrature(
+        lambda: es.evaluation.emission_by_quadrature(
             es.Verifier(es.ScheduledRatioTest(relaxed=BareLenientRatioTest(0.5))),
             *distributions("flat", 2, 4, 0)[:2],
         ),
@@ -217,7 +217,7 @@ def test_a_composite_has_a_capability_when_its_parts_have_it():
         es.MissingCapabilityError,
         match="DraftlessIIDRule does not implement `candidate_law`",
     ):
-        es.emission_by_quadrature(
+        es.evaluation.emission_by_quadrature(
             es.TreeVerifier(DraftlessIIDRule(), tree=(-1, 0)),
             *distributions("flat", 2, 4, 0)[:2],
         )
@@ -233,7 +233,7 @@ def test_a_missing_capability_is_a_clear_error_naming_the_method(call, message):
 
 def test_evaluation_falls_back_to_monte_carlo_without_breakpoints():
     q, p, _ = distributions("flat", 2, 4, 0)
-    result = es.evaluate_verifier(
+    result = es.evaluation.evaluate_verifier(
         es.Verifier(BareLenientRatioTest(1.0)), q, p, num_draws=20_000
     )
     assert result.method == "monte-carlo" and result.chi_square.passed
@@ -265,8 +265,10 @@ def test_quadrature_refuses_cells_on_which_the_tokens_change():
     with pytest.raises(
         ValueError, match="MissingCutsRatioTest.*quadrature_breakpoints"
     ):
-        es.emission_by_quadrature(es.Verifier(rule), q, p)
+        es.evaluation.emission_by_quadrature(es.Verifier(rule), q, p)
     q, p, _ = distributions("flat", 2, 5, 0)  # every p / (l q) is above 1: no cut
-    ours = es.emission_by_quadrature(es.Verifier(rule), q, p)
-    library = es.emission_by_quadrature(es.Verifier(es.LenientRatioTest(0.5)), q, p)
+    ours = es.evaluation.emission_by_quadrature(es.Verifier(rule), q, p)
+    library = es.evaluation.emission_by_quadrature(
+        es.Verifier(es.LenientRatioTest(0.5)), q, p
+    )
     np.testing.assert_allclose(ours.emitted, library.emitted, atol=1e-12)

@@ -292,8 +292,8 @@ def test_evaluate_reads_recorded_rows(tmp_path, capsys):
     import eqx_specdec as es
     from eqx_specdec.llm import RecordedRows
 
-    q, p, _ = es.synthetic_distributions("peaked", 2, 6, 0)
-    q2, p2, _ = es.synthetic_distributions("flat", 2, 6, 1)
+    q, p, _ = es.evaluation.synthetic_distributions("peaked", 2, 6, 0)
+    q2, p2, _ = es.evaluation.synthetic_distributions("flat", 2, 6, 1)
     rows = RecordedRows(
         np.stack([q, q2]).astype(np.float32),
         np.stack([p, p2]).astype(np.float32),
@@ -305,7 +305,7 @@ def test_evaluate_reads_recorded_rows(tmp_path, capsys):
         _run(["evaluate", "--rows", str(tmp_path / "rows.npz"), "--window", "1",
               "--json"], capsys)
     )  # fmt: skip
-    direct = es.evaluate_verifier(
+    direct = es.evaluation.evaluate_verifier(
         es.Verifier(),
         np.asarray(loaded.draft_probs[1], np.float64),
         np.asarray(loaded.target_probs[1], np.float64),

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_case
+from helpers import accept_from_key, accept_logits, random_case, tree_accept
 
 import eqx_specdec as es
 
@@ -33,7 +33,7 @@ def _accept(lenience):
 
 def _logits(scale):
     warp = es.Warp(temperature=0.7)
-    out = es.speculative_accept_logits(
+    out = accept_logits(
         X, scale * jnp.log(Q), scale * jnp.log(P), U, S, target_warp=warp
     )
     return scale * out["num_accepted"].sum().astype(jnp.float32)
@@ -41,18 +41,20 @@ def _logits(scale):
 
 def _from_key(lenience):
     key = jax.random.key(0)
-    out = es.speculative_accept_from_key(key, X, Q, P, verifier=_lenient(lenience))
+    out = accept_from_key(key, X, Q, P, verifier=_lenient(lenience))
     return lenience * out["num_accepted"].sum().astype(jnp.float32)
 
 
 def _tree(scale):
     rule = es.TreeVerifier(es.IIDCandidates())
-    out = es.tree_accept(X, PARENTS, TREE_Q, P, U * scale, S, verifier=rule)
+    out = tree_accept(X, PARENTS, TREE_Q, P, U * scale, S, verifier=rule)
     return scale * out["num_accepted"].sum().astype(jnp.float32)
 
 
 def _objective(lenience):
-    return es.expected_accepted_length(Q, P, verifier=_lenient(lenience)).sum()
+    return es.evaluation.expected_accepted_length(
+        Q, P, verifier=_lenient(lenience)
+    ).sum()
 
 
 ENTRY_POINTS = {

@@ -150,7 +150,9 @@ def _chi_square_of_loop(verifier, options, seed=0):
             for c in range(vocab**LENGTH)
         ]
     )
-    estimate = es.EmissionEstimate(counts[None], np.array([float(NUM_ROWS)]), NUM_ROWS)
+    estimate = es.evaluation.EmissionEstimate(
+        counts[None], np.array([float(NUM_ROWS)]), NUM_ROWS
+    )
     chi = estimate.chi_square(expected[None])
     return float(chi["statistic"][0]), float(chi["threshold"][0]), result
 
@@ -602,10 +604,11 @@ def test_a_model_that_returns_nan_stops_its_row_with_an_error(tree):
             tokens[b, :length], np.asarray(clean.tokens)[b, :length]
         )
         assert np.all(tokens[b, length:] == -1)
-    with pytest.raises(
-        es.InvalidInputError,
-        match=r"`target_model` .* row \d .* at step \d+ \(generated position \d+\)",
-    ):
+    assert bool(run.result == es.RESULTS.invalid_model_output)
+    # The first row to fail, at the earliest failing step.
+    steps = np.asarray(run.error_steps)
+    assert steps[int(run.failed_row)] == steps.min()
+    with pytest.raises(RuntimeError, match=r"`target_model` .* row \d .* error_steps"):
         es.speculative_decode(
             draft,
             broken,

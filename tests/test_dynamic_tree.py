@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import caught_false_claim
+from helpers import caught_false_claim, tree_accept
 
 import eqx_specdec as es
 from eqx_specdec._proposal.abstract_proposal import Models
@@ -112,9 +112,7 @@ def test_traced_parents_compile_once_and_equal_the_static_shapes():
     @jax.jit
     def verify(parents):
         traces.append(None)  # at trace time only
-        return es.tree_accept(
-            node_tokens, parents, None, target, u, s, verifier=verifier
-        )
+        return tree_accept(node_tokens, parents, None, target, u, s, verifier=verifier)
 
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -123,7 +121,7 @@ def test_traced_parents_compile_once_and_equal_the_static_shapes():
         out = verify(parents)
         for shape in set(rows.tolist()):
             real = [i for i, parent in enumerate(shapes[shape]) if parent >= -1]
-            static = es.tree_accept(
+            static = tree_accept(
                 node_tokens[:, real], None, None, target[:, [0] + [i + 1 for i in real]],
                 u[:, real], s,
                 verifier=es.TreeVerifier(
@@ -179,13 +177,13 @@ def test_dynamic_trees_are_lossless_by_quadrature():
     # The evaluation tools draft children from q with the rule's law: the same top
     # tokens the builder chose, given its rows.
     full_q = np.stack([q_table[2]] + [q_table[int(t)] for t in node_tokens])
-    exact = es.evaluate_verifier(
+    exact = es.evaluation.evaluate_verifier(
         es.TreeVerifier(es.DeterministicCandidates(), tree=tree), full_q, np.asarray(p)
     )
     assert exact.method == "quadrature" and exact.distance < 1e-6
     lossy = es.TreeVerifier(_RatioOnDeterministicChildren(), tree=tree)
     distance = caught_false_claim(
-        lambda: es.evaluate_verifier(lossy, full_q, np.asarray(p)), lossy
+        lambda: es.evaluation.evaluate_verifier(lossy, full_q, np.asarray(p)), lossy
     )
     assert distance > 0.01
 

@@ -12,8 +12,8 @@ import eqx_specdec as es
 
 
 def _evaluate(verifier, draws):
-    q, p, _ = es.synthetic_distributions("peaked", 2, 8, 0)
-    return es.evaluate_verifier(
+    q, p, _ = es.evaluation.synthetic_distributions("peaked", 2, 8, 0)
+    return es.evaluation.evaluate_verifier(
         verifier, q, p, method="monte-carlo", num_draws=draws, key=jax.random.key(3)
     )
 
@@ -45,15 +45,17 @@ def test_positions_reached_too_rarely_are_flagged_and_left_out_of_the_distance()
 
 
 def test_every_field_is_present_and_the_dict_is_json():
-    q, p, _ = es.synthetic_distributions("peaked", 2, 5, 0)
-    exact = es.evaluate_verifier(es.Verifier(), q, p)
+    q, p, _ = es.evaluation.synthetic_distributions("peaked", 2, 5, 0)
+    exact = es.evaluation.evaluate_verifier(es.Verifier(), q, p)
     sampled = _evaluate(es.Verifier(), 2_000)
-    names = {f.name for f in dataclasses.fields(es.Evaluation)}
+    names = {f.name for f in dataclasses.fields(es.evaluation.Evaluation)}
     for result in (exact, sampled):
         assert set(result.as_dict()) == names
         json.dumps(result.as_dict())
     assert exact.method == "quadrature" and exact.draws is None
     assert exact.chi_square is None and exact.under_sampled is None
-    assert sampled.draws == 2_000 and isinstance(sampled.chi_square, es.ChiSquare)
+    assert sampled.draws == 2_000 and isinstance(
+        sampled.chi_square, es.evaluation.ChiSquare
+    )
     assert exact.root_acceptance is None  # a chain
     assert str(exact).startswith("method: exact quadrature")

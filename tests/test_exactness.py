@@ -12,6 +12,7 @@ import itertools
 import jax
 import numpy as np
 import pytest
+from helpers import accept_from_key
 from user_stages import (
     ArgminPrefixCounter,
     LenientRatioTest as UserLenientRatioTest,
@@ -149,7 +150,7 @@ def test_exactness_agrees_with_quadrature(names, kind):
         # Users' samplers without breakpoints: the residual's cuts (which the
         # quadrature always makes) are all they need.
         extra["sample_breakpoints"] = np.zeros(0)
-    estimate = es.emission_by_quadrature(verifier, DRAFT, TARGET, **extra)
+    estimate = es.evaluation.emission_by_quadrature(verifier, DRAFT, TARGET, **extra)
     error = estimate.max_error(law(test))
     if kind == "exact":
         assert error < 1e-6
@@ -168,7 +169,7 @@ def test_exactness_agrees_with_quadrature(names, kind):
 )
 def test_exact_key_driven_combinations_by_monte_carlo(verifier):
     assert verifier.exact
-    estimate = es.emission_by_monte_carlo(
+    estimate = es.evaluation.emission_by_monte_carlo(
         verifier, DRAFT, TARGET, jax.random.key(7), 30_000
     )
     stats = estimate.chi_square(TARGET)
@@ -187,8 +188,8 @@ def test_exact_only_refuses_every_lossy_verifier_on_every_entry_point():
             es.speculative_accept(
                 tokens, q, p, u, s, verifier=verifier, exact_only=True
             )
-        with pytest.raises(ValueError, match="speculative_accept_from_key"):
-            es.speculative_accept_from_key(
+        with pytest.raises(ValueError, match=r"verify\(exact_only=True\)"):
+            accept_from_key(
                 jax.random.key(0), tokens, q, p, verifier=verifier, exact_only=True
             )
     draft, target = es.demo.builtin_models()

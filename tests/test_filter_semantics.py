@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_case
+from helpers import accept_from_key, accept_logits, random_case
 from user_stages import SwitchedRatioTest, TopKArgmaxSampler
 
 import eqx_specdec as es
@@ -86,20 +86,18 @@ def test_from_key_and_logits_entry_points_take_python_fields():
     verifier = es.Verifier(
         SwitchedRatioTest("ratio"), residual_sampler=TopKArgmaxSampler(2)
     )
-    out = es.speculative_accept_from_key(jax.random.key(0), x, q, p, verifier=verifier)
-    reference = es.speculative_accept_from_key(
-        jax.random.key(0), x, q, p, verifier=GREEDY_CORRECTION
-    )
+    out = accept_from_key(jax.random.key(0), x, q, p, verifier=verifier)
+    reference = accept_from_key(jax.random.key(0), x, q, p, verifier=GREEDY_CORRECTION)
     np.testing.assert_array_equal(out["tokens"], reference["tokens"])
     # A Warp with a Python int top_k and float temperature: static fields.
     logits = np.log(p)
-    got = es.speculative_accept_logits(
+    got = accept_logits(
         x, None, logits, *random_case(5, 24, 5, 40)[3:],
         target_warp=es.Warp(0.7, top_k=5),
     )  # fmt: skip
-    again = jax.jit(
-        lambda *a: es.speculative_accept_logits(*a, target_warp=es.Warp(0.7, top_k=5))
-    )(x, None, logits, *random_case(5, 24, 5, 40)[3:])
+    again = jax.jit(lambda *a: accept_logits(*a, target_warp=es.Warp(0.7, top_k=5)))(
+        x, None, logits, *random_case(5, 24, 5, 40)[3:]
+    )
     np.testing.assert_array_equal(got["tokens"], again["tokens"])
 
 

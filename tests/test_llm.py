@@ -179,7 +179,7 @@ def test_greedy_speculative_decoding_equals_plain_greedy_decoding(smollm2):
             "        x += v\n    return x",
         ],
     )
-    draft = es.PromptLookupDraft(model.config.vocab_size)
+    draft = es.models.PromptLookupDraft(model.config.vocab_size)
     chain = es.Chain(
         4, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
     )
@@ -266,7 +266,7 @@ def _check_first_two_tokens(smollm2, prompt, likely, expected, lenience, lossles
     model, _ = smollm2
     rows = 128
     result = es.speculative_decode(
-        es.PromptLookupDraft(model.config.vocab_size),
+        es.models.PromptLookupDraft(model.config.vocab_size),
         model,
         jnp.tile(jnp.asarray(prompt, jnp.int32), (rows, 1)),
         None,
@@ -287,7 +287,7 @@ def _check_first_two_tokens(smollm2, prompt, likely, expected, lenience, lossles
     known = likely[np.minimum(index, len(likely) - 1)] == tokens[:, 0]
     bins = np.where(known, index * vocab + tokens[:, 1], expected.size - 1)
     counts = np.bincount(bins, minlength=expected.size)
-    estimate = es.EmissionEstimate(
+    estimate = es.evaluation.EmissionEstimate(
         counts[None].astype(np.float64), np.array([float(rows)]), rows
     )
     chi = estimate.chi_square(expected[None] / expected.sum())
@@ -394,8 +394,10 @@ def test_recorded_rows_are_the_models_rows_and_evaluate(smollm2, reference, tmp_
     keep = np.argsort(p.sum(0) + q.sum(0))[-8:]
     q, p = q[:, keep] / q[:, keep].sum(-1, keepdims=True), p[:, keep]
     p = p / p.sum(-1, keepdims=True)
-    evaluation = es.evaluate_verifier(es.Verifier(), q, p, method="quadrature")
-    exact = 1 + float(es.expected_accepted_length(q[None], p[None])[0])
+    evaluation = es.evaluation.evaluate_verifier(
+        es.Verifier(), q, p, method="quadrature"
+    )
+    exact = 1 + float(es.evaluation.expected_accepted_length(q[None], p[None])[0])
     assert abs(evaluation.tokens_per_step - exact) < 1e-5
     assert evaluation.distance < 1e-6
     # At the full vocabulary a threshold rule is evaluated exactly, in closed form:
@@ -405,9 +407,11 @@ def test_recorded_rows_are_the_models_rows_and_evaluate(smollm2, reference, tmp_
     p = np.asarray(loaded.target_probs[0], np.float64)
     q, p = q / q.sum(-1, keepdims=True), p / p.sum(-1, keepdims=True)
     for rule in (es.RatioTest(), Capped(jnp.asarray(0.5))):
-        full = es.evaluate_verifier(es.Verifier(rule), q, p)
+        full = es.evaluation.evaluate_verifier(es.Verifier(rule), q, p)
         assert full.method == "closed-form" and full.vocab == model.config.vocab_size
         assert full.distance < 1e-5
-    lenient = es.evaluate_verifier(es.Verifier(es.LenientRatioTest(0.5)), q, p)
+    lenient = es.evaluation.evaluate_verifier(
+        es.Verifier(es.LenientRatioTest(0.5)), q, p
+    )
     excess = np.maximum(np.minimum(q, 2 * p[:-1]) - p[:-1], 0).sum(-1)
     np.testing.assert_allclose(lenient.distance_per_position[:2], excess, atol=1e-5)

@@ -26,7 +26,7 @@ def _id(case):
 @pytest.mark.parametrize("case", QUADRATURE_CASES, ids=_id)
 def test_quadrature(case):
     q, p, law = distributions(*case)
-    estimate = eqx_specdec.emission_by_quadrature(
+    estimate = eqx_specdec.evaluation.emission_by_quadrature(
         eqx_specdec.Verifier(), q, p, draft_law=law
     )
     # Every reached position emits p_k; the grid is exact up to float32 rounding.
@@ -52,7 +52,7 @@ def test_quadrature_detects_lossy_verifiers(verifier):
     q, p, law = distributions("peaked", 2, 5, 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         cuts = p[:-1] / (0.5 * q)
-    estimate = eqx_specdec.emission_by_quadrature(
+    estimate = eqx_specdec.evaluation.emission_by_quadrature(
         verifier, q, p, draft_law=law, accept_breakpoints=cuts
     )
     assert estimate.max_error(p) > 0.02
@@ -66,8 +66,8 @@ def test_quadrature_of_a_user_stage_at_lenience_one_is_exact():
         eqx_specdec.MissingCapabilityError,
         match="LenientRatioTest does not implement `quadrature_breakpoints`",
     ):
-        eqx_specdec.emission_by_quadrature(verifier, q, p, draft_law=law)
-    estimate = eqx_specdec.emission_by_quadrature(
+        eqx_specdec.evaluation.emission_by_quadrature(verifier, q, p, draft_law=law)
+    estimate = eqx_specdec.evaluation.emission_by_quadrature(
         verifier, q, p, draft_law=law, accept_breakpoints=np.zeros((2, 0))
     )
     assert estimate.max_error(p) < 1e-6
@@ -76,7 +76,7 @@ def test_quadrature_of_a_user_stage_at_lenience_one_is_exact():
 def _monte_carlo(verifier, case, seed):
     q, p, law = distributions(*case)
     key = jax.random.key(seed)
-    estimate = eqx_specdec.emission_by_monte_carlo(
+    estimate = eqx_specdec.evaluation.emission_by_monte_carlo(
         verifier, q, p, key, NUM_DRAWS, draft_law=law
     )
     return q, p, law, estimate
@@ -126,4 +126,4 @@ def test_quadrature_refuses_a_case_too_large_to_evaluate():
     with pytest.raises(
         ValueError, match="would evaluate the verifier on .* rows or more"
     ):
-        eqx_specdec.emission_by_quadrature(eqx_specdec.Verifier(), q, p)
+        eqx_specdec.evaluation.emission_by_quadrature(eqx_specdec.Verifier(), q, p)

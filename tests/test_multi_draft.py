@@ -73,12 +73,14 @@ def test_optimal_acceptance_equals_exhaustive_search(drafting):
         p = np.stack([rng.dirichlet(np.full(vocab, c)) for c in concentration[:, 0]])
         q = np.stack([rng.dirichlet(np.full(vocab, c)) for c in concentration[::-1, 0]])
         for k in range(1, min(vocab, 4) + 1):
-            got = np.asarray(es.optimal_acceptance(p, q, k, drafting=drafting))
+            got = np.asarray(
+                es.evaluation.optimal_acceptance(p, q, k, drafting=drafting)
+            )
             expected = [_exhaustive(p[b], q[b], k, drafting) for b in range(len(p))]
             np.testing.assert_allclose(got, expected, atol=2e-6, err_msg=(vocab, k))
     # K = 1: one draft, for either law, accepts sum min(p, q).
     np.testing.assert_allclose(
-        es.optimal_acceptance(P, Q, 1, drafting=drafting),
+        es.evaluation.optimal_acceptance(P, Q, 1, drafting=drafting),
         np.minimum(P, Q).sum(),
         atol=2e-6,
     )
@@ -89,7 +91,7 @@ def test_the_one_node_table():
     (of the public function and of the rule's capability, which evaluate_verifier
     reports) reproduce the Trees page's table to 1e-4; no rule beats its optimum."""
     for (rule, k), (acceptance, optimum) in TABLE.items():
-        result = es.evaluate_verifier(
+        result = es.evaluation.evaluate_verifier(
             es.TreeVerifier(rule, tree=(-1,) * k),
             np.tile(Q, (k + 1, 1)),
             np.tile(P, (k + 1, 1)),
@@ -107,7 +109,10 @@ def test_the_one_node_table():
         ("without replacement", 3, 0.9767),
     ]:
         assert (
-            abs(float(es.optimal_acceptance(P, Q, k, drafting=drafting)) - optimum)
+            abs(
+                float(es.evaluation.optimal_acceptance(P, Q, k, drafting=drafting))
+                - optimum
+            )
             < 1e-4
         )
 
@@ -128,7 +133,7 @@ def test_multi_draft_rules_are_lossless_on_trees(rule, tree):
     rng = np.random.default_rng(2)
     p = rng.dirichlet(np.ones(4), len(tree) + 1)
     q = rng.dirichlet(np.ones(4), len(tree) + 1)
-    result = es.evaluate_verifier(
+    result = es.evaluation.evaluate_verifier(
         es.TreeVerifier(rule, tree=tree), q, p, method="quadrature"
     )
     assert result.distance < 2e-6
@@ -185,7 +190,7 @@ def test_k_seq_and_importance_sampling_accept_as_their_papers_say(k):
         (es.ImportanceSampling(k), _importance_acceptance),
     ]:
         for b in range(rows):
-            result = es.evaluate_verifier(
+            result = es.evaluation.evaluate_verifier(
                 es.TreeVerifier(rule, tree=tree),
                 np.tile(q[b], (k + 1, 1)),
                 np.tile(p[b], (k + 1, 1)),
@@ -231,7 +236,8 @@ def test_quadrature_catches_lossy_k_seq_and_importance_sampling(rule):
     q = rng.dirichlet(np.full(4, 0.7), 3)
     verifier = es.TreeVerifier(rule, tree=(-1, -1))
     distance = caught_false_claim(
-        lambda: es.evaluate_verifier(verifier, q, p, method="quadrature"), verifier
+        lambda: es.evaluation.evaluate_verifier(verifier, q, p, method="quadrature"),
+        verifier,
     )
     assert distance > 0.01
 
@@ -293,32 +299,34 @@ def test_optimal_acceptance_of_independent_drafters_that_differ():
     for vocab, k in ((3, 2), (4, 2), (4, 3)):
         p = rng.dirichlet(np.ones(vocab), size=4)
         qs = np.stack([rng.dirichlet(np.full(vocab, 0.5), size=k) for _ in range(4)])
-        got = np.asarray(es.optimal_acceptance(p, qs, k, drafting="independent"))
+        got = np.asarray(
+            es.evaluation.optimal_acceptance(p, qs, k, drafting="independent")
+        )
         expected = [_max_flow(p[b], qs[b]) for b in range(4)]
         np.testing.assert_allclose(got, expected, atol=2e-6, err_msg=(vocab, k))
         same = np.repeat(qs[:, :1], k, axis=1)
         np.testing.assert_allclose(
-            es.optimal_acceptance(p, same, k, drafting="independent"),
-            es.optimal_acceptance(p, qs[:, 0], k),
+            es.evaluation.optimal_acceptance(p, same, k, drafting="independent"),
+            es.evaluation.optimal_acceptance(p, qs[:, 0], k),
             atol=2e-6,
         )
         for j in range(k):
-            iid = np.asarray(es.optimal_acceptance(p, qs[:, j], k))
+            iid = np.asarray(es.evaluation.optimal_acceptance(p, qs[:, j], k))
             assert np.all(np.abs(got - iid) > 1e-4)
     with pytest.raises(ValueError, match=r"shape \(\.\.\., K, V\)"):
-        es.optimal_acceptance(P, Q, 2, drafting="independent")
+        es.evaluation.optimal_acceptance(P, Q, 2, drafting="independent")
     with pytest.raises(ValueError, match="for V <= 16; got V = 17"):
-        es.optimal_acceptance(
+        es.evaluation.optimal_acceptance(
             np.full(17, 1 / 17), np.full((2, 17), 1 / 17), 2, drafting="independent"
         )
 
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="`num_drafts` must be a Python int >= 1"):
-        es.optimal_acceptance(P, Q, 0)
+        es.evaluation.optimal_acceptance(P, Q, 0)
     with pytest.raises(ValueError, match='`drafting` must be "iid", "without'):
-        es.optimal_acceptance(P, Q, 2, drafting="top-k")
+        es.evaluation.optimal_acceptance(P, Q, 2, drafting="top-k")
     with pytest.raises(ValueError, match="same shape"):
-        es.optimal_acceptance(P, Q[:4], 2)
+        es.evaluation.optimal_acceptance(P, Q[:4], 2)
     with pytest.raises(ValueError, match=r"GreedyMultiDraft\(`num_drafts`"):
         es.GreedyMultiDraft(0)

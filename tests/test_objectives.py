@@ -92,7 +92,7 @@ def _mean_over_drafts(verifier, q, p):
     drafts = np.array(list(itertools.product(range(VOCAB), repeat=GAMMA)), np.int32)
     weights = np.prod([q[i, drafts[:, i]] for i in range(GAMMA)], axis=0)
     count = len(drafts)
-    reached = eqx_specdec.acceptance_by_position(
+    reached = eqx_specdec.evaluation.acceptance_by_position(
         jnp.asarray(np.broadcast_to(q, (count,) + q.shape), FLOAT),
         jnp.asarray(np.broadcast_to(p, (count,) + p.shape), FLOAT),
         verifier=verifier,
@@ -105,13 +105,17 @@ def _mean_over_drafts(verifier, q, p):
 def test_equals_exact_quadrature(rule):
     verifier, given_drafts = RULES[rule]
     for kind, seed in CASES:
-        q, p, _ = eqx_specdec.synthetic_distributions(kind, GAMMA, VOCAB, seed)
-        exact = eqx_specdec.evaluate_verifier(verifier, q, p, method="quadrature")
+        q, p, _ = eqx_specdec.evaluation.synthetic_distributions(
+            kind, GAMMA, VOCAB, seed
+        )
+        exact = eqx_specdec.evaluation.evaluate_verifier(
+            verifier, q, p, method="quadrature"
+        )
         if given_drafts:
             reached = _mean_over_drafts(verifier, q, p)
         else:
             reached = np.asarray(
-                eqx_specdec.acceptance_by_position(
+                eqx_specdec.evaluation.acceptance_by_position(
                     jnp.asarray(q[None], FLOAT),
                     jnp.asarray(p[None], FLOAT),
                     verifier=verifier,
@@ -119,7 +123,7 @@ def test_equals_exact_quadrature(rule):
             )[0]
         np.testing.assert_allclose(reached, exact.reached[1:], atol=1e-5)
         if not given_drafts:
-            length = eqx_specdec.expected_accepted_length(
+            length = eqx_specdec.evaluation.expected_accepted_length(
                 jnp.asarray(q[None], FLOAT),
                 jnp.asarray(p[None], FLOAT),
                 verifier=verifier,
@@ -133,7 +137,7 @@ def test_block_given_the_drafts_beats_standard_and_is_not_the_upper_bound():
     """Block's objective is at least the standard one (Sun et al., Theorem 2), strictly
     above it here, and below the bound 1 - TV of the prefix laws, which it does not
     reach: a closed form in the rows alone would be that bound, and it is wrong."""
-    q, p, _ = eqx_specdec.synthetic_distributions("peaked", GAMMA, VOCAB, 0)
+    q, p, _ = eqx_specdec.evaluation.synthetic_distributions("peaked", GAMMA, VOCAB, 0)
     block = _mean_over_drafts(BLOCK, q, p)
     standard = _mean_over_drafts(eqx_specdec.Verifier(), q, p)
     bound = [
@@ -180,9 +184,9 @@ def test_gradients_equal_finite_differences(rule):
 
     def objective(draft_logits, target_logits):
         return jnp.sum(
-            eqx_specdec.expected_accepted_length_logits(
-                draft_logits,
-                target_logits,
+            eqx_specdec.evaluation.expected_accepted_length(
+                eqx_specdec.Logits(draft_logits),
+                eqx_specdec.Logits(target_logits),
                 verifier=verifier,
                 draft_tokens=tokens,
             )
@@ -193,33 +197,29 @@ def test_gradients_equal_finite_differences(rule):
 
 
 def test_logits_take_the_warps_of_verification():
-    """The logits objectives warp as `speculative_accept_logits` does: equal to the
+    """The objectives on Logits warp as `verify` does: equal to the
     probabilities objectives on the warped softmax, with the temperature's gradient
     equal to its finite difference."""
     draft, target, _ = _logit_case(5)
     target_warp = eqx_specdec.Warp(0.7, top_k=3)
     draft_warp = eqx_specdec.Warp(1.3)
-    got = eqx_specdec.acceptance_by_position(
+    got = eqx_specdec.evaluation.acceptance_by_position(
         eqx_specdec.Logits(draft, draft_warp), eqx_specdec.Logits(target, target_warp)
     )
-    expected = eqx_specdec.acceptance_by_position(
+    expected = eqx_specdec.evaluation.acceptance_by_position(
         eqx_specdec.Probabilities(jnp.exp(draft_warp(draft))),
         jnp.exp(target_warp(target)),
     )
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
-    convenience = eqx_specdec.acceptance_by_position_logits(
-        draft, target, target_warp=target_warp, draft_warp=draft_warp
-    )
-    np.testing.assert_array_equal(convenience, got)
     with pytest.raises(TypeError, match="in one form"):
-        eqx_specdec.acceptance_by_position(
+        eqx_specdec.evaluation.acceptance_by_position(
             eqx_specdec.Logits(draft), jnp.exp(target_warp(target))
         )
 
     def length(temperature):
         warp = eqx_specdec.Warp(temperature)
-        return eqx_specdec.expected_accepted_length_logits(
-            draft, target, target_warp=warp
+        return eqx_specdec.evaluation.expected_accepted_length(
+            eqx_specdec.Logits(draft), eqx_specdec.Logits(target, warp)
         ).sum()
 
     _directional_check(length, jnp.asarray(0.8, FLOAT), 2)
@@ -236,7 +236,9 @@ def test_gradient_in_a_rule_parameter_under_jit():
         verifier = eqx_specdec.Verifier(
             ratio_test=eqx_specdec.LenientRatioTest(lenience)
         )
-        return jnp.mean(eqx_specdec.expected_accepted_length(q, p, verifier=verifier))
+        return jnp.mean(
+            eqx_specdec.evaluation.expected_accepted_length(q, p, verifier=verifier)
+        )
 
     _directional_check(objective, jnp.asarray(0.7, FLOAT), 2)
     # A smaller lenience accepts more.
@@ -249,8 +251,12 @@ def test_one_hot_drafts_and_batch_rows():
     draft, target, tokens = _logit_case(5)
     p = jax.nn.softmax(target, -1)
     one_hot = jax.nn.one_hot(tokens, p.shape[-1], dtype=p.dtype)
-    implicit = eqx_specdec.acceptance_by_position(None, p, draft_tokens=tokens)
-    dense = eqx_specdec.acceptance_by_position(one_hot, p, draft_tokens=tokens)
+    implicit = eqx_specdec.evaluation.acceptance_by_position(
+        None, p, draft_tokens=tokens
+    )
+    dense = eqx_specdec.evaluation.acceptance_by_position(
+        one_hot, p, draft_tokens=tokens
+    )
     np.testing.assert_allclose(np.asarray(implicit), np.asarray(dense), rtol=1e-6)
     expected = np.cumprod(
         np.take_along_axis(np.asarray(p)[:, :-1], np.asarray(tokens)[..., None], -1)[
@@ -259,8 +265,8 @@ def test_one_hot_drafts_and_batch_rows():
         axis=-1,
     )
     np.testing.assert_allclose(np.asarray(implicit), expected, rtol=1e-5)
-    full = eqx_specdec.expected_accepted_length(jax.nn.softmax(draft, -1), p)
-    single = eqx_specdec.expected_accepted_length(
+    full = eqx_specdec.evaluation.expected_accepted_length(jax.nn.softmax(draft, -1), p)
+    single = eqx_specdec.evaluation.expected_accepted_length(
         jax.nn.softmax(draft[1:2], -1), p[1:2]
     )
     np.testing.assert_allclose(float(full[1]), float(single[0]), rtol=1e-6)
@@ -277,12 +283,12 @@ def test_errors_name_the_argument_and_the_fix():
     draft, target, tokens = _logit_case(6)
     q, p = jax.nn.softmax(draft, -1), jax.nn.softmax(target, -1)
     with pytest.raises(ValueError, match="BlockRatioTest.*Pass `draft_tokens`"):
-        eqx_specdec.expected_accepted_length(q, p, verifier=BLOCK)
+        eqx_specdec.evaluation.expected_accepted_length(q, p, verifier=BLOCK)
     with pytest.raises(
         eqx_specdec.MissingCapabilityError,
         match="^CountOnly does not implement `reach_probabilities`",
     ):
-        eqx_specdec.expected_accepted_length(
+        eqx_specdec.evaluation.expected_accepted_length(
             q,
             p,
             verifier=eqx_specdec.Verifier(
@@ -292,10 +298,12 @@ def test_errors_name_the_argument_and_the_fix():
     with pytest.raises(
         ValueError, match=r"^expected_accepted_length: `draft_probs` must have shape"
     ):
-        eqx_specdec.expected_accepted_length(q[:, 1:], p)
+        eqx_specdec.evaluation.expected_accepted_length(q[:, 1:], p)
     with pytest.raises(ValueError, match="`draft_tokens` must have shape"):
-        eqx_specdec.acceptance_by_position(q, p, draft_tokens=tokens[:, 1:])
+        eqx_specdec.evaluation.acceptance_by_position(q, p, draft_tokens=tokens[:, 1:])
     with pytest.raises(ValueError, match=r"`draft_probs=None`\) need `draft_tokens`"):
-        eqx_specdec.acceptance_by_position(None, p)
+        eqx_specdec.evaluation.acceptance_by_position(None, p)
     with pytest.raises(TypeError, match="`verifier` must be an eqx_specdec.Verifier"):
-        eqx_specdec.acceptance_by_position(q, p, verifier=eqx_specdec.TreeVerifier())
+        eqx_specdec.evaluation.acceptance_by_position(
+            q, p, verifier=eqx_specdec.TreeVerifier()
+        )

@@ -141,7 +141,7 @@ def test_the_multi_draft_table_s_closed_forms_are_the_rules():
         for closed_form, rule in rules.items():
             got = np.asarray(closed_form(jnp.asarray(p), jnp.asarray(q), k))
             for b in range(2):
-                exact = es.evaluate_verifier(
+                exact = es.evaluation.evaluate_verifier(
                     es.TreeVerifier(rule, tree=(-1,) * k),
                     np.tile(q[b], (k + 1, 1)),
                     np.tile(p[b], (k + 1, 1)),

@@ -57,7 +57,7 @@ def _reference_propose(tokens, length, count, max_ngram, min_ngram):
 def test_lookup_proposes_the_token_after_the_latest_longest_match(
     tokens, max_ngram, min_ngram
 ):
-    draft = es.PromptLookupDraft(10, max_ngram, min_ngram)
+    draft = es.models.PromptLookupDraft(10, max_ngram, min_ngram)
     positions = jnp.arange(len(tokens), dtype=jnp.int32)
     # Scratch after each position must not be read: the row is padded with 9s.
     row = jnp.asarray(tokens + [9] * 5, jnp.int32)
@@ -119,7 +119,7 @@ def test_a_trimmed_target_call_emits_what_the_full_one_does():
 
     def decode(trim, rows=slice(None), max_lengths=None):
         return es.speculative_decode(
-            es.PromptLookupDraft(vocab),
+            es.models.PromptLookupDraft(vocab),
             target,
             prompts[rows],
             None,
@@ -192,7 +192,7 @@ def test_rows_that_draft_nothing_keep_the_loop_lossless(verifier, proposal):
     # often do.
     prompt = jnp.tile(jnp.asarray([[0, 1, 2]], jnp.int32), (rows, 1))
     result = es.speculative_decode(
-        es.PromptLookupDraft(vocab, 2),
+        es.models.PromptLookupDraft(vocab, 2),
         target,
         prompt,
         None,
@@ -206,7 +206,9 @@ def test_rows_that_draft_nothing_keep_the_loop_lossless(verifier, proposal):
     codes = (tokens * vocab ** np.arange(length)[::-1]).sum(-1)
     counts = np.bincount(codes, minlength=vocab**length).astype(np.float64)
     expected = _transformer_sequence_probabilities(target, [0, 1, 2], length, vocab)
-    estimate = es.EmissionEstimate(counts[None], np.array([float(rows)]), rows)
+    estimate = es.evaluation.EmissionEstimate(
+        counts[None], np.array([float(rows)]), rows
+    )
     chi = estimate.chi_square(expected[None])
     assert float(chi["statistic"][0]) < float(chi["threshold"][0])
     # Drafts were accepted in later steps; every row's first step drafted nothing.

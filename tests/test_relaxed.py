@@ -153,9 +153,9 @@ def test_pass_probabilities_match_exact_quadrature(name):
     objectives) equals exact quadrature of the rule itself."""
     verifier = es.Verifier(ratio_test=RELAXED[name])
     for kind, seed in (("peaked", 0), ("flat", 1)):
-        q, p, _ = es.synthetic_distributions(kind, 2, 4, seed)
-        exact = es.evaluate_verifier(verifier, q, p, method="quadrature")
-        theory = es.acceptance_by_position(
+        q, p, _ = es.evaluation.synthetic_distributions(kind, 2, 4, seed)
+        exact = es.evaluation.evaluate_verifier(verifier, q, p, method="quadrature")
+        theory = es.evaluation.acceptance_by_position(
             jnp.asarray(q[None], jnp.float32),
             jnp.asarray(p[None], jnp.float32),
             verifier=verifier,
@@ -166,14 +166,14 @@ def test_pass_probabilities_match_exact_quadrature(name):
 def test_objectives_read_each_rows_mask():
     """A per-row mask in the objectives: each row's objective is that of the row alone
     with its own mask."""
-    q, p, _ = es.synthetic_distributions("peaked", 2, 4, 0)
+    q, p, _ = es.evaluation.synthetic_distributions("peaked", 2, 4, 0)
     mask = jnp.asarray([[True, False], [False, True], [False, False]])
     batch_q = jnp.asarray(np.broadcast_to(q, (3,) + q.shape), jnp.float32)
     batch_p = jnp.asarray(np.broadcast_to(p, (3,) + p.shape), jnp.float32)
 
     def objective(relaxed, rows):
         test = es.TopNRelaxedRatioTest(top_n=2, delta=0.3, relaxed=relaxed)
-        return es.acceptance_by_position(
+        return es.evaluation.acceptance_by_position(
             batch_q[rows], batch_p[rows], verifier=es.Verifier(ratio_test=test)
         )
 
@@ -186,11 +186,11 @@ def test_objectives_read_each_rows_mask():
 
 def test_fly_accepts_at_least_the_standard_rule():
     """FLy's declared lower bound holds, strictly, by exact quadrature."""
-    q, p, _ = es.synthetic_distributions("flat", 3, 4, 0)
-    fly = es.evaluate_verifier(
+    q, p, _ = es.evaluation.synthetic_distributions("flat", 3, 4, 0)
+    fly = es.evaluation.evaluate_verifier(
         es.Verifier(ratio_test=es.FLyRatioTest(0.1, 1)), q, p, method="quadrature"
     )
-    standard = es.evaluate_verifier(es.Verifier(), q, p, method="quadrature")
+    standard = es.evaluation.evaluate_verifier(es.Verifier(), q, p, method="quadrature")
     assert fly.acceptance_rate > standard.acceptance_rate + 1e-3
     assert fly.distance > 1e-3 and standard.distance < 1e-6
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import accept_from_key, accept_logits, tree_accept
 
 import eqx_specdec as es
 
@@ -80,7 +81,7 @@ def test_logprobs_of_the_logits_entry_point_processed_and_raw():
     u = jax.random.uniform(k_u, (batch, gamma))
     s = jax.random.uniform(k_s, (batch,))
     run = functools.partial(
-        es.speculative_accept_logits,
+        accept_logits,
         draft_tokens,
         draft_logits,
         target_logits,
@@ -113,9 +114,7 @@ def test_logprobs_errors_name_the_argument():
         es.LogProbs(top_k=-1)
     with pytest.raises(ValueError, match="no raw log-probability"):
         es.speculative_accept(*inputs, logprobs=es.LogProbs(raw=True))
-    with pytest.raises(
-        TypeError, match=r"speculative_accept\(`logprobs`=...\) must be"
-    ):
+    with pytest.raises(TypeError, match=r"verify\(`logprobs`=...\) must be"):
         es.speculative_accept(*inputs, logprobs=True)
 
 
@@ -124,7 +123,7 @@ def test_logprobs_from_a_key_match_the_uniforms_entry_point():
     tokens = jnp.argmax(draft, -1).astype(jnp.int32)
     key = jax.random.key(5)
     spec = es.LogProbs(top_k=2)
-    out = es.speculative_accept_from_key(key, tokens, draft, target, logprobs=spec)
+    out = accept_from_key(key, tokens, draft, target, logprobs=spec)
     u, s = es.uniforms_from_key(key, 4, 3)
     direct = es.speculative_accept(tokens, draft, target, u, s, logprobs=spec)
     for name in ("tokens", "logprobs", "top_logprobs", "top_tokens"):
@@ -149,7 +148,7 @@ def test_tree_logprobs_read_each_token_s_parent_row(verifier):
     p = rng.dirichlet(np.ones(vocab), (batch, nodes + 1)).astype(np.float32)
     u = rng.uniform(size=(batch, nodes)).astype(np.float32)
     s = rng.uniform(size=batch).astype(np.float32)
-    out = es.tree_accept(
+    out = tree_accept(
         tokens,
         np.tile(parents, (batch, 1)),
         q,
@@ -323,7 +322,9 @@ def test_the_whole_loop_is_lossless_with_stop_tokens():
     counts = np.zeros(len(cells))
     for seq in np.asarray(out.tokens):
         counts[index[tuple(int(t) for t in seq if t >= 0)]] += 1
-    estimate = es.EmissionEstimate(counts[None], np.array([float(rows)]), rows)
+    estimate = es.evaluation.EmissionEstimate(
+        counts[None], np.array([float(rows)]), rows
+    )
     chi = estimate.chi_square(np.asarray([exact[c] for c in cells])[None])
     assert float(chi["statistic"][0]) < float(chi["threshold"][0])
     assert "stop" in out.finish_reason_names() and "length" in out.finish_reason_names()
@@ -439,7 +440,7 @@ def test_penalties_count_the_draft_prefix():
                 warped[b, i], _penalised(logits[b, i], expected), rtol=1e-5, atol=1e-7
             )
     with pytest.raises(ValueError, match="needs `history`"):
-        es.speculative_accept_logits(
+        accept_logits(
             jnp.asarray(drafts),
             None,
             jnp.asarray(logits),
@@ -514,7 +515,7 @@ def _completed_joint(history, draft_logits, target_logits, prefix_aware):
     )
     warp = es.Warp(**PENALTIES)
     if prefix_aware:
-        out = es.speculative_accept_logits(
+        out = accept_logits(
             x,
             draft_rows,
             target_rows,
@@ -530,7 +531,7 @@ def _completed_joint(history, draft_logits, target_logits, prefix_aware):
         flat = jnp.broadcast_to(
             token_counts(history_rows, x, vocab)[:, :1], target_rows.shape
         )
-        out = es.speculative_accept_logits(
+        out = accept_logits(
             x,
             draft_rows,
             warp(target_rows, flat),
@@ -629,10 +630,12 @@ def test_masked_verification_is_lossless_by_exact_quadrature_and_one_sided_is_ca
     verifier = es.Verifier()
     # The draft sampled under the mask, or not: the emissions follow the masked target.
     for draft in (q_m, q):
-        estimate = es.emission_by_quadrature(verifier, draft, p_m, draft_law=draft)
+        estimate = es.evaluation.emission_by_quadrature(
+            verifier, draft, p_m, draft_law=draft
+        )
         assert estimate.max_error(p_m) < 1e-6
     # The lossy control: the mask applied to the draft only.
-    estimate = es.emission_by_quadrature(verifier, q_m, p, draft_law=q_m)
+    estimate = es.evaluation.emission_by_quadrature(verifier, q_m, p, draft_law=q_m)
     assert estimate.max_error(p_m) > 0.02
 
 
@@ -654,7 +657,7 @@ def test_masked_verification_at_a_large_vocabulary_by_monte_carlo():
     draft_tokens = jax.random.categorical(
         k_x, jnp.where(allowed[:, :gamma], draft_logits, -jnp.inf)
     ).astype(jnp.int32)
-    out = es.speculative_accept_logits(
+    out = accept_logits(
         draft_tokens,
         draft_logits,
         target_logits,
@@ -668,7 +671,9 @@ def test_masked_verification_at_a_large_vocabulary_by_monte_carlo():
     target = np.exp(logits[0, ids] - logits[0, ids].max())
     target /= target.sum()
     counts = np.array([(first == i).sum() for i in ids], float)
-    estimate = es.EmissionEstimate(counts[None], np.array([float(rows)]), rows)
+    estimate = es.evaluation.EmissionEstimate(
+        counts[None], np.array([float(rows)]), rows
+    )
     chi = estimate.chi_square(target[None])
     assert float(chi["statistic"][0]) < float(chi["threshold"][0])
 
@@ -677,11 +682,9 @@ def test_mask_errors_name_the_argument_and_the_row():
     inputs = es.example_inputs(batch=3, gamma=2, vocab=6)
     mask = np.ones((3, 3, 6), bool)
     mask[1, 2] = False
-    with pytest.raises(
-        es.InvalidInputError, match="^`allowed` has a position with no "
-    ):
+    with pytest.raises(RuntimeError, match="`allowed` has a position with no "):
         es.speculative_accept(*inputs, allowed=jnp.asarray(mask))
-    with pytest.raises(es.InvalidInputError, match="in row 1"):
+    with pytest.raises(RuntimeError, match="in row 1"):
         es.speculative_accept(*inputs, allowed=jnp.asarray(mask))
     with pytest.raises(ValueError, match=r"`allowed` must have shape \(B, G \+ 1, V\)"):
         es.speculative_accept(*inputs, allowed=jnp.ones((3, 2, 6), bool))
@@ -699,7 +702,7 @@ def test_tree_masks_restrict_each_context_s_row():
     u = rng.uniform(size=(batch, nodes)).astype(np.float32)
     s = rng.uniform(size=batch).astype(np.float32)
     mask = _random_mask(rng, (batch, nodes + 1, vocab), keep=0.5)
-    out = es.tree_accept(
+    out = tree_accept(
         tokens,
         np.tile(parents, (batch, 1)),
         q,

@@ -47,13 +47,15 @@ def _simulate(vocab, next_draft, rng, draws):
 
 def _chi_square(tokens, law):
     counts = np.bincount(tokens, minlength=len(law))[None].astype(float)
-    estimate = es.EmissionEstimate(counts, np.array([float(len(tokens))]), len(tokens))
+    estimate = es.evaluation.EmissionEstimate(
+        counts, np.array([float(len(tokens))]), len(tokens)
+    )
     stats = estimate.chi_square(np.asarray(law, np.float64)[None])
     return float(stats["statistic"][0]), float(stats["threshold"][0])
 
 
 def test_string_level_rejection_sampling_is_lossless():
-    vocab = es.StringLevelDraft(DRAFT, TARGET)
+    vocab = es.models.StringLevelDraft(DRAFT, TARGET)
     next_draft, p = _toy()
     psi = vocab.target_law(next_draft)
     assert psi.sum() == pytest.approx(1.0, abs=1e-12)
@@ -83,12 +85,12 @@ def test_string_level_rejection_sampling_is_lossless():
 
 def test_string_level_errors_name_the_argument(monkeypatch):
     with pytest.raises(ValueError, match="lacks the single characters \\['d'\\]"):
-        es.StringLevelDraft(("a", "d"), ("a", "b"))
+        es.models.StringLevelDraft(("a", "d"), ("a", "b"))
     with pytest.raises(ValueError, match="`target_strings` holds a string twice"):
-        es.StringLevelDraft(("a",), ("a", "a"))
+        es.models.StringLevelDraft(("a",), ("a", "a"))
     with pytest.raises(ValueError, match="`draft_strings` must be a non-empty"):
-        es.StringLevelDraft((), ("a",))
-    long = es.StringLevelDraft(("a", "b"), ("a", "b", "a" * 40))
+        es.models.StringLevelDraft((), ("a",))
+    long = es.models.StringLevelDraft(("a", "b"), ("a", "b", "a" * 40))
     monkeypatch.setattr(string_level, "_MAX_SEQUENCES", 30)  # a 40-step enumeration
     with pytest.raises(ValueError, match="too large for string-level rejection"):
         long.target_law(lambda prefix: np.array([0.5, 0.5]))

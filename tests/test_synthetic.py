@@ -21,10 +21,12 @@ def test_reach_probabilities_are_the_rates_products(rates):
         ratio_test=eqx_specdec.SyntheticRatioTest(jnp.asarray(rates))
     )
     for kind, seed in (("peaked", 0), ("disjoint", 1)):
-        q, p, _ = eqx_specdec.synthetic_distributions(kind, gamma, 4, seed)
-        exact = eqx_specdec.evaluate_verifier(verifier, q, p, method="quadrature")
+        q, p, _ = eqx_specdec.evaluation.synthetic_distributions(kind, gamma, 4, seed)
+        exact = eqx_specdec.evaluation.evaluate_verifier(
+            verifier, q, p, method="quadrature"
+        )
         np.testing.assert_allclose(exact.reached[1:], expected, atol=1e-6)
-        objective = eqx_specdec.acceptance_by_position(
+        objective = eqx_specdec.evaluation.acceptance_by_position(
             jnp.asarray(q[None], jnp.float32),
             jnp.asarray(p[None], jnp.float32),
             verifier=verifier,

@@ -50,7 +50,7 @@ class _ForgetfulRule(es.AbstractNodeRule):
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: type(r).__name__)
 def test_tree_quadrature_is_exact_and_lossless(rule, tree):
     q, p = _case(tree)
-    result = es.evaluate_verifier(es.TreeVerifier(rule, tree=tree), q, p)
+    result = es.evaluation.evaluate_verifier(es.TreeVerifier(rule, tree=tree), q, p)
     assert result.method == "quadrature"
     assert result.distance < 1e-6
     assert result.reached[0] == pytest.approx(1.0, abs=1e-9)
@@ -59,7 +59,7 @@ def test_tree_quadrature_is_exact_and_lossless(rule, tree):
 
 def test_one_node_acceptance_is_the_overlap():
     q, p = _case((-1,))
-    result = es.evaluate_verifier(es.TreeVerifier(tree=(-1,)), q, p)
+    result = es.evaluation.evaluate_verifier(es.TreeVerifier(tree=(-1,)), q, p)
     assert result.tokens_per_step == pytest.approx(
         1 + np.minimum(p[0], q[0]).sum(), abs=1e-6
     )
@@ -67,8 +67,8 @@ def test_one_node_acceptance_is_the_overlap():
 
 def test_a_chain_tree_is_the_standard_verifier():
     q, p = _case((-1, 0))
-    chain = es.evaluate_verifier(es.Verifier(), q[:2], p)
-    tree = es.evaluate_verifier(es.TreeVerifier(tree=(-1, 0)), q, p)
+    chain = es.evaluation.evaluate_verifier(es.Verifier(), q[:2], p)
+    tree = es.evaluation.evaluate_verifier(es.TreeVerifier(tree=(-1, 0)), q, p)
     assert tree.tokens_per_step == pytest.approx(chain.tokens_per_step, abs=1e-6)
     np.testing.assert_allclose(tree.reached, chain.reached, atol=1e-6)
 
@@ -77,7 +77,7 @@ def test_top_k_children_accept_with_their_target_mass():
     """Two deterministic children: some child is accepted with probability
     p(c_1) + p(c_2), the target mass of the draft's two most likely tokens."""
     q, p = _case((-1, -1))
-    result = es.evaluate_verifier(
+    result = es.evaluation.evaluate_verifier(
         es.TreeVerifier(es.DeterministicCandidates(), tree=(-1, -1)), q, p
     )
     top = np.argsort(-q[0])[:2]
@@ -90,7 +90,7 @@ def test_quadrature_catches_a_lossy_rule():
     q, p = _case((-1, -1, 0), seed=1)
     verifier = es.TreeVerifier(_ForgetfulRule(), tree=(-1, -1, 0))
     distance = caught_false_claim(
-        lambda: es.evaluate_verifier(verifier, q, p), verifier
+        lambda: es.evaluation.evaluate_verifier(verifier, q, p), verifier
     )
     assert distance > 0.02
 
@@ -110,7 +110,7 @@ def test_monte_carlo_on_a_tree(rule, lossless):
     verifier = es.TreeVerifier(rule, tree=tree)
 
     def evaluate():
-        return es.evaluate_verifier(
+        return es.evaluation.evaluate_verifier(
             verifier, q, p, method="monte-carlo", num_draws=40_000,
             key=jax.random.key(3),
         )  # fmt: skip
@@ -126,15 +126,15 @@ def test_bad_tree_arguments_are_named():
     with pytest.raises(
         ValueError, match="the tree evaluation tools needs the tree's shape"
     ):
-        es.emission_by_quadrature(es.TreeVerifier(), q, p)
+        es.evaluation.emission_by_quadrature(es.TreeVerifier(), q, p)
     with pytest.raises(ValueError, match="evaluate_verifier needs the tree's shape"):
-        es.evaluate_verifier(es.TraversalVerifier(), q, p)
+        es.evaluation.evaluate_verifier(es.TraversalVerifier(), q, p)
     with pytest.raises(ValueError, match="depth-first order"):
         es.TreeVerifier(tree=(0, -1))
     with pytest.raises(
         ValueError, match=r"`target_probs` must have shape \(N \+ 1, V\)"
     ):
-        es.emission_by_quadrature(es.TreeVerifier(tree=(-1, 0)), q, p[:2])
+        es.evaluation.emission_by_quadrature(es.TreeVerifier(tree=(-1, 0)), q, p[:2])
 
 
 def test_tree_evaluation_refuses_the_arguments_it_does_not_use():
@@ -150,9 +150,9 @@ def test_tree_evaluation_refuses_the_arguments_it_does_not_use():
         ("subdivisions", 3),
     ]:
         with pytest.raises(ValueError, match=f"does not use `{name}`"):
-            es.emission_by_quadrature(verifier, p, p, **{name: value})
+            es.evaluation.emission_by_quadrature(verifier, p, p, **{name: value})
     for name, value in [("draft_law", p[:2]), ("log_inputs", False)]:
         with pytest.raises(ValueError, match=f"does not use `{name}`"):
-            es.emission_by_monte_carlo(
+            es.evaluation.emission_by_monte_carlo(
                 verifier, p, p, jax.random.key(0), 10, **{name: value}
             )

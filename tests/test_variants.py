@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import random_case, reference, softmax
+from helpers import accept_from_key, accept_logits, random_case, reference, softmax
 from lossless_cases import (
     distributions,
     lenient_first_position,
@@ -70,7 +70,9 @@ def test_greedy_is_exact_greedy_decoding(case):
     """Whatever the draft, the greedy verifier emits the target's argmax at every
     reached position (quadrature over every draft sequence)."""
     q, p, law = distributions(*case)
-    estimate = eqx_specdec.emission_by_quadrature(GREEDY, q, p, draft_law=law)
+    estimate = eqx_specdec.evaluation.emission_by_quadrature(
+        GREEDY, q, p, draft_law=law
+    )
     greedy_target = np.eye(p.shape[1])[p.argmax(-1)]
     assert estimate.max_error(greedy_target) < 1e-12
 
@@ -216,7 +218,7 @@ def test_logits_match_probabilities_path():
     """Log-space verification of softmax(logits) agrees with the probability path on the
     same distributions, away from ties."""
     x, draft, target, u, s = _logit_case(0)
-    out = eqx_specdec.speculative_accept_logits(x, draft, target, u, s)
+    out = accept_logits(x, draft, target, u, s)
     q, p = softmax(draft.astype(np.float64)), softmax(target.astype(np.float64))
     n, tokens, ambiguous = reference(x, q, p, u, s)
     np.testing.assert_array_equal(
@@ -228,8 +230,8 @@ def test_logits_match_probabilities_path():
 def test_huge_logits_do_not_overflow():
     """Logits of 1e4 at temperature 1e4 give the same tokens as logits of 1 at 1."""
     x, draft, target, u, s = _logit_case(1)
-    base = eqx_specdec.speculative_accept_logits(x, draft, target, u, s)
-    huge = eqx_specdec.speculative_accept_logits(
+    base = accept_logits(x, draft, target, u, s)
+    huge = accept_logits(
         x, draft * 1e4, target * 1e4, u, s,
         target_warp=eqx_specdec.Warp(1e4), draft_warp=eqx_specdec.Warp(1e4),
     )  # fmt: skip
@@ -240,12 +242,12 @@ def test_huge_logits_do_not_overflow():
 def test_mixed_greedy_and_sampled_rows_equal_rows_computed_separately():
     x, draft, target, u, s = _logit_case(2, batch=8)
     temperature = jnp.asarray([0.0, 1.0, 0.0, 0.7, 1.0, 0.0, 0.5, 1.3], jnp.float32)
-    mixed = eqx_specdec.speculative_accept_logits(
+    mixed = accept_logits(
         x, draft, target, u, s, target_warp=eqx_specdec.Warp(temperature)
     )
     for b in range(8):
         t = float(temperature[b])
-        alone = eqx_specdec.speculative_accept_logits(
+        alone = accept_logits(
             x[b : b + 1], draft[b : b + 1], target[b : b + 1], u[b : b + 1], s[b : b + 1],
             target_warp=eqx_specdec.Warp(t),
         )  # fmt: skip
@@ -264,7 +266,7 @@ def test_a_subnormal_temperature_is_greedy_or_refused():
     log-probabilities; given concretely, it is refused with the fix."""
     x, draft, target, u, s = _logit_case(6, batch=4)
     run = jax.jit(
-        lambda t: eqx_specdec.speculative_accept_logits(
+        lambda t: accept_logits(
             x, draft, target, u, s,
             target_warp=eqx_specdec.Warp(t), logprobs=eqx_specdec.LogProbs(),
         )
@@ -300,7 +302,9 @@ def test_warped_verification_is_lossless(target_warp, draft_warp):
     draft = rng.normal(size=(1, 2, 6)) * 2
     p = np.exp(np.asarray(target_warp(jnp.asarray(target, jnp.float32)), np.float64))[0]
     q = np.exp(np.asarray(draft_warp(jnp.asarray(draft, jnp.float32)), np.float64))[0]
-    estimate = eqx_specdec.emission_by_quadrature(STANDARD, q, p, log_inputs=True)
+    estimate = eqx_specdec.evaluation.emission_by_quadrature(
+        STANDARD, q, p, log_inputs=True
+    )
     assert estimate.max_error(p) < 1e-6
 
 
@@ -310,9 +314,7 @@ def test_one_verifier_serves_probabilities_and_logits():
     give the tokens on logits that they give on the softmax of those logits."""
     x, draft, target, u, s = _logit_case(3, batch=8)
     for verifier in (STANDARD, eqx_specdec.Verifier(UserLenientRatioTest(0.7))):
-        on_logits = eqx_specdec.speculative_accept_logits(
-            x, draft, target, u, s, verifier=verifier
-        )
+        on_logits = accept_logits(x, draft, target, u, s, verifier=verifier)
         on_probs = eqx_specdec.speculative_accept(
             x, softmax(draft), softmax(target), u, s, verifier=verifier
         )
@@ -334,9 +336,7 @@ def test_bad_logits_fail_at_run_time(change, message):
         match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+"),
     ):
         jax.block_until_ready(
-            eqx_specdec.speculative_accept_logits(
-                x, draft, change(jnp.asarray(target)), u, s
-            )
+            accept_logits(x, draft, change(jnp.asarray(target)), u, s)
         )
 
 
@@ -348,7 +348,7 @@ def test_bad_warp_parameters():
     x, draft, target, u, s = _logit_case(4, batch=2)
     with pytest.raises(RuntimeError, match="`target_warp.temperature` is negative"):
         run = jax.jit(
-            lambda t: eqx_specdec.speculative_accept_logits(
+            lambda t: accept_logits(
                 x, draft, target, u, s, target_warp=eqx_specdec.Warp(t)
             )
         )
@@ -379,7 +379,7 @@ def test_lenience_trades_distance_for_acceptance():
         verifier = eqx_specdec.Verifier(eqx_specdec.LenientRatioTest(lenience))
         with np.errstate(divide="ignore", invalid="ignore"):
             thresholds = p[:1] / (lenience * q)
-        estimate = eqx_specdec.emission_by_quadrature(
+        estimate = eqx_specdec.evaluation.emission_by_quadrature(
             verifier, q, p, draft_law=law, accept_breakpoints=thresholds
         )
         exact = lenient_first_position(q[0], p[0], lenience)
@@ -409,7 +409,7 @@ def test_typical_acceptance_distance(correction):
     # Cut the grid where the masked correction's cumulative sums lie.
     masked = [typical_masked(row) for row in p]
     breaks = np.concatenate([np.cumsum(m) / m.sum() for m in masked])
-    estimate = eqx_specdec.emission_by_quadrature(
+    estimate = eqx_specdec.evaluation.emission_by_quadrature(
         verifier, q, p, draft_law=law, sample_breakpoints=breaks
     )
     np.testing.assert_allclose(estimate.conditional()[0], exact, atol=1e-6)
@@ -436,7 +436,7 @@ def test_typical_threshold_rule():
 def test_gumbel_sampler_is_lossless(case):
     q, p, law = distributions(*case)
     verifier = eqx_specdec.Verifier(residual_sampler=eqx_specdec.GumbelSampler())
-    estimate = eqx_specdec.emission_by_monte_carlo(
+    estimate = eqx_specdec.evaluation.emission_by_monte_carlo(
         verifier, q, p, jax.random.key(9), 100_000, draft_law=law
     )
     stats = estimate.chi_square(p)
@@ -450,7 +450,7 @@ def test_gumbel_sampler_never_picks_zero_weight_tokens():
     p[:, ::7] = 1.0
     p /= p.sum(-1, keepdims=True)
     verifier = eqx_specdec.Verifier(residual_sampler=eqx_specdec.GumbelSampler())
-    out = eqx_specdec.speculative_accept_from_key(
+    out = accept_from_key(
         jax.random.key(0), jnp.zeros((64, 1), jnp.int32), None,
         jnp.broadcast_to(p, (64, 2, vocab)), verifier=verifier,
     )  # fmt: skip
@@ -468,16 +468,12 @@ def test_gumbel_sampler_never_picks_zero_weight_tokens():
 def test_key_entry_point_is_reproducible_and_batch_invariant(verifier):
     x, q, p, _, _ = random_case(8, 16, 4, 100)
     key = jax.random.key(42)
-    first = eqx_specdec.speculative_accept_from_key(key, x, q, p, verifier=verifier)
-    again = eqx_specdec.speculative_accept_from_key(key, x, q, p, verifier=verifier)
+    first = accept_from_key(key, x, q, p, verifier=verifier)
+    again = accept_from_key(key, x, q, p, verifier=verifier)
     np.testing.assert_array_equal(first["tokens"], again["tokens"])
-    head = eqx_specdec.speculative_accept_from_key(
-        key, x[:5], q[:5], p[:5], verifier=verifier
-    )
+    head = accept_from_key(key, x[:5], q[:5], p[:5], verifier=verifier)
     np.testing.assert_array_equal(first["tokens"][:5], head["tokens"])
-    other = eqx_specdec.speculative_accept_from_key(
-        jax.random.key(43), x, q, p, verifier=verifier
-    )
+    other = accept_from_key(jax.random.key(43), x, q, p, verifier=verifier)
     assert not np.array_equal(first["tokens"], other["tokens"])
     u, s = eqx_specdec.uniforms_from_key(key, 16, 4, verifier=verifier)
     explicit = eqx_specdec.speculative_accept(x, q, p, u, s, verifier=verifier)

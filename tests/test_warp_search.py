@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import accept_logits
 
 import eqx_specdec
 from eqx_specdec._verify import warp as warp_module
@@ -312,7 +313,7 @@ def test_temperature_verification_writes_no_log_probabilities(warp):
     )
 
     def step(x, d, t, u, s):
-        return eqx_specdec.speculative_accept_logits(
+        return accept_logits(
             x, d, t, u, s, target_warp=warp, draft_warp=warp, check_inputs="off"
         )
 
@@ -460,7 +461,7 @@ def test_half_precision_logits_kept_as_they_are_equal_the_upcast_copy(
         # The choice is the one the warp makes: the rows it hands on.
         assert warp.rows(target).x.dtype == (jnp.float32 if upcast_once else dtype)
         return [
-            eqx_specdec.speculative_accept_logits(
+            accept_logits(
                 x, draft, target, u, s, target_warp=warp, draft_warp=warp,
                 verifier=eqx_specdec.Verifier(batching=batching),
                 logprobs=eqx_specdec.LogProbs(), check_inputs="off",

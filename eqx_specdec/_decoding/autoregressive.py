@@ -82,7 +82,7 @@ def autoregressive_decode(
 ) -> Int[Array, "B num_tokens"]:
     """Plain autoregressive decoding with one model: the baseline that speculative
     decoding must reproduce in distribution, one model call per token (a stateless
-    model, or an [`eqx_specdec.AbstractCachedModel`][] called on one new token at a
+    model, or an [`eqx_specdec.models.AbstractCachedModel`][] called on one new token at a
     time after a prefill of the prompt).
 
     **Arguments:**

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int, Key
 
-from .._errors import InvalidInputError
 from .._exactness import refuse_inexact
 from .._models.cached import check_model, initial_states, is_cached, prefill
 from .._proposal.abstract_proposal import (
@@ -21,13 +20,8 @@ from .._proposal.abstract_proposal import (
 )
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
 from .._verify.abstract_verifier import AbstractVerifier
-from .._verify.checks import (
-    Checked,
-    MODEL_MESSAGES,
-    model_problems,
-    problem_status,
-    resolved,
-)
+from .._verify.checks import MODEL_MESSAGES, model_problems
+from .._verify.results import first_of, raise_if_failed, RESULTS, Status, status_of
 from .._verify.verifier import Verifier
 from .result import DecodeResult, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 
@@ -188,7 +182,7 @@ class _LoopState(typing.NamedTuple):
     drafting_steps: Int[Array, " B"]  # steps in which the row drafted a token
     scored: Int[Array, " B"]  # positions the target scored while the row ran
     states: tuple
-    status: Int[Array, "2"]
+    status: Status
     logprobs: Array | None  # (B, W) float32 when asked for, like `buffer`
     stopped: Bool[Array, " B"]  # a stop token was committed
     error_step: Int[Array, " B"]  # the step a model's output was invalid, or -1
@@ -226,9 +220,7 @@ class _DecodeLoop(eqx.Module):
             for name in ("target_model", "draft_model"):
                 check_model(name, getattr(self, name), buffer[0], width, vocab)
 
-    def __call__(
-        self, prompt_tokens, prompt_lengths, key, max_lengths
-    ) -> DecodeResult | Checked:
+    def __call__(self, prompt_tokens, prompt_lengths, key, max_lengths) -> DecodeResult:
         batch, width = prompt_tokens.shape
         slots = self.proposal.slots()
         hist_size = self.proposal.depth() + 1
@@ -279,11 +271,9 @@ class _DecodeLoop(eqx.Module):
             # here, before anything drawn from it is committed.
             problems = model_problems(outcome.invalid, active)
             invalid = jnp.zeros_like(active)
-            for flags, _ in problems:
-                invalid = invalid | flags
-            if self.check_models:
-                found = problem_status(problems)
-                status = jnp.where(status[0] >= 0, status, found)
+            for problem in problems:
+                invalid = invalid | problem.flags
+            status = first_of(status, status_of(problems))
             error_step = jnp.where(invalid, state.t, state.error_step)
             error_position = jnp.where(invalid, generated, state.error_position)
             called = active  # the models ran for these rows
@@ -355,7 +345,9 @@ class _DecodeLoop(eqx.Module):
             drafting_steps=jnp.zeros((batch,), jnp.int32),
             scored=jnp.zeros((batch,), jnp.int32),
             states=states,
-            status=jnp.full((2,), -1, jnp.int32),
+            status=Status(
+                jnp.int32(-1), RESULTS.successful, jnp.int32(-1), MODEL_MESSAGES
+            ),
             logprobs=jnp.zeros(buffer.shape, jnp.float32) if self.logprobs else None,
             stopped=jnp.zeros((batch,), bool),
             error_step=jnp.full((batch,), -1, jnp.int32),
@@ -400,16 +392,18 @@ class _DecodeLoop(eqx.Module):
             finish_reasons=finish.astype(jnp.int32),
             error_steps=end.error_step,
             error_positions=end.error_position,
+            result=end.status.result,
+            failed_row=end.status.row,
         )
         if not self.check_models:
             return result
-        return Checked(result, end.status, MODEL_MESSAGES)
+        return raise_if_failed(result, end.status)
 
 
 @eqx.filter_jit
 def _run(
     loop: _DecodeLoop, prompt_tokens, prompt_lengths, key, max_lengths
-) -> DecodeResult | Checked:
+) -> DecodeResult:
     return loop(prompt_tokens, prompt_lengths, key, max_lengths)
 
 
@@ -451,7 +445,7 @@ def speculative_decode(
     sequence the next-token distributions after `tokens[: position + 1]` for each
     position ([`eqx_specdec.demo.NGramModel`][] is one; slots of `tokens` after the current
     position hold scratch values a causal model never reads), or **cached**, an
-    [`eqx_specdec.AbstractCachedModel`][] that owns its state (a key-value cache) and is
+    [`eqx_specdec.models.AbstractCachedModel`][] that owns its state (a key-value cache) and is
     called on each step's new tokens only ([`eqx_specdec.demo.Transformer`][] is one; chains
     only). Either returns probabilities, or logits with `outputs="logits"`. See
     [Bring your own model](../your_own_model.md) for the contract.
@@ -498,7 +492,7 @@ def speculative_decode(
         every step, in order, with what the step emitted: int32 `(B, slots)`, each
         row's new tokens (as `DecodeResult.tokens` will hold them: within its limit,
         up to its first stop token) then -1. For printing text as it is accepted.
-    - `check_models`: `True` to raise [`eqx_specdec.InvalidInputError`][] when a
+    - `check_models`: `True` to raise (a `RuntimeError`, `RESULTS.invalid_model_output`) when a
         model returns a distribution that is not one, naming the model, the row and
         (called from Python) the step and generated position. Default `False`: the
         loop checks every step anyway (finite, non-negative, summing to 1; logits after
@@ -554,13 +548,4 @@ def speculative_decode(
         logprobs,
         stop_tokens,
     )
-    out = _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key, max_lengths)
-    if isinstance(out, Checked) and not isinstance(out.status, jax.core.Tracer):
-        problem, row = (int(v) for v in np.asarray(out.status))
-        if problem >= 0:  # called from Python: say where, from the result
-            step = int(out.outputs.error_steps[row])
-            position = int(out.outputs.error_positions[row])
-            message = out.messages[problem].format(row=row)
-            where = f"at step {step} (generated position {position})"
-            raise InvalidInputError(message.replace("at a step of the loop", where))
-    return resolved(out)
+    return _run(loop, jnp.asarray(prompt_tokens), prompt_lengths, key, max_lengths)

@@ -4,9 +4,10 @@ from typing import Literal
 
 import equinox as eqx
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._errors import MissingCapabilityError
+from .._verify.results import RESULTS
 
 
 #: `DecodeResult.finish_reasons`: the row generated its limit (`num_tokens` or its
@@ -67,6 +68,10 @@ class DecodeResult(eqx.Module):
         with an error, the loop's step and the generated position (the index in
         `tokens` of the first token that step would have produced) where a model's
         output was invalid; -1 for the other rows.
+    - `result`, `failed_row`: the [`eqx_specdec.RESULTS`][] member of the first
+        problem found (`RESULTS.invalid_model_output`, or `RESULTS.successful`) and
+        its first row (-1 for none), as [`eqx_specdec.Verification`][] has them (the
+        loop fills both).
     """
 
     tokens: Int[Array, "B length"]
@@ -82,6 +87,8 @@ class DecodeResult(eqx.Module):
     error_positions: Int[Array, " B"] | None = None
     drafting_steps: Int[Array, " B"] | None = None
     scored_positions: Int[Array, " B"] | None = None
+    result: RESULTS | None = None
+    failed_row: Int[ArrayLike, ""] | None = None
 
     def _theory_reached(self) -> np.ndarray:
         if self.theory == "none":

@@ -20,7 +20,7 @@ from .loop import speculative_decode
 
 
 class Speedup(eqx.Module):
-    """What [`eqx_specdec.measure_speedup`][] measured, in one run (medians of the
+    """What [`eqx_specdec.evaluation.measure_speedup`][] measured, in one run (medians of the
     repeats; times in seconds).
 
     **Fields:**
@@ -97,7 +97,7 @@ def measure_speedup(
     """Times speculative decoding against plain autoregressive decoding of the same
     target (the same batch, prompts, tokens to generate and cache), and the models'
     calls alone for the cost model (each in plain decoding's own program, see
-    [`eqx_specdec.Speedup`][]): everything compiled first, then `repeats` rounds that
+    [`eqx_specdec.evaluation.Speedup`][]): everything compiled first, then `repeats` rounds that
     time each run once, interleaved.
 
     **Arguments:**
@@ -110,7 +110,7 @@ def measure_speedup(
 
     **Returns:**
 
-    An [`eqx_specdec.Speedup`][].
+    An [`eqx_specdec.evaluation.Speedup`][].
     """
     prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
     batch, width = prompt_tokens.shape

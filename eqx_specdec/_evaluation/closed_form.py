@@ -82,7 +82,7 @@ def emission_in_closed_form(
 
     **Returns:**
 
-    An [`eqx_specdec.EmissionEstimate`][] of probabilities.
+    An [`eqx_specdec.evaluation.EmissionEstimate`][] of probabilities.
 
     **Raises:**
 

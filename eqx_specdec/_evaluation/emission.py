@@ -17,8 +17,8 @@ class EmissionEstimate(eqx.Module):
     the accepted path reaches it, and the token emitted after it must follow
     `target_probs[i + 1]`.
 
-    Produced by [`eqx_specdec.emission_by_quadrature`][] (probabilities, `num_draws` is
-    `None`) and [`eqx_specdec.emission_by_monte_carlo`][] (counts out of `num_draws`).
+    Produced by [`eqx_specdec.evaluation.emission_by_quadrature`][] (probabilities, `num_draws` is
+    `None`) and [`eqx_specdec.evaluation.emission_by_monte_carlo`][] (counts out of `num_draws`).
 
     **Arguments:**
 

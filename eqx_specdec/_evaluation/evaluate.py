@@ -109,7 +109,7 @@ def _floats(values) -> tuple:
 class ChiSquare(eqx.Module):
     """Pearson's chi-square test of Monte Carlo counts against the target, per position
     (`None` at positions never reached); see
-    [`eqx_specdec.EmissionEstimate.chi_square`][].
+    [`eqx_specdec.evaluation.EmissionEstimate.chi_square`][].
 
     **Fields:**
 
@@ -125,7 +125,7 @@ class ChiSquare(eqx.Module):
 
 
 class Evaluation(eqx.Module):
-    """What [`eqx_specdec.evaluate_verifier`][] measures of one verifier on one row of
+    """What [`eqx_specdec.evaluation.evaluate_verifier`][] measures of one verifier on one row of
     fixed distributions. Every field is always present; `None` where it does not apply.
     `str(evaluation)` is the table `eqx-specdec evaluate` prints, and `as_dict()` its
     `--json` output.
@@ -133,9 +133,9 @@ class Evaluation(eqx.Module):
     **Fields:**
 
     - `method`: `"quadrature"` (exact), `"closed-form"` (exact: a threshold rule's
-        chain, [`eqx_specdec.emission_in_closed_form`][]) or `"monte-carlo"`.
+        chain, [`eqx_specdec.evaluation.emission_in_closed_form`][]) or `"monte-carlo"`.
     - `declared_exact`: whether the verifier declares itself exact
-        (`verifier.exact` before the measurement). [`eqx_specdec.evaluate_verifier`][]
+        (`verifier.exact` before the measurement). [`eqx_specdec.evaluation.evaluate_verifier`][]
         raises when such a verifier measures lossy.
     - `gamma`: the draft positions (a chain's $G$, a tree's depth); `vocab`: $V$.
     - `distance`: the largest, over positions reached (and, with Monte Carlo,
@@ -154,16 +154,16 @@ class Evaluation(eqx.Module):
         accepted; `None` for a chain.
     - `optimal_acceptance`: for a tree whose drafting rule implements
         `optimal_acceptance`, $\\alpha^*$ of its draft law with that many children (see
-        [`eqx_specdec.optimal_acceptance`][]); `None` otherwise.
+        [`eqx_specdec.evaluation.optimal_acceptance`][]); `None` otherwise.
     - `distance_noise_per_position`: with Monte Carlo, per position the distance
         sampling noise alone gives a lossless verifier at that position's count (see
-        [`eqx_specdec.EmissionEstimate.distance_noise`][]); `None` for quadrature.
+        [`eqx_specdec.evaluation.EmissionEstimate.distance_noise`][]); `None` for quadrature.
     - `under_sampled`: with Monte Carlo, per position whether it was reached too
         rarely to measure (fewer than 5 draws per token the target can emit there);
         such positions do not enter `distance`, and print as "not measured". `None`
         for the exact methods.
     - `draws`: Monte Carlo draws (`None` for quadrature).
-    - `chi_square`: a [`eqx_specdec.ChiSquare`][] with Monte Carlo, `None` for
+    - `chi_square`: a [`eqx_specdec.evaluation.ChiSquare`][] with Monte Carlo, `None` for
         quadrature.
     """
 
@@ -283,13 +283,13 @@ def evaluate_verifier(
     - `verifier`: the [`eqx_specdec.Verifier`][], or a tree verifier built with its
         `tree` ([`eqx_specdec.TreeVerifier`][], [`eqx_specdec.TraversalVerifier`][]).
     - `draft_probs`: `(G, V)`, or `None` for one-hot drafts (for a tree, `(N + 1, V)`:
-        see [`eqx_specdec.emission_by_quadrature`][]).
+        see [`eqx_specdec.evaluation.emission_by_quadrature`][]).
     - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`).
     - `draft_law`: the law of the draft tokens; defaults to `draft_probs`.
     - `method`: `"quadrature"` (exact: for $V^G \\le 256$ and stages that implement
         `quadrature_breakpoints`; for trees of up to a few nodes), `"closed-form"`
         (exact at any vocabulary size, for a threshold rule's chain:
-        [`eqx_specdec.emission_in_closed_form`][]), `"monte-carlo"`, or `"auto"` (the
+        [`eqx_specdec.evaluation.emission_in_closed_form`][]), `"monte-carlo"`, or `"auto"` (the
         default: quadrature where it applies, else the closed form where it applies,
         else Monte Carlo).
     - `num_draws`: Monte Carlo draws.
@@ -297,7 +297,7 @@ def evaluate_verifier(
 
     **Returns:**
 
-    An [`eqx_specdec.Evaluation`][] (its fields say what is measured).
+    An [`eqx_specdec.evaluation.Evaluation`][] (its fields say what is measured).
 
     **Raises:**
 

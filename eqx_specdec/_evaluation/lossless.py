@@ -171,7 +171,7 @@ def emission_by_quadrature(
     assignment of tokens to its nodes is enumerated (drawn by the node rule's
     `candidate_law`), and the cells are cut at the node rule's `pass_threshold` at every
     reachable state and at the cumulative sums of every final residual; positions are
-    then the tree's contexts (see [`eqx_specdec.EmissionEstimate`][]). A tree's
+    then the tree's contexts (see [`eqx_specdec.evaluation.EmissionEstimate`][]). A tree's
     evaluation takes none of `draft_law`, `log_inputs`, the breakpoints and
     `subdivisions` (a `ValueError` names any given).
 
@@ -201,7 +201,7 @@ def emission_by_quadrature(
 
     **Returns:**
 
-    An [`eqx_specdec.EmissionEstimate`][] of probabilities.
+    An [`eqx_specdec.evaluation.EmissionEstimate`][] of probabilities.
     """
     return evaluation_family(verifier).quadrature(
         draft_probs,
@@ -380,13 +380,13 @@ def emission_by_monte_carlo(
 
     Each draw samples the draft tokens $x_i$ from `draft_law` (inverse CDF) and the
     float32 uniforms $u_i$, $s$ with `jax.random.uniform` (for a key-driven sampler, one
-    key per draw instead of $s$), all from `key`: the same key gives the same counts. Pair with [`eqx_specdec.EmissionEstimate.chi_square`][].
+    key per draw instead of $s$), all from `key`: the same key gives the same counts. Pair with [`eqx_specdec.evaluation.EmissionEstimate.chi_square`][].
 
     **Arguments:**
 
     - `verifier`: the [`eqx_specdec.Verifier`][] to measure, or a tree verifier
         built with its `tree` ([`eqx_specdec.TreeVerifier`][]): the distributions are
-        then `(N + 1, V)` as for [`eqx_specdec.emission_by_quadrature`][], and each
+        then `(N + 1, V)` as for [`eqx_specdec.evaluation.emission_by_quadrature`][], and each
         draw drafts the tree with the node rule's `candidate_law`.
     - `draft_probs`: `(G, V)`, or `None` for one-hot drafts.
     - `target_probs`: `(G + 1, V)`.
@@ -399,7 +399,7 @@ def emission_by_monte_carlo(
 
     **Returns:**
 
-    An [`eqx_specdec.EmissionEstimate`][] of counts.
+    An [`eqx_specdec.evaluation.EmissionEstimate`][] of counts.
     """
     return evaluation_family(verifier).monte_carlo(
         draft_probs,

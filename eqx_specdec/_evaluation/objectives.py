@@ -105,7 +105,7 @@ def acceptance_by_position(
     for any ratio test whose `pass_probabilities` are exact,
     $\\beta_i = \\sum_v q_i(v)\\, a_i(v)$, combined by the prefix counter's
     `reach_probabilities`. It equals the library's exact quadrature
-    ([`eqx_specdec.evaluate_verifier`][]`.reached`).
+    ([`eqx_specdec.evaluation.evaluate_verifier`][]`.reached`).
 
     With `draft_tokens`, the expectation is over the uniforms given the drafts: the
     ratio test's `pass_probabilities_given_drafts` combined by the counter. This is how
@@ -150,31 +150,6 @@ def acceptance_by_position(
     return _reached_of(
         "acceptance_by_position", draft_probs, target_probs, verifier, draft_tokens
     )
-
-
-@typing.no_type_check  # validated by hand, with messages naming the argument
-def acceptance_by_position_logits(
-    draft_logits: Float[Array, "B G V"] | None,
-    target_logits: Float[Array, "B G+1 V"],
-    *,
-    target_warp: Warp = Warp(),
-    draft_warp: Warp = Warp(),
-    verifier: Verifier = Verifier(),
-    draft_tokens: DraftTokens | None = None,
-) -> Float[Array, "B G"]:
-    """[`eqx_specdec.acceptance_by_position`][] of logits: a convenience for
-    `acceptance_by_position(Logits(draft_logits, draft_warp), Logits(target_logits,
-    target_warp), ...)` (`draft_logits=None` for one-hot drafts)."""
-    return acceptance_by_position(
-        _as_logits(draft_logits, draft_warp),
-        _as_logits(target_logits, target_warp),
-        verifier=verifier,
-        draft_tokens=draft_tokens,
-    )
-
-
-def _as_logits(logits, warp):
-    return None if logits is None else Logits(logits, warp)
 
 
 def _reached_of(name, draft, target, verifier, draft_tokens):
@@ -295,14 +270,14 @@ def expected_accepted_length(
 ) -> Float[Array, " B"]:
     """The expected number of accepted draft tokens, $E[n] = \\sum_{k=1}^{G} P(n \\ge k)$,
     as a differentiable function of the distributions: the sum over positions of
-    [`eqx_specdec.acceptance_by_position`][], which says what is averaged and how.
+    [`eqx_specdec.evaluation.acceptance_by_position`][], which says what is averaged and how.
 
     For the standard rule, $E[n] = \\sum_{k=1}^{G} \\prod_{i < k} \\beta_i$ with
     $\\beta_i = \\sum_v \\min(p_i(v), q_i(v))$. The tokens per target call are $1 + E[n]$.
 
     **Arguments:**
 
-    As for [`eqx_specdec.acceptance_by_position`][].
+    As for [`eqx_specdec.evaluation.acceptance_by_position`][].
 
     **Returns:**
 
@@ -312,24 +287,3 @@ def expected_accepted_length(
         "expected_accepted_length", draft_probs, target_probs, verifier, draft_tokens
     )
     return jnp.sum(reached, axis=-1)
-
-
-@typing.no_type_check  # validated by hand, with messages naming the argument
-def expected_accepted_length_logits(
-    draft_logits: Float[Array, "B G V"] | None,
-    target_logits: Float[Array, "B G+1 V"],
-    *,
-    target_warp: Warp = Warp(),
-    draft_warp: Warp = Warp(),
-    verifier: Verifier = Verifier(),
-    draft_tokens: DraftTokens | None = None,
-) -> Float[Array, " B"]:
-    """[`eqx_specdec.expected_accepted_length`][] of logits: a convenience for
-    `expected_accepted_length(Logits(draft_logits, draft_warp), Logits(target_logits,
-    target_warp), ...)` (`draft_logits=None` for one-hot drafts)."""
-    return expected_accepted_length(
-        _as_logits(draft_logits, draft_warp),
-        _as_logits(target_logits, target_warp),
-        verifier=verifier,
-        draft_tokens=draft_tokens,
-    )

@@ -150,7 +150,7 @@ def check_model(name: str, model, row, width: int, vocab: int | None):
         if not (isinstance(out, tuple) and len(out) == 2):
             raise ValueError(
                 f"`{name}` is a cached model, so it must return `(outputs, state)`; "
-                f"got {type(out).__name__}. See eqx_specdec.AbstractCachedModel."
+                f"got {type(out).__name__}. See eqx_specdec.models.AbstractCachedModel."
             )
         out, new_state = out
         given = jax.eval_shape(lambda: state)

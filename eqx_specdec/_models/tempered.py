@@ -16,7 +16,7 @@ class Tempered(AbstractLogitsTransform):
 
     **Arguments:**
 
-    - `model`: an [`eqx_specdec.AbstractCachedModel`][] returning logits.
+    - `model`: an [`eqx_specdec.models.AbstractCachedModel`][] returning logits.
     - `temperature`: $T > 0$, a float or a scalar array (traced: change it without
         recompiling).
     """

@@ -18,12 +18,12 @@ class Warped(AbstractLogitsTransform):
     Speculative decoding with a `Warped` target is lossless against the warped target:
     wrap the draft too to draft from a warped draft (its tokens are then verified
     against the law they were drawn from), and pass `outputs="logits"` for both. The
-    warp's cut-offs are [`eqx_specdec.Warp`][]'s exact ones. [`eqx_specdec.Tempered`][]
+    warp's cut-offs are [`eqx_specdec.Warp`][]'s exact ones. [`eqx_specdec.models.Tempered`][]
     is the temperature alone.
 
     **Arguments:**
 
-    - `model`: an [`eqx_specdec.AbstractCachedModel`][] returning logits.
+    - `model`: an [`eqx_specdec.models.AbstractCachedModel`][] returning logits.
     - `warp`: the [`eqx_specdec.Warp`][], with scalar parameters (the model decodes one
         sequence; the loops `vmap` it) and no penalty (they count a history the model
         does not see). A temperature of 0 is greedy: each row is one-hot at its most
@@ -43,7 +43,7 @@ class Warped(AbstractLogitsTransform):
             raise ValueError(
                 "Warped(`warp`=...) has a history-dependent penalty, which counts the "
                 "tokens before each position: a cached model is called on the new "
-                "tokens only. Apply penalties with speculative_accept_logits and its "
+                "tokens only. Apply penalties with verify on Logits and its "
                 "`history`, or leave them out of the warp."
             )
         for name in ("temperature", "top_k", "top_p", "min_p"):
@@ -53,7 +53,7 @@ class Warped(AbstractLogitsTransform):
                     f"Warped(`warp`=...): `{name}` must be a scalar (the model decodes "
                     f"one sequence; the loops vmap it), got shape {jnp.shape(value)}. "
                     "For parameters per row, warp the rows with "
-                    "speculative_accept_logits."
+                    "eqx_specdec.verify on Logits."
                 )
         if self.warp.logit_bias is not None and jnp.ndim(self.warp.logit_bias) != 1:
             raise ValueError(

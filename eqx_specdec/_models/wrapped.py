@@ -11,7 +11,7 @@ from .cached import AbstractCachedModel
 class AbstractLogitsTransform(AbstractCachedModel):
     """A cached model that calls the wrapped `model` (returning logits) and returns its
     rows through `transform`, with the wrapped model's state unchanged.
-    [`eqx_specdec.Tempered`][] and [`eqx_specdec.Warped`][] are the two."""
+    [`eqx_specdec.models.Tempered`][] and [`eqx_specdec.models.Warped`][] are the two."""
 
     model: eqx.AbstractVar[AbstractCachedModel]
 
@@ -19,7 +19,7 @@ class AbstractLogitsTransform(AbstractCachedModel):
         if not isinstance(self.model, AbstractCachedModel):
             raise TypeError(
                 f"{type(self).__name__}(`model`=...) must be an "
-                f"eqx_specdec.AbstractCachedModel, got {type(self.model).__name__}."
+                f"eqx_specdec.models.AbstractCachedModel, got {type(self.model).__name__}."
             )
 
     @abc.abstractmethod

@@ -96,7 +96,7 @@ class AbstractProposal(eqx.Module):
         """Raises a `TypeError` (naming the argument and the fix) unless this proposal
         can run these models. By default: stateless models only (the interface
         `model(tokens: int[T], positions: int[K]) -> float[K, V]`); a proposal that
-        runs [`eqx_specdec.AbstractCachedModel`][]s ([`eqx_specdec.Chain`][])
+        runs [`eqx_specdec.models.AbstractCachedModel`][]s ([`eqx_specdec.Chain`][])
         overrides it. Called before tracing.
 
         **Arguments:**
@@ -151,7 +151,7 @@ class AbstractProposal(eqx.Module):
             accept uniforms, `[:, 2]` for the correction's randomness, `[:, 3]` spare.
         - `generated`: int32 `(B,)`, the tokens each row has generated so far.
         - `states`: `(draft_state, target_state)`, the cached models' states (each
-            `None` for a stateless model; see [`eqx_specdec.AbstractCachedModel`][]).
+            `None` for a stateless model; see [`eqx_specdec.models.AbstractCachedModel`][]).
         - `active`: bool `(B,)`, the rows still running (`None`: all of them). The
             loop discards a finished row's outcome, so a proposal may skip its work
             (a chain drafts nothing for it, so a finished row neither keeps the

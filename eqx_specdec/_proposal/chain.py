@@ -51,7 +51,7 @@ class Chain(AbstractProposal):
         greedy verifier. `"propose"`: the draft proposes each row's whole chain in one
         call, with a method `propose(tokens: int[T], length: int[], count: int) ->
         (int[count], int[])` returning the tokens and how many of them the row drafts
-        (such as [`eqx_specdec.PromptLookupDraft`][]): no draft distribution is formed
+        (such as [`eqx_specdec.models.PromptLookupDraft`][]): no draft distribution is formed
         (a deterministic draft, verified with the one-hot rule, `draft_probs=None`),
         no draft loop runs, and each row's length is the draft's own (with the default
         `draft_length`). Made for drafts with no model, whose per-token calls and
@@ -67,7 +67,7 @@ class Chain(AbstractProposal):
         row drafted a token (a draft-length policy that allows $L = 0$, such as
         `StopWhenUnlikely(keep_crossing=False)`), and on $G + 1$ otherwise: two
         compiled target calls, chosen at run time. It pays where drafts are often
-        empty (a [`eqx_specdec.PromptLookupDraft`][] that finds no match): such a step
+        empty (a [`eqx_specdec.models.PromptLookupDraft`][] that finds no match): such a step
         then costs what a plain decoding step does. Needs a `draft_length` policy that
         stops without reading the target. Default `False` (always $G + 1$).
     """
@@ -153,7 +153,7 @@ class Chain(AbstractProposal):
                 'Chain(drafting="propose") needs a `draft_model` that proposes a whole '
                 "chain in one call, with a method `propose(tokens, length, count) -> "
                 "(tokens[count], drafted)` and no cache (such as "
-                f"eqx_specdec.PromptLookupDraft); got {type(draft_model).__name__}. "
+                f"eqx_specdec.models.PromptLookupDraft); got {type(draft_model).__name__}. "
                 'Draft it with drafting="sample" or "argmax" instead.'
             )
 
@@ -394,7 +394,7 @@ def draft_chain(
     draft calls are the ones the rows need; rows that are not `active` (finished in
     the decoding loop) draft nothing, so they neither keep that loop going nor make
     the target score their chain. A cached draft is called on the new tokens only
-    (see [`eqx_specdec.AbstractCachedModel`][]).
+    (see [`eqx_specdec.models.AbstractCachedModel`][]).
 
     **Returns:**
 

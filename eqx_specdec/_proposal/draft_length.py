@@ -118,7 +118,7 @@ class StopWhenUnlikely(AbstractDraftLength):
     With `keep_crossing=False` the token whose risk crosses $h$ is not drafted:
     $L = \\min\\{k : 1 - \\prod_{j \\le k + 1} a_j > h\\}$, which may be 0 (the row
     drafts nothing this step). For a draft whose rows say when it has nothing to
-    propose ([`eqx_specdec.PromptLookupDraft`][]'s uniform row), that skips a token
+    propose ([`eqx_specdec.models.PromptLookupDraft`][]'s uniform row), that skips a token
     that is almost surely rejected and, with `Chain(trim=True)`, the target's call on
     its position.
 

@@ -52,7 +52,7 @@ class AbstractPrefixCounter(eqx.Module):
     @capability
     def reach_probabilities(self, pass_probs: PassRow) -> PassRow:
         """Capability for the acceptance objectives
-        ([`eqx_specdec.acceptance_by_position`][]): $P(n \\ge k)$ for $k = 1, \\dots,
+        ([`eqx_specdec.evaluation.acceptance_by_position`][]): $P(n \\ge k)$ for $k = 1, \\dots,
         G$ when the tests pass independently, position $i$ with probability
         `pass_probs[i]`. Traced and differentiable.
 

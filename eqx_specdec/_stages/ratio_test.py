@@ -50,7 +50,7 @@ class AbstractRatioTest(eqx.Module):
         rule whose sampler `draws` `"argmax"`, greedy decoding of it). `False` for a
         lossy rule (lenient, typical, relaxed). A [`eqx_specdec.Verifier`][] is exact
         when its test is and its other stages fit the test (`verifier.exact`); the
-        exactness tools check this claim ([`eqx_specdec.emission_by_quadrature`][]).
+        exactness tools check this claim ([`eqx_specdec.evaluation.emission_by_quadrature`][]).
 
     **Capabilities** (methods with a default that raises
     [`eqx_specdec.MissingCapabilityError`][]; implement those the features you use
@@ -170,7 +170,7 @@ class AbstractRatioTest(eqx.Module):
         target_probs: TargetProbsRow,
     ) -> Float[Array, " G"]:
         """For the acceptance objectives given the drafts
-        ([`eqx_specdec.acceptance_by_position`][] with `draft_tokens`), with a working
+        ([`eqx_specdec.evaluation.acceptance_by_position`][] with `draft_tokens`), with a working
         default: per position of
         one row, the probability over the uniforms that the test passes $x_i$, given all
         the draft tokens (positions must pass independently given them). Traced,
@@ -203,7 +203,7 @@ class AbstractRatioTest(eqx.Module):
     @capability
     def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
         """Capability for exact quadrature
-        ([`eqx_specdec.emission_by_quadrature`][], [`eqx_specdec.evaluate_verifier`][]):
+        ([`eqx_specdec.evaluation.emission_by_quadrature`][], [`eqx_specdec.evaluation.evaluate_verifier`][]):
         the values of the uniforms at which the test's outcome can change, beyond the
         standard ratios $p_i(v) / q_i(v)$ (which the quadrature always cuts at). NumPy,
         not traced.

@@ -156,7 +156,7 @@ class AbstractResidualSampler(eqx.Module):
         from the residual as the verdict forms it, so that a threshold rule's derived
         correction $(p_n - \\min(q_n, t_n))_+$ is what it draws (the standard and
         Gumbel samplers, which build it with the library's `residual_parts`); the
-        closed-form evaluation ([`eqx_specdec.emission_in_closed_form`][]) applies
+        closed-form evaluation ([`eqx_specdec.evaluation.emission_in_closed_form`][]) applies
         only then.
     - `reads` (class attribute, default `"whole rows"`, always safe): which rows the
         sampler reads, so that the entry points' default checks validate exactly

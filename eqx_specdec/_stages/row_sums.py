@@ -19,7 +19,7 @@ class RowSums(eqx.Module):
         within tolerance of 1 exactly when the row is a valid distribution.
     - `q_total`: the same of $q_{\\min(n, G - 1)}$ (1 for one-hot drafts).
 
-    Build it with [`eqx_specdec.row_sums`][] or, in a pass of your own,
+    Build it with `row_sums` or, in a pass of your own,
     `jnp.sum(jnp.where(row >= 0, row, jnp.nan))` for each row.
     """
 

@@ -44,7 +44,7 @@ class AbstractThresholdRule(AbstractRatioTest):
         everywhere;
     - `pass_probabilities` ($a$ itself), the quadrature's cuts ($u = t/q$), the
         closed-form emission of each position at any vocabulary size
-        ([`eqx_specdec.emission_in_closed_form`][]), and the tree form
+        ([`eqx_specdec.evaluation.emission_in_closed_form`][]), and the tree form
         ([`eqx_specdec.IIDCandidates`][]`(rule)`,
         [`eqx_specdec.WithoutReplacementCandidates`][]`(rule)`: the same $a$ against
         each node's running residual).
@@ -52,7 +52,7 @@ class AbstractThresholdRule(AbstractRatioTest):
     **Exactness is derived, and checked.** A threshold rule is exact by construction,
     with its derived correction, whenever $\\min(q, t) \\le p$; with the input checks on
     (the default), the entry points check that bound on every row $n$ the correction is
-    drawn from, and raise [`eqx_specdec.InvalidInputError`][] naming the rule where it
+    drawn from, and raise (`RESULTS.not_exact`) naming the rule where it
     fails. A rule that accepts more than the target holds on purpose declares
     `exact = False` (lenient acceptance): it is then lossy by declaration, and its
     derived correction is the closest to $p$ that its acceptance allows (total

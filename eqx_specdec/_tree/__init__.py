@@ -1,0 +1,3 @@
+"""Tree verification: its verifiers, node rules and their step."""
+
+from . import step as step  # registers the tree verifiers' step with `verify`

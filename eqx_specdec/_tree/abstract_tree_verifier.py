@@ -24,7 +24,7 @@ from .node_rules import AbstractNodeRule
 class AbstractTreeVerifier(eqx.Module):
     """A verifier of a tree of draft tokens. [`eqx_specdec.TreeVerifier`][] (top-down,
     one node rule) and [`eqx_specdec.TraversalVerifier`][] (leaves first) implement it;
-    [`eqx_specdec.tree_accept`][], [`eqx_specdec.speculative_decode`][] with `tree` and
+    [`eqx_specdec.verify`][], [`eqx_specdec.speculative_decode`][] with `tree` and
     the evaluation tools take any subclass.
 
     **Tree layout** (one row; `N` nodes at most, fixed shapes, traced contents): node `i`
@@ -40,7 +40,7 @@ class AbstractTreeVerifier(eqx.Module):
     shape of the trees it verifies in [`eqx_specdec.speculative_decode`][] and the
     evaluation tools, the parent of each node in depth-first order as a tuple of Python
     ints (validated when the verifier is built), or `None`
-    when the shape comes with each call ([`eqx_specdec.tree_accept`][]'s `parents`).
+    when the shape comes with each call ([`eqx_specdec.verify`][]'s `parents`).
 
     **Capabilities** (default raises [`eqx_specdec.MissingCapabilityError`][]):
     `forced_walk` (exact evaluation of trees). A verifier that delegates a capability
@@ -100,7 +100,7 @@ class AbstractTreeVerifier(eqx.Module):
 
     def depth_limit(self, nodes: int) -> int:
         """The deepest tree this verifier can walk, for trees of `nodes` nodes (a
-        deeper one is an error of [`eqx_specdec.tree_accept`][]'s checks). By default any
+        deeper one is an error of [`eqx_specdec.verify`][]'s checks). By default any
         depth.
 
         **Arguments:**
@@ -123,7 +123,7 @@ class AbstractTreeVerifier(eqx.Module):
         outcomes: Bool[Array, " nodes"],
     ) -> tuple[Float[Array, " nodes"], Float[Array, " V"]]:
         """Capability for exact evaluation of trees
-        ([`eqx_specdec.emission_by_quadrature`][] with a tree): the walk of `row` with
+        ([`eqx_specdec.evaluation.emission_by_quadrature`][] with a tree): the walk of `row` with
         the test of each node forced to `outcomes[i]`. Traced.
 
         **Arguments:**

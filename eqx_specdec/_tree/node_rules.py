@@ -67,7 +67,7 @@ class AbstractNodeRule(eqx.Module):
     **Capabilities** (defaults raise [`eqx_specdec.MissingCapabilityError`][]):
     `candidate_law` (how the decoding loop and the evaluation tools draft a node's
     children), `optimal_acceptance` (the best acceptance of the rule's draft law,
-    reported by [`eqx_specdec.evaluate_verifier`][]).
+    reported by [`eqx_specdec.evaluation.evaluate_verifier`][]).
 
     A rule that accepts a child with a probability computed from the node's target and
     draft is a threshold rule: write it once as an
@@ -193,10 +193,10 @@ class AbstractNodeRule(eqx.Module):
 
     @capability
     def optimal_acceptance(self, target: Row, draft: Row, num_children: int) -> Scalar:
-        """Capability for [`eqx_specdec.evaluate_verifier`][]: $\\alpha^*$, the best
+        """Capability for [`eqx_specdec.evaluation.evaluate_verifier`][]: $\\alpha^*$, the best
         probability of accepting some child that any lossless verifier reaches when
         `num_children` children are drafted as this rule drafts them (see
-        [`eqx_specdec.optimal_acceptance`][]). Traced.
+        [`eqx_specdec.evaluation.optimal_acceptance`][]). Traced.
 
         **Arguments:**
 
@@ -211,7 +211,7 @@ class AbstractNodeRule(eqx.Module):
     def pass_threshold(
         self, state: NodeRuleState, token: Int[Array, ""], child: Int[Array, ""]
     ) -> Scalar:
-        """For exact evaluation of trees ([`eqx_specdec.emission_by_quadrature`][]
+        """For exact evaluation of trees ([`eqx_specdec.evaluation.emission_by_quadrature`][]
         with a tree): the value $t$ such that `test(state, token, u, child)` passes
         exactly when $u < t$, from `ratio` ($+\\infty$ allowed)."""
         return threshold(*self.ratio(state, token, child))

@@ -10,8 +10,6 @@ from jaxtyping import Array, Bool, Float, Int, Integer
 from .._verify.abstract_verifier import malformed_tokens
 from .._verify.checks import (
     check_level,
-    Checked,
-    checked,
     CheckLevel,
     distribution_problems,
     logit_problems,
@@ -30,6 +28,7 @@ from .._verify.keys import row_uniforms
 from .._verify.logits import checked_history, history_counts, warp_problems
 from .._verify.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
 from .._verify.masks import allowed_tokens, mask_problems, masked_logits, masked_probs
+from .._verify.results import Problem, RESULTS
 from .._verify.typed_inputs import Logits, Uniforms
 from .._verify.warp import Warp
 from .abstract_tree_verifier import AbstractTreeVerifier, tree_navigation, tree_of
@@ -78,8 +77,9 @@ def _tree_problems(verifier, parents):
     used = parents >= -1
     bad = used & (parents >= ids)
     problems = [
-        (
+        Problem(
             jnp.any(bad, axis=1),
+            RESULTS.invalid_tree,
             "`parents` is not in depth-first order in row {row} (the first such row). "
             "Each node's parent index must be below its own: -1 for a child of the "
             "root, an earlier node's index otherwise, below -1 for padding.",
@@ -90,8 +90,9 @@ def _tree_problems(verifier, parents):
         depth = jax.vmap(lambda p: tree_navigation(p.astype(jnp.int32)).depth)(parents)
         name = type(verifier).__name__
         problems.append(
-            (
+            Problem(
                 jnp.any(depth > limit, axis=1),
+                RESULTS.invalid_tree,
                 f"`parents` describes a tree deeper than {name} walks ({limit}) in "
                 "row {row} (the first such row). Raise its `max_depth` to the trees' "
                 "largest depth.",
@@ -144,14 +145,12 @@ def tree_step(
     logprobs: LogProbs | None = None,
     allowed: Array | None = None,
     draft_allowed: bool = True,
-    entry: str = "tree_accept",
-) -> dict[str, Array] | Checked:
-    """The step of a tree verifier, traced inside [`eqx_specdec.verify`][]'s program:
-    on probabilities (`warps=None`), as [`eqx_specdec.tree_accept`][] takes them, or on
-    logits with the target's and the draft's warps `(target_warp, draft_warp)`, as
-    [`eqx_specdec.tree_accept_logits`][] takes them (`entry` names the entry point in
-    messages). Returns the outputs' dict, or a
-    [`Checked`][eqx_specdec._verify.checks.Checked] holding it."""
+) -> tuple[dict[str, Array], list[Problem]]:
+    """The step of a tree verifier, traced inside [`eqx_specdec.verify`][]'s program,
+    on probabilities (`warps=None`) or on logits with the target's and the draft's warps
+    `(target_warp, draft_warp)`. Returns the outputs' dict and the run-time checks'
+    problems (none with checks off)."""
+    entry = "verify"
     on_logits = warps is not None
     names = TREE_LOGIT_NAMES if on_logits else TREE_NAMES
     node_tokens = jnp.asarray(node_tokens)
@@ -212,7 +211,7 @@ def tree_step(
             raw_logits=jnp.take_along_axis(target, rows, axis=1),
         )
     if level is None:
-        return outputs
+        return outputs, []
     # The top-down walk reads every row (each node's context row is selected under a
     # mask), so every level checks every row.
     problems = token_problems(
@@ -250,7 +249,7 @@ def tree_step(
             "TreeVerifier: its node rule's residual must stay a distribution).",
         )
     )
-    return checked(outputs, problems)
+    return outputs, problems
 
 
 def _tree_uniforms(randomness, shape: tuple[int, int]):
@@ -285,5 +284,4 @@ def _tree_verification_step(
         logprobs=options.logprobs,
         allowed=options.allowed,
         draft_allowed=options.draft_allowed,
-        entry=options.entry,
     )

@@ -40,7 +40,7 @@ class TreeVerifier(AbstractTreeVerifier):
         [`eqx_specdec.speculative_decode`][] and the evaluation tools: the parent of
         each node in depth-first order, -1 for a child of the root (`(-1, -1, 0)`: two
         candidates at the root, the first with one child). `None` (the default) when
-        each call gives it ([`eqx_specdec.tree_accept`][]'s `parents`).
+        each call gives it ([`eqx_specdec.verify`][]'s `parents`).
     """
 
     node_rule: AbstractNodeRule = IIDCandidates()

@@ -68,7 +68,7 @@ class TraversalVerifier(AbstractTreeVerifier):
         depth 1), a Python int, or `None` for the number of nodes (any tree). The walk
         keeps the residuals of the current path, `2 (max_depth + 1)` rows of the
         vocabulary per tree: set it for wide trees of many nodes. A deeper tree is an
-        error of [`eqx_specdec.tree_accept`][]'s checks.
+        error of [`eqx_specdec.verify`][]'s checks.
     - `tree`: the shape of the trees it verifies in
         [`eqx_specdec.speculative_decode`][] and the evaluation tools, as for
         [`eqx_specdec.TreeVerifier`][]; `None` (the default) when each call gives it.

@@ -84,7 +84,7 @@ class AbstractVerifier(eqx.Module):
         target (for greedy rules, greedy decoding of it) exactly. True when the
         ratio test declares `exact = True` and the counter and sampler fit it (their
         `counts` and `draws` equal those of the test's own `counter` and `sampler`).
-        A Python bool, known before tracing; [`eqx_specdec.evaluate_verifier`][]
+        A Python bool, known before tracing; [`eqx_specdec.evaluation.evaluate_verifier`][]
         holds it to its claim."""
         return self.ratio_test.exact and not stage_mismatches(
             self.ratio_test, self.prefix_counter, self.residual_sampler
@@ -210,6 +210,15 @@ def check_stages(owner: str, stages: dict):
                 f"{type(stage).__name__}. Subclass {base.__name__} to write a custom "
                 "stage."
             )
+        for leaf in jax.tree.leaves(stage):
+            if not eqx.is_array(leaf) and not _hashable(leaf):
+                raise TypeError(
+                    f"{owner}(`{name}`=...): {type(stage).__name__} holds a "
+                    f"{type(leaf).__name__}, which is neither an array nor hashable. "
+                    "Non-array fields of stages are static (compiled in): make it an "
+                    "array (traced) or a hashable value (a tuple, not a list or dict "
+                    "inside a field)."
+                )
         if name in _ARGUMENTS and not _takes(type(stage).__call__, _ARGUMENTS[name]):
             stage_name = type(stage).__name__
             raise TypeError(
@@ -219,6 +228,14 @@ def check_stages(owner: str, stages: dict):
                 "or log-probabilities (and which slice of the vocabulary). Add it: "
                 f"`def __call__(self, ..., context)`."
             )
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _takes(method, count: int) -> bool:

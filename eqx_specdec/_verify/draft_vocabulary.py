@@ -9,8 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Integer
 
-from .._errors import InvalidInputError
-
 
 def _checked_map(
     name: str, array, target_vocab: int, to_target, rule: str, off_map: bool = False
@@ -255,9 +253,9 @@ class SharedVocabulary(eqx.Module):
         """Draft token ids as target ids (int32).
 
         A draft token off the map, or outside `[0, V_draft)`, is an error: called on
-        concrete arrays this raises [`eqx_specdec.InvalidInputError`][] naming the first
-        such token; traced, it becomes -1, which the entry points' checks reject with
-        the same error class. Draw the draft from `restrict_logits` so that it never
+        concrete arrays this raises a `ValueError` naming the first such token; traced,
+        it becomes -1, which the verification's checks reject
+        (`RESULTS.token_out_of_range`). Draw the draft from `restrict_logits` so that it never
         proposes one.
 
         **Arguments:**
@@ -274,7 +272,7 @@ class SharedVocabulary(eqx.Module):
             if off.size:
                 where = tuple(int(i) for i in off[0])
                 token = int(np.asarray(draft_tokens)[where])
-                raise InvalidInputError(
+                raise ValueError(
                     f"`draft_tokens` holds draft id {token} at {where}, which is off "
                     "the shared vocabulary's map (its string is not in the target's "
                     "vocabulary, or the id is outside the draft's): draw the draft's "

@@ -1,5 +1,5 @@
 """The one compiled entry point, [`eqx_specdec.verify`][], over typed inputs, and the
-contract's conveniences over it."""
+contract's signature over it, [`eqx_specdec.speculative_accept`][]."""
 
 import functools
 import typing
@@ -17,8 +17,9 @@ from .inputs import is_key
 from .keys import uniforms_from_key
 from .logits import logits_step
 from .logprobs import LogProbs
-from .typed_inputs import as_array, Draft, Logits, Probabilities, Uniforms
-from .verification import resolved_verification, Verification, verification_of
+from .results import raise_if_failed, raise_on_host, status_of
+from .typed_inputs import Draft, Logits, Probabilities, Uniforms
+from .verification import OPTIONAL_OUTPUTS, Verification
 from .verifier import probability_step, Verifier
 from .warp import Warp
 
@@ -31,17 +32,15 @@ class StepOptions(NamedTuple):
     draft_allowed: bool
     history: Int[Array, "B H"] | None
     check_inputs: CheckLevel
-    entry: str
 
 
 @functools.singledispatch
 def verification_step(verifier, target, draft, randomness, options: StepOptions):
     """One verification step of `verifier` on typed inputs, traced inside
-    [`eqx_specdec.verify`][]'s program: the outputs' dict, or a
-    [`Checked`][eqx_specdec._verify.checks.Checked] holding it with the run-time
-    checks' status. Each verifier family registers its own (chains here, trees in
-    their package); a family of your own registers with
-    `verification_step.register`."""
+    [`eqx_specdec.verify`][]'s program: the outputs' dict and the run-time checks'
+    [`Problem`][eqx_specdec._verify.results.Problem]s (none with checks off). Each
+    verifier family registers its own (chains here, trees in their package); a family
+    of your own registers with `verification_step.register`."""
     raise TypeError(
         "`verifier` must be an eqx_specdec.AbstractVerifier (Verifier, "
         "ShardedVerifier) or an eqx_specdec.AbstractTreeVerifier (TreeVerifier, "
@@ -76,7 +75,7 @@ def _chain_step(
 ):
     if draft.parents is not None:
         raise ValueError(
-            f"{options.entry}: `draft` has `parents`, the shape of a tree, but "
+            f"verify: `draft` has `parents`, the shape of a tree, but "
             f"`verifier` ({type(verifier).__name__}) verifies chains. Pass a tree "
             "verifier (TreeVerifier, TraversalVerifier), or `Draft(tokens, "
             "distribution)` without parents."
@@ -88,7 +87,6 @@ def _chain_step(
         logprobs=options.logprobs,
         allowed=options.allowed,
         draft_allowed=options.draft_allowed,
-        entry=options.entry,
     )
     q = draft.distribution
     if isinstance(target, Probabilities):
@@ -113,39 +111,34 @@ def _chain_step(
     )
 
 
-@eqx.filter_jit
-def _program(target, draft, randomness, verifier, options: StepOptions):
-    step = verification_step(verifier, target, draft, randomness, options)
-    return verification_of(step)
-
-
-def _check_kinds(entry, target, draft, randomness):
+def _check_kinds(target, draft, randomness):
     if not isinstance(target, (Probabilities, Logits)):
         raise TypeError(
-            f"{entry}(`target`=...) must be an eqx_specdec.Probabilities or "
+            f"verify(`target`=...) must be an eqx_specdec.Probabilities or "
             f"eqx_specdec.Logits; got {type(target).__name__}. Wrap the array: "
             "`Probabilities(target_probs)` or `Logits(target_logits, Warp(...))`."
         )
     if not isinstance(draft, Draft):
         raise TypeError(
-            f"{entry}(`draft`=...) must be an eqx_specdec.Draft; got "
+            f"verify(`draft`=...) must be an eqx_specdec.Draft; got "
             f"{type(draft).__name__}. Wrap the tokens: `Draft(draft_tokens, "
             "Probabilities(draft_probs))`."
         )
     q = draft.distribution
     if q is not None and type(q) is not type(target):
         raise TypeError(
-            f"{entry}: the target is given as {type(target).__name__} and the draft's "
+            f"verify: the target is given as {type(target).__name__} and the draft's "
             f"distribution as {type(q).__name__}; give both the same way (both "
             "Probabilities, or both Logits with their warps)."
         )
     if not (isinstance(randomness, Uniforms) or as_key(randomness) is not None):
         raise TypeError(
-            f"{entry}(`randomness`=...) must be an eqx_specdec.Uniforms or a "
+            f"verify(`randomness`=...) must be an eqx_specdec.Uniforms or a "
             f"jax.random key (jax.random.key(seed)); got {type(randomness).__name__}."
         )
 
 
+@eqx.filter_jit
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def verify(
     target: Probabilities | Logits,
@@ -173,6 +166,15 @@ def verify(
     a tree verifier ([`eqx_specdec.TreeVerifier`][],
     [`eqx_specdec.TraversalVerifier`][]) trees.
 
+    On [`eqx_specdec.Logits`][], both sides are warped to log-probabilities
+    ($\\log \\tilde p$ by the target's warp, $\\log \\tilde q$ by the draft's) and
+    verified in log space: draft token $x_i$ passes when
+    $\\log u_i < \\log \\tilde p_i(x_i) - \\log \\tilde q_i(x_i)$ (logits of $10^4$ do not
+    overflow, tiny probabilities do not underflow to a wrong verdict), and the emitted
+    tokens follow the warped target exactly, provided the draft tokens were drawn from
+    $\\tilde q$. Rows with target temperature 0 are greedy (their $\\tilde p$ is
+    one-hot at the argmax); greedy and sampled rows mix in one batch.
+
     Compiled with `eqx.filter_jit`: every array of the inputs and of the verifier's
     stages is traced, every other value (a stage's Python fields, `check_inputs`,
     `throw`) is static. Works as well inside `eqx.filter_jit`, `jax.jit` and
@@ -182,29 +184,36 @@ def verify(
     **Arguments:**
 
     - `target`: the target's distributions $p$, `(B, G + 1, V)` for a chain (row `G`
-        follows the last draft token), `(B, N + 1, V)` per context for a tree
-        (probabilities only).
+        follows the last draft token), `(B, N + 1, V)` per context for a tree.
     - `draft`: the [`eqx_specdec.Draft`][].
     - `randomness`: [`eqx_specdec.Uniforms`][] (as the contract has them), or a
         `jax.random` key: for a chain, drawn as [`eqx_specdec.uniforms_from_key`][]
-        says; for a tree, row $b$'s uniforms from `fold_in(key, b)`.
+        says (a row's tokens do not depend on the other rows or the batch size); for a
+        tree, row $b$'s uniforms from `fold_in(key, b)`.
     - `verifier`: the rule. Default: the standard rule for chains,
         [`eqx_specdec.Verifier`][]`()` (on logits, its log-space form); a tree needs
         its tree verifier.
     - `logprobs`: `None`, or an [`eqx_specdec.LogProbs`][]: the emitted tokens'
         log-probabilities, in the result's fields.
     - `allowed`, `draft_allowed`: each position's allowed tokens and whether the draft
-        sampled under them, as for [`eqx_specdec.speculative_accept`][].
-    - `history`: integer `(B, H)`, the tokens a warp's penalties count (logits only),
-        as for [`eqx_specdec.speculative_accept_logits`][].
+        sampled under them, as for [`eqx_specdec.speculative_accept`][] (on logits,
+        the disallowed logits become $-\\infty$ before the warps).
+    - `history`: integer `(B, H)`, each row's tokens that the warps' penalties count
+        (the generated tokens, and the prompt's if your convention counts them), -1
+        for padding; required when a warp has a penalty (logits only). At draft
+        position $i$ (a tree's context) the history is this and the draft tokens
+        before it: each position is penalised as its true prefix says.
     - `check_inputs`: the run-time check level, `"read"` (the default), `"all"` or
-        `"off"`, as for [`eqx_specdec.speculative_accept`][].
-    - `throw`: `True` (the default) to raise [`eqx_specdec.InvalidInputError`][] for
-        the first invalid value (inside your own `eqx.filter_jit`, Equinox's
-        `eqx.EquinoxRuntimeError`, its base); `False` to return the result code
-        instead (`Verification.result`, 0 when valid), as Optimistix's `throw=False`
-        does.
-    - `exact_only`: `True` to refuse a verifier whose `exact` is False.
+        `"off"`, as for [`eqx_specdec.speculative_accept`][]. On logits, and for
+        trees, both `"read"` and `"all"` check every row (the warp, and the walk,
+        read them all): no NaN or $+\\infty$ logit, no distribution with every logit
+        $-\\infty$, warp parameters in range.
+    - `throw`: `True` (the default) to raise the first problem found, inside the
+        program (see **Raises**); `False` to return it instead, in
+        `Verification.result` (an [`eqx_specdec.RESULTS`][] member) and
+        `Verification.failed_row`, as Optimistix's `throw=False` does.
+    - `exact_only`: `True` to refuse a verifier whose `exact` is False, as for
+        [`eqx_specdec.speculative_accept`][].
 
     **Returns:**
 
@@ -214,15 +223,27 @@ def verify(
 
     - `TypeError`, `ValueError`: at trace time, for inputs of the wrong kind, shape or
         dtype, naming the argument.
-    - [`eqx_specdec.InvalidInputError`][]: with `throw=True`, for an invalid value.
+    - `jax.errors.JaxRuntimeError` (a `RuntimeError`): with `throw=True`, for an
+        invalid value or a stage's output outside its contract, on every path (called
+        directly, inside `jax.jit` or `eqx.filter_jit`, under `jax.vmap`, on one device
+        or several) when the outputs are read; its message names the argument (or the
+        stage's class), the problem, the first offending row and the fix. `except
+        RuntimeError` catches it everywhere. `EQX_ON_ERROR=nan` turns raising off.
+        In a job of several processes a program cannot raise in one without leaving
+        the others waiting: there `verify` raises nothing (read `result`, which every
+        process holds), and [`eqx_specdec.speculative_accept`][] raises in every
+        process from it.
     """
-    entry = "verify"
-    options = step_options(
-        entry, check_inputs, logprobs, allowed, draft_allowed, history
-    )
-    _check_kinds(entry, target, draft, randomness)
+    _check_kinds(target, draft, randomness)
     if not isinstance(throw, bool):
         raise TypeError(f"verify(`throw`=...) must be a Python bool, got {throw!r}.")
+    check_level(check_inputs)
+    if isinstance(target, Probabilities) and history is not None:
+        raise ValueError(
+            "verify: `history` counts tokens for a warp's penalties, and the target is "
+            "given as Probabilities (no warp): give it as Logits with a penalising "
+            "Warp, or leave `history` out."
+        )
     if verifier is None:
         if draft.parents is not None:
             raise TypeError(
@@ -230,73 +251,24 @@ def verify(
                 "(`verifier=TreeVerifier()`, or TraversalVerifier())."
             )
         verifier = Verifier()
-    refuse_inexact(entry, verifier, exact_only, options.check_inputs)
+    refuse_inexact("verify", verifier, exact_only, check_inputs)
     if not isinstance(randomness, Uniforms):
         randomness = as_key(randomness)
-    return run_step(entry, target, draft, randomness, verifier, options, throw)
-
-
-def run_step(entry, target, draft, randomness, verifier, options, throw):
-    """Runs `verify`'s program, its checks resolved as `throw` says (the conveniences
-    call this with their own name in `options.entry`). A `history` with probabilities
-    is refused here, for every verifier family: only a warp's penalties read it."""
-    if isinstance(target, Probabilities) and options.history is not None:
-        raise ValueError(
-            f"{options.entry}: `history` counts tokens for a warp's penalties, and the "
-            "target is given as Probabilities (no warp): give it as Logits with a "
-            "penalising Warp, or leave `history` out."
-        )
-    try:
-        verification = _program(target, draft, randomness, verifier, options)
-    except (TypeError, ValueError) as error:
-        if "hashable" not in str(error):
-            raise
-        raise TypeError(
-            f"{entry}: an argument holds a value that is neither an array nor "
-            "hashable. Non-array fields of stages and models are static (compiled "
-            "in): make it an array (traced) or a hashable value (a tuple, not a list "
-            "or dict inside a field)."
-        ) from error
-    return resolved_verification(verification, throw)
-
-
-def _require_chain_verifier(entry, verifier):
-    if not isinstance(verifier, AbstractVerifier):
-        raise TypeError(
-            f"`verifier` must be an eqx_specdec.Verifier or ShardedVerifier (an "
-            f"eqx_specdec.AbstractVerifier) for {entry}, got "
-            f"{type(verifier).__name__}."
-        )
-
-
-def step_options(
-    entry, check_inputs, logprobs, allowed, draft_allowed, history=None
-) -> StepOptions:
-    """The options of one step of the entry point `entry`, its check level validated."""
-    check_level(check_inputs)
-    return StepOptions(
-        logprobs,
-        as_array(allowed),
-        draft_allowed,
-        as_array(history),
-        check_inputs,
-        entry,
+    options = StepOptions(logprobs, allowed, draft_allowed, history, check_inputs)
+    outputs, problems = verification_step(verifier, target, draft, randomness, options)
+    status = status_of(problems)
+    verification = Verification(
+        num_accepted=outputs["num_accepted"],
+        tokens=outputs["tokens"],
+        **{name: outputs.get(name) for name in OPTIONAL_OUTPUTS},
+        result=status.result,
+        failed_row=status.row,
+        messages=status.messages,
+        problem=status.index,
     )
-
-
-def draft_of(tokens, distribution, kind, parents=None):
-    """The conveniences' `Draft`: `distribution` (an array, or `None`) as `kind` (a
-    typed distribution: `Probabilities`, or `Logits` with its warp), and a tree's
-    `parents`."""
-    return Draft(tokens, None if distribution is None else kind(distribution), parents)
-
-
-def contract_call(entry, verifier, exact_only, target, draft, randomness, options):
-    """What the contract's conveniences share: refuse a verifier that is not exact when
-    asked, run `verify`'s program, and return the contract's dict."""
-    refuse_inexact(entry, verifier, exact_only, options.check_inputs)
-    verification = run_step(entry, target, draft, randomness, verifier, options, True)
-    return verification.as_dict()
+    if throw:
+        verification = raise_if_failed(verification, status)
+    return verification
 
 
 @typing.no_type_check  # validated by hand, with messages naming the argument
@@ -391,166 +363,26 @@ def speculative_accept(
         the message names the argument, the expected shape and the one received.
     - `TypeError`: at trace time, when `draft_tokens` is not integer or a probability or
         uniform array is not floating, or `verifier` is not a `Verifier`.
-    - [`eqx_specdec.InvalidInputError`][]: when a checked value is invalid or a stage
-        returned a value outside its contract; the message names the argument (or the
-        stage's class), the problem, the first offending row and the fix. On the CPU,
-        raised at the call (the call waits for the check). On accelerators, and inside
-        a `jax.jit` of yours, the check is a branch of the program that reaches the host
-        only on a problem, and JAX raises it as its `JaxRuntimeError` (the base class)
-        when an output is read.
+    - `jax.errors.JaxRuntimeError` (a `RuntimeError`): when a checked value is
+        invalid or a stage returned a value outside its contract, as for
+        [`eqx_specdec.verify`][] (which this calls: one compiled program for both).
 
-    The contract's form of [`eqx_specdec.verify`][]: `verify(Probabilities(target_probs),
-    Draft(draft_tokens, Probabilities(draft_probs)), Uniforms(accept_uniforms,
-    sample_uniforms), ...).as_dict()`.
+    The contract's form of [`eqx_specdec.verify`][], and exactly this:
+    `verify(Probabilities(target_probs), Draft(draft_tokens,
+    Probabilities(draft_probs)), Uniforms(accept_uniforms, sample_uniforms),
+    ...).as_dict()`. Logits, a key, trees: call `verify`.
     """
-    entry = "speculative_accept"
-    options = step_options(entry, check_inputs, logprobs, allowed, draft_allowed)
-    _require_chain_verifier(entry, verifier)
-    target = Probabilities(target_probs)
-    draft = draft_of(draft_tokens, draft_probs, Probabilities)
-    randomness = Uniforms(accept_uniforms, sample_uniforms)
-    return contract_call(
-        entry, verifier, exact_only, target, draft, randomness, options
+    q = None if draft_probs is None else Probabilities(draft_probs)
+    verification = verify(
+        Probabilities(target_probs),
+        Draft(draft_tokens, q),
+        Uniforms(accept_uniforms, sample_uniforms),
+        verifier=verifier,
+        check_inputs=check_inputs,
+        logprobs=logprobs,
+        allowed=allowed,
+        draft_allowed=draft_allowed,
+        exact_only=exact_only,
     )
-
-
-@typing.no_type_check  # validated by hand, with messages naming the argument
-def speculative_accept_logits(
-    draft_tokens,
-    draft_logits,
-    target_logits,
-    accept_uniforms,
-    sample_uniforms,
-    *,
-    target_warp: Warp = Warp(),
-    draft_warp: Warp = Warp(),
-    verifier: AbstractVerifier = Verifier(),
-    check_inputs: CheckLevel = "read",
-    logprobs: LogProbs | None = None,
-    history: Int[Array, "B length"] | None = None,
-    allowed: Array | None = None,
-    draft_allowed: bool = True,
-    exact_only: bool = False,
-) -> dict[str, Array]:
-    """Runs one verification step on logits, with a logit bias, temperature, top-k, top-p
-    and min-p.
-
-    Both sides are warped to log-probabilities, $\\log \\tilde p = $ `target_warp`(target
-    logits) and $\\log \\tilde q = $ `draft_warp`(draft logits), and verified in log space:
-    draft token $x_i$ passes when $\\log u_i < \\log \\tilde p_i(x_i) - \\log \\tilde q_i(x_i)$
-    (stable: logits of $10^4$ do not overflow, and tiny probabilities do not underflow to
-    a wrong verdict); the correction is drawn from
-    $\\operatorname{norm}((\\tilde p_n - \\tilde q_n)_+)$, the bonus token from $\\tilde p_G$.
-    The emitted tokens follow the warped target $\\tilde p$ exactly, provided the draft
-    tokens were sampled from $\\tilde q$.
-
-    Rows with target temperature 0 are greedy: their $\\tilde p$ is one-hot at the argmax,
-    so a draft token passes exactly when it is the target's argmax, and the correction is
-    the argmax. Greedy and sampled rows mix freely in one batch.
-
-    **Arguments:**
-
-    - `draft_tokens`: integer of shape `(B, G)`.
-    - `draft_logits`: float of shape `(B, G, V)`, the draft's logits; `None` for one-hot
-        drafts.
-    - `target_logits`: float of shape `(B, G + 1, V)`.
-    - `accept_uniforms`, `sample_uniforms`: as for [`eqx_specdec.speculative_accept`][].
-    - `target_warp`: the [`eqx_specdec.Warp`][] defining the distribution to sample from.
-    - `draft_warp`: the [`eqx_specdec.Warp`][] the draft tokens were sampled with.
-    - `verifier`: a [`eqx_specdec.Verifier`][] whose stages read log-probabilities.
-        Default: the standard rule in log space.
-    - `check_inputs`: the check level, as for [`eqx_specdec.speculative_accept`][]; both
-        `"read"` and `"all"` check every logit (the warp reads them all): no
-        NaN or $+\\infty$ logit, no distribution with every logit $-\\infty$, token ids
-        and uniforms in range, temperatures $\\ge 0$, `top_p` in $(0, 1]$, `top_k`
-        $\\ge 0$, `min_p` in $[0, 1]$, no NaN or $+\\infty$ logit bias and none that bans
-        every token of a distribution.
-    - `history`: integer of shape `(B, H)`, each row's tokens that the warps'
-        penalties count (the generated tokens, and the prompt's if your convention
-        counts them), -1 for padding; required when a warp has a penalty. At draft
-        position $i$ the history is this and the draft tokens before $i$: the target
-        and the draft are penalised as each position's true prefix says.
-    - `allowed`, `draft_allowed`: each position's allowed tokens, as for
-        [`eqx_specdec.speculative_accept`][]: the disallowed logits become $-\\infty$
-        before the warps (of the target, and of the draft when it sampled under the
-        mask).
-    - `exact_only`: as for [`eqx_specdec.speculative_accept`][].
-    - `logprobs`: `None` (the default), or an [`eqx_specdec.LogProbs`][]: the
-        log-probabilities of the emitted tokens under the warped target $\\tilde p$
-        (and, with `raw=True`, under `log_softmax(target_logits)`).
-
-    **Returns:**
-
-    As [`eqx_specdec.speculative_accept`][].
-
-    The contract's form of [`eqx_specdec.verify`][] on logits: `verify(Logits(target_logits,
-    target_warp), Draft(draft_tokens, Logits(draft_logits, draft_warp)), Uniforms(...),
-    ...).as_dict()`.
-    """
-    entry = "speculative_accept_logits"
-    options = step_options(
-        entry, check_inputs, logprobs, allowed, draft_allowed, history
-    )
-    _require_chain_verifier(entry, verifier)
-    check_warp("target_warp", target_warp)
-    check_warp("draft_warp", draft_warp)
-    target = Logits(target_logits, target_warp)
-    draft = draft_of(
-        draft_tokens, draft_logits, functools.partial(Logits, warp=draft_warp)
-    )
-    randomness = Uniforms(accept_uniforms, sample_uniforms)
-    return contract_call(
-        entry, verifier, exact_only, target, draft, randomness, options
-    )
-
-
-def check_warp(name, warp):
-    """An error naming the argument `name` when `warp` is not a `Warp`."""
-    if not isinstance(warp, Warp):
-        raise TypeError(
-            f"`{name}` must be an eqx_specdec.Warp (for example `Warp(temperature=0.7, "
-            f"top_k=50)`), got {type(warp).__name__}."
-        )
-
-
-@typing.no_type_check  # validated by hand, with messages naming the argument
-def speculative_accept_from_key(
-    key,
-    draft_tokens,
-    draft_probs,
-    target_probs,
-    *,
-    verifier: AbstractVerifier = Verifier(),
-    check_inputs: CheckLevel = "read",
-    logprobs: LogProbs | None = None,
-    exact_only: bool = False,
-) -> dict[str, Array]:
-    """[`eqx_specdec.speculative_accept`][] with its randomness drawn from a key, by
-    [`eqx_specdec.uniforms_from_key`][]: the same key and inputs always give the same
-    tokens, and a row's tokens do not depend on the other rows or the batch size.
-
-    **Arguments:**
-
-    - `key`: a `jax.random` key.
-    - `draft_tokens`, `draft_probs`, `target_probs`, `verifier`, `check_inputs`,
-        `logprobs`, `exact_only`: as for [`eqx_specdec.speculative_accept`][].
-
-    **Returns:**
-
-    As [`eqx_specdec.speculative_accept`][].
-
-    The contract's form of [`eqx_specdec.verify`][] with a key: `verify(...,
-    randomness=key).as_dict()`.
-    """
-    entry = "speculative_accept_from_key"
-    options = step_options(entry, check_inputs, logprobs, None, True)
-    _require_chain_verifier(entry, verifier)
-    typed = as_key(key)
-    if typed is None:
-        raise TypeError(
-            "`key` must be a jax.random key (jax.random.key(seed)), got "
-            f"{type(key).__name__}."
-        )
-    target = Probabilities(target_probs)
-    draft = draft_of(draft_tokens, draft_probs, Probabilities)
-    return contract_call(entry, verifier, exact_only, target, draft, typed, options)
+    raise_on_host(verification)
+    return verification.as_dict()

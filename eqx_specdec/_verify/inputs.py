@@ -19,6 +19,7 @@ from .checks import (
     token_problems,
     uniform_problems,
 )
+from .results import Problem, RESULTS
 
 
 def _shape(x) -> str:
@@ -128,14 +129,17 @@ def _read_problems(name, dtype, report: RowReport, index: int, outputs: dict) ->
         gathered > 1 + sum_tolerance(dtype), axis=-1
     )
     return [
-        (
+        Problem(
             invalid,
+            RESULTS.invalid_probability,
             f"`{name}` holds a NaN, infinite or negative value in row {{row}} (the first "
             "such row), where the verification reads it. Pass finite probabilities "
             ">= 0: a softmax of finite logits (a masked token has probability 0), "
             "rounding noise clipped by `jnp.maximum(probs, 0)`.",
         ),
-        (bad_sum & ~invalid, bad_sum_message(name, dtype)),
+        Problem(
+            bad_sum & ~invalid, RESULTS.not_normalised, bad_sum_message(name, dtype)
+        ),
     ]
 
 
@@ -161,8 +165,9 @@ def stage_problems(
     if report.excess is not None:
         name = type(verifier.ratio_test).__name__
         problems.append(
-            (
+            Problem(
                 report.excess,
+                RESULTS.not_exact,
                 f"{name} (the ratio test) accepts more of some token than the target "
                 "holds, min(q, t) > p, on the row its correction is drawn from, in row "
                 "{row} (the first such row): with it the verifier is not exact, though "
@@ -322,7 +327,7 @@ def prepare_inputs(
             raise TypeError(
                 f"{type(sampler).__name__} draws from one `jax.random` key per row: pass "
                 f"`{names.sample}=jax.random.split(key, {batch})`, or call "
-                "`speculative_accept_from_key`."
+                "`verify` with a `jax.random` key as its randomness."
             )
         check_sample = False
     elif sample is None:

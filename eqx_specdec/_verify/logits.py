@@ -9,16 +9,11 @@ from jaxtyping import Array, Float, Int
 from .._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
 from .._misc import compute_dtype
 from .abstract_verifier import AbstractVerifier
-from .checks import (
-    check_level,
-    Checked,
-    checked,
-    CheckLevel,
-    token_problems,
-)
+from .checks import check_level, CheckLevel, token_problems
 from .inputs import LOGIT_NAMES, prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .masks import allowed_tokens, mask_problems, masked_logits
+from .results import Problem, RESULTS
 from .verifier import Verifier
 from .warp import Warp
 
@@ -28,7 +23,8 @@ def warp_problems(name, warp: Warp, logits):
     `(B,)`, naming the warp's argument `name`."""
 
     def problem(bad, what, fix):
-        return (bad, f"`{name}.{what} in row {{row}} (the first such row). {fix}")
+        message = f"`{name}.{what} in row {{row}} (the first such row). {fix}"
+        return Problem(bad, RESULTS.invalid_warp, message)
 
     batch = logits.shape[0]
     temperature = jnp.broadcast_to(jnp.asarray(warp.temperature), (batch,))
@@ -140,12 +136,10 @@ def logits_step(
     history: Int[Array, "B length"] | None = None,
     allowed: Array | None = None,
     draft_allowed: bool = True,
-    entry: str = "speculative_accept_logits",
-) -> dict[str, Array] | Checked:
+) -> tuple[dict[str, Array], list[Problem]]:
     """The step on logits (chains), traced inside [`eqx_specdec.verify`][]'s program:
-    arguments as [`eqx_specdec.speculative_accept_logits`][] has them (`entry` names the
-    entry point in messages). Returns the outputs' dict, or a
-    [`Checked`][eqx_specdec._verify.checks.Checked] holding it."""
+    the outputs' dict and the run-time checks' problems (none with checks off)."""
+    entry = "verify"
     level = check_level(check_inputs)
     logprobs = check_logprobs(logprobs, entry, raw_available=True)
     inputs = prepare_inputs(
@@ -196,7 +190,7 @@ def logits_step(
         )
 
     if level is None:
-        return with_requested(verifier(*arrays, log_space=True))
+        return with_requested(verifier(*arrays, log_space=True)), []
     outputs, report = verifier.checked_call(*arrays, values=False, log_space=True)
     outputs = with_requested(outputs)
     more = warp_problems("target_warp", target_warp, target_logits)
@@ -210,7 +204,7 @@ def logits_step(
     problems = inputs.problems(verifier, outputs, report, tuple(more))
     if allowed is not None:
         problems = mask_problems(mask, target_log_probs, log_space=True) + problems
-    return checked(outputs, problems)
+    return outputs, problems
 
 
 def checked_history(history, batch: int, entry: str):

@@ -19,7 +19,7 @@ class LogProbs(eqx.Module):
 
     - `"logprobs"`: float32 `(B, G + 1)`, the target's log-probability of the token
         under the distribution it was verified against: the **processed** row $\\tilde
-        p_i$ (after the warp of [`eqx_specdec.speculative_accept_logits`][]; the rows
+        p_i$ (after the warp of [`eqx_specdec.Logits`][]; the rows
         as given for [`eqx_specdec.speculative_accept`][]). Position $i \\le n$ holds
         $\\log \\tilde p_i(t_i)$: for the correction token too, its log-probability under
         the target's row $n$, not under the residual it was drawn from (the emitted
@@ -66,7 +66,7 @@ def check_logprobs(logprobs, entry_point: str, raw_available: bool):
         raise ValueError(
             f"{entry_point}(`logprobs`=LogProbs(raw=True)): the rows it receives are "
             "the processed ones, so there is no raw log-probability to return. Use "
-            "speculative_accept_logits, whose warp processes the rows, or raw=False."
+            "verify on Logits, whose warp processes the rows, or raw=False."
         )
     return logprobs
 

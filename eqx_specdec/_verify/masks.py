@@ -4,6 +4,8 @@ draft's where it sampled under the mask, restricted to each position's allowed t
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from .results import Problem, RESULTS
+
 
 def allowed_tokens(allowed, shape: tuple[int, int, int]) -> Bool[Array, "B rows V"]:
     """`allowed` as booleans of `shape` `(B, G + 1, V)`: given as booleans, or packed
@@ -57,13 +59,15 @@ def mask_problems(allowed, masked_target, log_space: bool):
     else:
         no_mass = jnp.sum(masked_target, axis=-1) <= 0
     return [
-        (
+        Problem(
             jnp.any(empty, axis=-1),
+            RESULTS.invalid_mask,
             "`allowed` has a position with no allowed token in row {row} (the first "
             "such row). Allow at least one token at every position.",
         ),
-        (
+        Problem(
             jnp.any(no_mass & ~empty, axis=-1),
+            RESULTS.invalid_mask,
             "The target gives no probability to any token `allowed` permits at some "
             "position of row {row} (the first such row). Check the mask against the "
             "target's vocabulary.",

@@ -22,7 +22,7 @@ class StringLevelDraft(eqx.Module):
     verification of the proposed token against $\\psi$ is lossless
     ([`eqx_specdec.speculative_accept`][] with `draft_probs` $= \\psi$).
 
-    Unlike token-level intersection ([`eqx_specdec.SharedVocabulary`][]), every draft
+    Unlike token-level intersection ([`eqx_specdec.models.SharedVocabulary`][]), every draft
     token is usable: a target token the draft spells in several pieces is proposed, and
     so is one that a longer draft token begins with. The enumeration is exponential in
     the target tokens' lengths, so this is for small vocabularies (toy models, studies

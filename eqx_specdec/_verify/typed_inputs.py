@@ -32,6 +32,7 @@ class Probabilities(eqx.Module):
     probs: Float[Array, "B L V"] = eqx.field(converter=as_array)
 
 
+@no_type_check  # its warp is checked by `__check_init__`
 class Logits(eqx.Module):
     """Distributions given as logits, with the [`eqx_specdec.Warp`][] that turns them
     into the distribution sampled from (temperature, top-k, top-p, min-p, penalties,
@@ -48,6 +49,13 @@ class Logits(eqx.Module):
 
     logits: Float[Array, "B L V"] = eqx.field(converter=as_array)
     warp: Warp = Warp()
+
+    def __check_init__(self):
+        if not isinstance(self.warp, Warp):
+            raise TypeError(
+                "Logits(`warp`=...) must be an eqx_specdec.Warp (for example "
+                f"`Warp(temperature=0.7, top_k=50)`), got {type(self.warp).__name__}."
+            )
 
 
 @no_type_check  # its fields are checked by `__check_init__`

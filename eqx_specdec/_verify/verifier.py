@@ -38,10 +38,11 @@ from .abstract_verifier import (
     stage_mismatches,
     verify_row,
 )
-from .checks import check_level, Checked, checked, CheckLevel
+from .checks import check_level, CheckLevel
 from .inputs import prepare_inputs
 from .logprobs import check_logprobs, LogProbs, with_logprobs
 from .masks import allowed_tokens, mask_problems, masked_probs
+from .results import Problem
 from .warp import as_log_probs, as_normalised, NormalisedRows, WarpedRows
 
 
@@ -559,12 +560,11 @@ def probability_step(
     logprobs: LogProbs | None = None,
     allowed: Array | None = None,
     draft_allowed: bool = True,
-    entry: str = "speculative_accept",
-) -> dict[str, Array] | Checked:
+) -> tuple[dict[str, Array], list[Problem]]:
     """The step on probabilities (chains), traced inside [`eqx_specdec.verify`][]'s
-    program: arguments as [`eqx_specdec.speculative_accept`][] has them (`entry` names
-    the entry point in messages). Returns the outputs' dict, or a
-    [`Checked`][eqx_specdec._verify.checks.Checked] holding it."""
+    program: arguments as [`eqx_specdec.speculative_accept`][] has them. Returns the
+    outputs' dict and the run-time checks' problems (none with checks off)."""
+    entry = "verify"
     level = check_level(check_inputs)
     logprobs = check_logprobs(logprobs, entry, raw_available=False)
     inputs = prepare_inputs(
@@ -587,10 +587,10 @@ def probability_step(
         return with_logprobs(outputs, logprobs, arrays[2], log_space=False)
 
     if level is None:
-        return with_requested(verifier(*arrays))
+        return with_requested(verifier(*arrays)), []
     values = inputs.values_in_rows(verifier, level)
     outputs, report = verifier.checked_call(*arrays, values=values)
     problems = inputs.problems(verifier, outputs, report)
     if allowed is not None:  # first: a bad mask explains the masked rows' problems
         problems = mask_problems(mask, arrays[2], log_space=False) + problems
-    return checked(with_requested(outputs), problems)
+    return with_requested(outputs), problems

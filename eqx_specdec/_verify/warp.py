@@ -69,7 +69,7 @@ class Warp(eqx.Module):
         repetition penalty $r > 0$ when positive, multiplied by it otherwise; then
         $x(v) \\leftarrow x(v) - f\\, c(v) - a\\, [c(v) > 0]$ for the frequency $f$ and
         presence $a$ penalties. `None` (the default) skips each. A warp with a penalty
-        needs the counts: [`eqx_specdec.speculative_accept_logits`][] builds them from
+        needs the counts: [`eqx_specdec.verify`][] on [`eqx_specdec.Logits`][] builds them from
         its `history`, and at draft position $i$ counts the draft tokens before $i$ too.
     """
 
@@ -154,7 +154,7 @@ class Warp(eqx.Module):
         counts: Int[Array, "B rows V"] | None = None,
     ) -> "WarpedRows":
         """Warps a batch of logits, as `__call__` does, into log-probabilities not yet
-        written out: an [`eqx_specdec.WarpedRows`][], which [`eqx_specdec.Verifier`][]
+        written out: an `WarpedRows`, which [`eqx_specdec.Verifier`][]
         evaluates row by row.
 
         **Arguments:**
@@ -165,7 +165,7 @@ class Warp(eqx.Module):
 
         **Returns:**
 
-        An [`eqx_specdec.WarpedRows`][], whose `log_probs()` are `__call__`'s.
+        An `WarpedRows`, whose `log_probs()` are `__call__`'s.
         """
         x = logits
         if self.logit_bias is not None or self.needs_history() or _upcast_once():
@@ -177,7 +177,7 @@ class Warp(eqx.Module):
                 raise ValueError(
                     "This Warp has a history-dependent penalty, so it needs each "
                     "position's token counts: pass the rows' `history` to "
-                    "speculative_accept_logits (or `counts` to the warp)."
+                    "eqx_specdec.verify on Logits (or `counts` to the warp)."
                 )
             x = self._penalise(x, counts)
         rows = x.shape[:-1] + (1,)
@@ -240,7 +240,7 @@ class WarpedRows(eqx.Module):
     (where the searches' branches stay branches) and each row's log-probabilities are
     evaluated in its iteration. Either way the log-probabilities of the whole batch are
     never written.
-    [`eqx_specdec.speculative_accept_logits`][] and [`eqx_specdec.verify`][] on
+    [`eqx_specdec.verify`][] on
     [`eqx_specdec.Logits`][] do this for the library's verifier; any other verifier
     gets the evaluated arrays.
 
@@ -260,7 +260,7 @@ class WarpedRows(eqx.Module):
 
     def normalised(self) -> "NormalisedRows":
         """The rows' cut-offs and normalisers found (every row's at once): the same
-        log-probabilities, as an [`eqx_specdec.NormalisedRows`][]."""
+        log-probabilities, as an `NormalisedRows`."""
         params = {
             name: getattr(self, name)
             for name in ("temperature", "top_k", "top_p", "min_p")
@@ -283,7 +283,7 @@ class NormalisedRows(eqx.Module):
     with the threshold $t$ below which the warp removed a token (the largest of the
     top-k, top-p and min-p cut-offs), the scale $T$, the shift $s$ and the log of the
     normaliser $c$; a greedy row is one-hot at `best`. `log_probs()` evaluates it, one
-    elementwise pass. [`eqx_specdec.WarpedRows`][]`.normalised` returns one.
+    elementwise pass. `WarpedRows``.normalised` returns one.
 
     **Fields:** `x`, float `(..., V)`; `threshold` (or `None`: nothing removed),
     `scale`, `shift`, `log_sum`, float `(..., 1)`; `greedy` (or `None`: no row is
@@ -323,8 +323,8 @@ def _upcast_once() -> bool:
 
 
 def as_log_probs(rows):
-    """`rows` as an array: a [`WarpedRows`][eqx_specdec.WarpedRows] or
-    [`NormalisedRows`][eqx_specdec.NormalisedRows] evaluated, anything else as it
+    """`rows` as an array: a [`WarpedRows`][eqx_specdec._verify.warp.WarpedRows] or
+    [`NormalisedRows`][eqx_specdec._verify.warp.NormalisedRows] evaluated, anything else as it
     is."""
     if isinstance(rows, WarpedRows | NormalisedRows):
         return rows.log_probs()
@@ -333,7 +333,7 @@ def as_log_probs(rows):
 
 def as_normalised(rows):
     """`rows` with every row's cut-offs and normalisers found: a
-    [`WarpedRows`][eqx_specdec.WarpedRows] normalised, anything else as it is."""
+    [`WarpedRows`][eqx_specdec._verify.warp.WarpedRows] normalised, anything else as it is."""
     return rows.normalised() if isinstance(rows, WarpedRows) else rows
 
 

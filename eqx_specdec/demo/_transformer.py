@@ -55,7 +55,7 @@ class Transformer(AbstractCachedModel):
     embedding as the output layer. It returns **logits**: decode with
     `outputs="logits"`.
 
-    Called through the [`eqx_specdec.AbstractCachedModel`][] interface (one sequence,
+    Called through the [`eqx_specdec.models.AbstractCachedModel`][] interface (one sequence,
     `tokens[K]` at `positions[K]` and the cache), or without a cache on a whole sequence
     with `logits`. Build one with `Transformer.init`; train it with
     [`eqx_specdec.demo.train_transformer`][]; [`eqx_specdec.demo.builtin_transformers`][] loads

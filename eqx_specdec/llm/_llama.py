@@ -137,7 +137,7 @@ class Llama(AbstractCachedModel):
 
     Load one with [`eqx_specdec.llm.load_gguf`][] (a llama.cpp file: quantised weights
     are dequantised) or [`eqx_specdec.llm.load_safetensors`][] (a Hugging Face
-    checkpoint folder). Called through the [`eqx_specdec.AbstractCachedModel`][]
+    checkpoint folder). Called through the [`eqx_specdec.models.AbstractCachedModel`][]
     interface (one sequence, `tokens[K]` at `positions[K]` and the cache), or without a
     cache on a whole sequence with `logits`.
 

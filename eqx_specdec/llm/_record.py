@@ -18,10 +18,10 @@ class RecordedRows(eqx.Module):
     """Verification inputs recorded from real models: `N` windows of $G$ positions of
     text the target generated, each with the draft's rows $q_1..q_G$, the target's rows
     $p_1..p_{G+1}$ and the text's tokens there (the rows along a teacher-forced prefix,
-    as [`eqx_specdec.acceptance_by_position`][] reads them). Pass window `i` to
-    [`eqx_specdec.evaluate_verifier`][] (`draft_probs[i]`, `target_probs[i]`), or all of
-    them at once to [`eqx_specdec.acceptance_by_position`][] and
-    [`eqx_specdec.expected_accepted_length`][].
+    as [`eqx_specdec.evaluation.acceptance_by_position`][] reads them). Pass window `i` to
+    [`eqx_specdec.evaluation.evaluate_verifier`][] (`draft_probs[i]`, `target_probs[i]`), or all of
+    them at once to [`eqx_specdec.evaluation.acceptance_by_position`][] and
+    [`eqx_specdec.evaluation.expected_accepted_length`][].
 
     **Fields:**
 

@@ -1,0 +1,207 @@
+"""The result of a checked program: [`eqx_specdec.RESULTS`][], one member per problem
+the run-time checks find, and how a program raises the first problem it found.
+
+A check is a `Problem`: per-row flags `(B,)`, its member of `RESULTS`, and its message
+as this program words it (the argument as the input names it, the user's stage class,
+the vocabulary size), with a `{row}` field. The program finds the first problem in
+the list that occurs and its first row, gives the member and the row to the caller,
+and, when asked to throw, raises inside itself with Equinox's `branched_error_if`.
+"""
+
+import functools
+import os
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Int
+
+
+class RESULTS(eqx.Enumeration):
+    """What a verification's run-time checks found: `successful`, or the first problem.
+
+    [`eqx_specdec.Verification`][]`.result` (and
+    [`eqx_specdec.DecodeResult`][]`.result`) holds one member, a traced value: compare
+    it with `verification.result == RESULTS.not_normalised`, and read the first row
+    with that problem from `failed_row`. Raised as an error (`throw=True`, the
+    default), the message also names the argument (or the stage's class), the row and
+    the fix. `RESULTS[member]` gives the member's message below.
+    """
+
+    successful = ""
+    token_out_of_range = (
+        "A token id lies outside the target's vocabulary [0, V): token ids index the "
+        "target's vocabulary."
+    )
+    uniform_out_of_range = (
+        "A uniform lies outside [0, 1): draw uniforms with `jax.random.uniform`."
+    )
+    invalid_probability = (
+        "A distribution holds a NaN, infinite or negative probability: pass "
+        "probabilities >= 0, a softmax of finite logits."
+    )
+    not_normalised = (
+        "A distribution does not sum to 1 within the tolerance of its dtype (1e-3; "
+        "1e-2 for 16-bit floats): normalise over the vocabulary."
+    )
+    invalid_logit = "A logit is NaN or +inf: mask a token with -inf."
+    all_masked = (
+        "Every logit of a distribution is -inf (masked, or banned by a logit bias): "
+        "leave at least one token of each distribution."
+    )
+    invalid_warp = (
+        "A warp's parameter lies outside its range (temperature >= 0, top_p in (0, 1], "
+        "top_k >= 0, min_p in [0, 1], logit bias not NaN or +inf)."
+    )
+    invalid_mask = (
+        "`allowed` leaves a position with no token, or the target gives no "
+        "probability to the tokens it allows."
+    )
+    invalid_tree = (
+        "`parents` is not in depth-first order, or describes a tree deeper than the "
+        "verifier walks."
+    )
+    invalid_stage_output = (
+        "A stage returned a value outside its contract (a number accepted outside "
+        "[0, G], a correction token outside [0, V), tokens not laid out as the contract "
+        "says, a non-finite residual scale)."
+    )
+    not_exact = (
+        "A threshold rule declared exact accepted more of a token than the target "
+        "holds, min(q, t) > p, where its correction is drawn: the verifier is not "
+        "exact."
+    )
+    invalid_model_output = (
+        "A model of the decoding loop returned a distribution that is not one (NaN, "
+        "infinite, negative, or not normalised)."
+    )
+
+
+class Problem(NamedTuple):
+    """One run-time check: per-row flags, its member of `RESULTS`, and its message (a
+    template with a `{row}` field)."""
+
+    flags: Bool[Array, " B"]
+    result: RESULTS
+    message: str
+
+
+class Status(eqx.Module):
+    """The first problem found in a program: its index in the program's list (-1 for
+    none), its member of `RESULTS`, its first row (-1 for none), and the list's
+    messages (static)."""
+
+    index: Int[ArrayLike, ""]
+    result: RESULTS
+    row: Int[ArrayLike, ""]
+    messages: tuple[str, ...] = eqx.field(static=True)
+
+
+def unchecked() -> Status:
+    """The status of a program without checks: constants, so that the program is the
+    verifier's own."""
+    return Status(np.int32(-1), RESULTS.successful, np.int32(-1), ())
+
+
+def status_of(problems: list[Problem]) -> Status:
+    """The first problem in `problems` that occurs, and its first row.
+
+    Computed as each row's first problem (one elementwise pass, which XLA fuses), then
+    the least of them and the first row holding it: a few kernels whatever the number
+    of problems."""
+    if not problems:
+        return unchecked()
+    count = len(problems)
+    code = jnp.full(problems[0].flags.shape, count, jnp.int32)
+    for index in reversed(range(count)):
+        code = jnp.where(problems[index].flags, jnp.int32(index), code)
+    first = jnp.min(code)
+    found = first < count
+    index = jnp.where(found, first, -1).astype(jnp.int32)
+    row = jnp.where(found, jnp.argmax(code == first), -1).astype(jnp.int32)
+    result = RESULTS.successful
+    for i in reversed(range(count)):
+        result = RESULTS.where(index == i, problems[i].result, result)
+    messages = tuple(problem.message for problem in problems)
+    return Status(index, result, row, messages)
+
+
+def first_of(old: Status, new: Status) -> Status:
+    """`old` when it holds a problem, `new` otherwise (the same program's list)."""
+    keep = old.index >= 0
+    return Status(
+        jnp.where(keep, old.index, new.index),
+        RESULTS.where(keep, old.result, new.result),
+        jnp.where(keep, old.row, new.row),
+        new.messages,
+    )
+
+
+def message(status: Status) -> str | None:
+    """The message of `status`'s problem on the host (its row filled in), or `None`
+    when there is none. Outside `jax.jit`."""
+    index = int(np.asarray(status.index))
+    if index < 0:
+        return None
+    return status.messages[index].format(row=int(np.asarray(status.row)))
+
+
+def _raise(messages, index, row):
+    # The host side of the branch (under `vmap`, a batch of statuses).
+    for i, r in zip(np.ravel(index), np.ravel(row), strict=True):
+        if i >= 0:
+            raise RuntimeError(messages[int(i)].format(row=int(r)))
+
+
+def raise_if_failed(outputs, status: Status):
+    """`outputs`, after a branch of the program that raises `status`'s problem, taken
+    only when there is one: a valid call sends nothing to the host and waits on
+    nothing (under `jax.vmap`, whose branches both run, the statuses are sent).
+
+    The branch is a `jax.debug.callback`, whose failure JAX raises as
+    `jax.errors.JaxRuntimeError` (a `RuntimeError`) when the outputs are read, on every
+    path: the entry point called directly, inside `jax.jit` or `eqx.filter_jit`, under
+    `jax.vmap`, on one device or several. Equinox's `eqx.branched_error_if` was the
+    first choice and is not used, for two reasons measured with JAX 0.10.2 and
+    Equinox 0.13.8: inside a caller's `jax.jit` called again with NumPy inputs, JAX's
+    fast path raises its failure as a `ValueError`, which `except RuntimeError` misses;
+    and in a program spanning several devices, the device that raises stops while the
+    others wait at their next collective, and XLA aborts the process.
+
+    `EQX_ON_ERROR=nan` turns the branch off (the result still names the problem), as
+    for Equinox's own errors; any other value raises.
+
+    In a job of several processes, a callback runs in one process only, and raising
+    there would leave the others waiting: the branch is off, and `raise_on_host` raises
+    in every process from the result, which every process holds."""
+    if (
+        not status.messages
+        or os.environ.get("EQX_ON_ERROR", "raise") == "nan"
+        or jax.process_count() > 1
+    ):
+        return outputs
+    jax.lax.cond(
+        jnp.any(status.index >= 0),
+        lambda i, r: jax.debug.callback(
+            functools.partial(_raise, status.messages), i, r
+        ),
+        lambda i, r: None,
+        status.index,
+        status.row,
+    )
+    return outputs
+
+
+def raise_on_host(verification):
+    """In a job of several processes, raises `verification`'s problem in every process
+    (it reads the result, which every process holds: the call waits for it); nothing
+    otherwise, where the program raised it itself (`raise_if_failed`)."""
+    if jax.process_count() == 1 or isinstance(verification.problem, jax.core.Tracer):
+        return
+    if os.environ.get("EQX_ON_ERROR", "raise") == "nan":
+        return
+    found = verification.error_message()
+    if found is not None:
+        raise RuntimeError(found)
