@@ -608,7 +608,7 @@ def test_a_model_that_returns_nan_stops_its_row_with_an_error(tree):
     # The first row to fail, at the earliest failing step.
     steps = np.asarray(run.error_steps)
     assert steps[int(run.failed_row)] == steps.min()
-    with pytest.raises(RuntimeError, match=r"`target_model` .* row \d .* error_steps"):
+    with pytest.raises(RuntimeError, match=r"`target_model` .* row \d .*error_steps"):
         es.speculative_decode(
             draft,
             broken,

@@ -371,7 +371,7 @@ def test_tree_logits_errors_name_the_argument():
     with pytest.raises(RuntimeError) as info:
         call(x, parents, draft, target, u, s, target_warp=cold, history=history)
     assert "`target_warp.temperature` is negative" in message_line(info.value)
-    with pytest.raises(ValueError, match="tree_accept_logits needs `history`"):
+    with pytest.raises(ValueError, match="verify needs `history`"):
         call(x, parents, draft, target, u, s, target_warp=tw)
     with pytest.raises(ValueError, match="`history` counts tokens"):
         eqx_specdec.verify(
