@@ -41,12 +41,12 @@ def _by(method, fn):
     """`fn` traced with `_top_blocks` taking its blocks by `method`."""
 
     def traced(x):
-        chosen = cutoffs._by_top_k
-        cutoffs._by_top_k = lambda k: method == "TopK"
+        chosen = cutoffs.blocks_by_top_k
+        cutoffs.blocks_by_top_k = lambda k: method == "TopK"
         try:
             return fn(x)
         finally:
-            cutoffs._by_top_k = chosen
+            cutoffs.blocks_by_top_k = chosen
 
     return traced
 

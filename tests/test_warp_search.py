@@ -198,7 +198,7 @@ def test_top_p_among_the_largest_blocks_and_its_fallback(
     always) or by the search over block maxima and a prefix sum (the CPU's for more),
     where rows whose block maxima tie at the least one taken take their own branch."""
     cutoffs = eqx_specdec._verify.cutoffs
-    monkeypatch.setattr(cutoffs, "_by_top_k", lambda k: by_top_k)
+    monkeypatch.setattr(cutoffs, "blocks_by_top_k", lambda k: by_top_k)
     rng = np.random.default_rng(3)
     batch = 12
     logits = rng.normal(size=(batch, 1, vocab)) * 8
@@ -439,7 +439,7 @@ def test_half_precision_logits_kept_as_they_are_equal_the_upcast_copy(
     dtype, monkeypatch
 ):
     """Half-precision logits are upcast once into a float32 copy on the CPU, and kept
-    as they are elsewhere, upcast inside each pass (`_upcast_once`): both give the same
+    as they are elsewhere, upcast inside each pass (`upcast_once`): both give the same
     tokens, and log-probabilities within a rounding, with every warp, greedy rows
     included, under both batchings (the early exit's loop at 4,096 entries, and
     `vmap`)."""
@@ -456,7 +456,7 @@ def test_half_precision_logits_kept_as_they_are_equal_the_upcast_copy(
     )
 
     def outputs(upcast_once):
-        monkeypatch.setattr(warp_module, "_upcast_once", lambda: upcast_once)
+        monkeypatch.setattr(warp_module, "upcast_once", lambda: upcast_once)
         jax.clear_caches()  # traced again under this choice
         # The choice is the one the warp makes: the rows it hands on.
         assert warp.rows(target).x.dtype == (jnp.float32 if upcast_once else dtype)

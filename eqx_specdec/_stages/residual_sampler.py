@@ -11,6 +11,7 @@ from beartype import beartype
 from equinox import AbstractClassVar
 from jaxtyping import jaxtyped
 
+from .._backend.flags import rows_n_apart
 from .._capabilities import capability
 from .._custom_types import (
     DraftProbsRow,
@@ -71,12 +72,7 @@ def residual_parts(
     rejected_at = jnp.minimum(n, gamma - 1)
     p = target_probs[n]
     q = None if draft_probs is None else draft_probs[rejected_at]
-    if context.log_space and jax.default_backend() == "cpu":
-        # Rows n evaluated alone, once: log-probabilities may be computed from logits
-        # where they are read (warped rows), and with several readers of row n XLA CPU
-        # evaluated every row for them (at (256, 8, 32000), over half of a temperature
-        # call). Not elsewhere: on a TPU v5e, verifying under `vmap`, the barrier made
-        # the temperature's call 1.27x slower.
+    if rows_n_apart(context.log_space):  # evaluated alone, once (see `rows_n_apart`)
         p, q = jax.lax.optimization_barrier((p, q))
     draft_token = draft_tokens[rejected_at].astype(jnp.int32)
     scale = verdict.residual_scale[rejected_at].astype(dtype)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._backend.flags import blocks_by_top_k
 from .._misc import compute_dtype
 
 
@@ -190,7 +191,7 @@ def _top_blocks(x, k: int):
         return None
     blocks = x.reshape((-1, vocab // _LANES, _LANES))
     block_max = jnp.max(blocks, axis=-1)
-    if _by_top_k(k):
+    if blocks_by_top_k(k):
         # The k largest block maxima and their blocks, by XLA's TopK: on the CPU a heap
         # of k, one pass over the block maxima; the barrier keeps XLA CPU from lowering
         # it to a sort of every block maximum, as it does when they have other readers.
@@ -208,16 +209,6 @@ def _top_blocks(x, k: int):
     left_out = jnp.sum(block_max >= m, axis=-1, keepdims=True) > k
     candidates = jnp.take_along_axis(blocks, picks[..., None], axis=1)
     return candidates.reshape(candidates.shape[0], k * _LANES), m, left_out
-
-
-# Up to this many blocks, `_top_blocks` keeps the largest in a heap on the CPU.
-_HEAP_BLOCKS = 64
-
-
-def _by_top_k(k: int) -> bool:
-    """Whether `_top_blocks` takes `k` blocks by XLA's TopK (else by the search over
-    block maxima and a prefix sum): on the CPU up to `_HEAP_BLOCKS`, elsewhere always."""
-    return k <= _HEAP_BLOCKS or jax.default_backend() != "cpu"
 
 
 def _blocks_at_or_above(block_max, m, k: int):

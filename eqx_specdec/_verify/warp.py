@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from .._backend.flags import upcast_once
 from .._misc import check_hyperparameter, compute_dtype
 from .cutoffs import log_normaliser, row_max, top_k_cut, top_p_cutoff
 
@@ -168,7 +169,7 @@ class Warp(eqx.Module):
         An `WarpedRows`, whose `log_probs()` are `__call__`'s.
         """
         x = logits
-        if self.logit_bias is not None or self.needs_history() or _upcast_once():
+        if self.logit_bias is not None or self.needs_history() or upcast_once():
             x = logits.astype(compute_dtype(logits.dtype))
         if self.logit_bias is not None:
             x = x + self._bias(x)
@@ -312,16 +313,6 @@ class NormalisedRows(eqx.Module):
         return jnp.where(self.greedy, one_hot, log_probs)
 
 
-def _upcast_once() -> bool:
-    """Whether `Warp.rows` upcasts half-precision logits once, into a float32 copy that
-    every pass reads (on the CPU, where XLA's upcast inside a pass costs more than the
-    copy: `benchmarks/bench_xla_cpu.py`), rather than keeping them as they are and
-    upcasting inside each pass (elsewhere: on a TPU the copy, written and read again
-    across the warp's optimisation barrier, made bfloat16 logits slower than
-    float32 ones)."""
-    return jax.default_backend() == "cpu"
-
-
 def as_log_probs(rows):
     """`rows` as an array: a [`WarpedRows`][eqx_specdec._verify.warp.WarpedRows] or
     [`NormalisedRows`][eqx_specdec._verify.warp.NormalisedRows] evaluated, anything else as it
@@ -353,7 +344,7 @@ def _warp_rows(
     `x`, never a scaled copy, which is then never written out (dividing by a positive
     number is monotone: the largest entries of `x / T` are those of `x`). A token is
     removed where `x` is below any of the thresholds, that is below their largest."""
-    logits = x  # as stored: half-precision logits stay so (see `_upcast_once`)
+    logits = x  # as stored: half-precision logits stay so (see `upcast_once`)
     x = x.astype(compute_dtype(x.dtype))
     temperature = params["temperature"].astype(x.dtype)
     # Zero, or too small to divide by in this dtype (a subnormal, flushed to zero by

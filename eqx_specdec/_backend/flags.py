@@ -1,0 +1,39 @@
+"""The layout choices each of XLA's backends rewards, read where they apply (the
+residual sampler, the warps, their cut-off search)."""
+
+import jax
+
+
+def on_cpu() -> bool:
+    """Whether JAX's default backend is XLA CPU."""
+    return jax.default_backend() == "cpu"
+
+
+def rows_n_apart(log_space: bool) -> bool:
+    """Whether the residual sampler evaluates rows n of log-probabilities behind an
+    optimisation barrier: on the CPU, where with several readers of row n XLA CPU
+    evaluated every row for them (at (256, 8, 32000), over half of a temperature
+    call); not elsewhere (on a TPU v5e, under `vmap`, the barrier made the
+    temperature's call 1.27x slower)."""
+    return log_space and on_cpu()
+
+
+def upcast_once() -> bool:
+    """Whether `Warp.rows` upcasts half-precision logits once, into a float32 copy that
+    every pass reads (on the CPU, where XLA's upcast inside a pass costs more than the
+    copy: `benchmarks/bench_xla_cpu.py`), rather than keeping them as they are and
+    upcasting inside each pass (elsewhere: on a TPU the copy, written and read again
+    across the warp's optimisation barrier, made bfloat16 logits slower than
+    float32 ones)."""
+    return on_cpu()
+
+
+# Up to this many blocks, the warps' top-k keeps the largest in a heap on the CPU.
+_HEAP_BLOCKS = 64
+
+
+def blocks_by_top_k(k: int) -> bool:
+    """Whether the warps' search takes its `k` largest blocks by XLA's TopK (else by a
+    search over block maxima and a prefix sum): on the CPU up to `_HEAP_BLOCKS`,
+    elsewhere always."""
+    return k <= _HEAP_BLOCKS or not on_cpu()
