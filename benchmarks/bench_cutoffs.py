@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqx_specdec._verify import cutoffs
+from eqx_specdec._warps import cutoffs
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))

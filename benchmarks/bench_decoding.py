@@ -18,7 +18,7 @@ import numpy as np
 
 import eqx_specdec as es
 from eqx_specdec._decoding.speedup import measure_speedup, speedup_table
-from eqx_specdec._verify.checks import model_problems
+from eqx_specdec._inputs.checks import model_problems
 
 
 def prompts(batch: int):

@@ -4,7 +4,7 @@ shown by its public name, and no inherited boilerplate docstring is shown.
 Griffe inspects the imported package (`force_inspection` in `mkdocs.yml`, so that
 Equinox's generated `__init__` gives each class its signature), and inspection sees
 where each object is defined: `equinox._module._module.Module`, `jaxlib._jax.Array`,
-`eqx_specdec._verify.verifier.Verifier`. A reader writes `eqx.Module`, `jax.Array` and
+`eqx_specdec._chain.verifier.Verifier`. A reader writes `eqx.Module`, `jax.Array` and
 `eqx_specdec.Verifier`, so the pages say that. `object.__init__`'s docstring
 ("Initialize self. ...") is dropped where a class has no constructor docstring of its
 own.

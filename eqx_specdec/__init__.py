@@ -4,10 +4,24 @@ import importlib as _importlib
 import importlib.metadata as _metadata
 
 from . import evaluation as evaluation, models as models
+from ._chain.abstract_verifier import AbstractVerifier as AbstractVerifier
+from ._chain.keys import uniforms_from_key as uniforms_from_key
+from ._chain.verifier import Verifier as Verifier
 from ._decoding.autoregressive import autoregressive_decode as autoregressive_decode
 from ._decoding.loop import speculative_decode as speculative_decode
 from ._decoding.result import DecodeResult as DecodeResult
+from ._entry.entry import speculative_accept as speculative_accept, verify as verify
+from ._entry.verification import Verification as Verification
 from ._errors import MissingCapabilityError as MissingCapabilityError
+from ._inputs.example_inputs import example_inputs as example_inputs
+from ._inputs.logprobs import LogProbs as LogProbs
+from ._inputs.results import RESULTS as RESULTS
+from ._inputs.typed_inputs import (
+    Draft as Draft,
+    Logits as Logits,
+    Probabilities as Probabilities,
+    Uniforms as Uniforms,
+)
 from ._proposal.abstract_proposal import AbstractProposal as AbstractProposal
 from ._proposal.chain import Chain as Chain
 from ._proposal.draft_length import (
@@ -75,21 +89,7 @@ from ._tree.node_rules import (
 )
 from ._tree.top_down import TreeVerifier as TreeVerifier
 from ._tree.traversal import TraversalVerifier as TraversalVerifier
-from ._verify.abstract_verifier import AbstractVerifier as AbstractVerifier
-from ._verify.entry import speculative_accept as speculative_accept, verify as verify
-from ._verify.example_inputs import example_inputs as example_inputs
-from ._verify.keys import uniforms_from_key as uniforms_from_key
-from ._verify.logprobs import LogProbs as LogProbs
-from ._verify.results import RESULTS as RESULTS
-from ._verify.typed_inputs import (
-    Draft as Draft,
-    Logits as Logits,
-    Probabilities as Probabilities,
-    Uniforms as Uniforms,
-)
-from ._verify.verification import Verification as Verification
-from ._verify.verifier import Verifier as Verifier
-from ._verify.warp import Warp as Warp
+from ._warps.warp import Warp as Warp
 
 
 try:

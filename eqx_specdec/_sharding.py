@@ -11,6 +11,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Int
 
 from ._capabilities import require
+from ._chain.abstract_verifier import AbstractVerifier, RowReport, verify_row
+from ._chain.inputs import StepArguments
+from ._chain.verifier import Verifier
 from ._custom_types import (
     AcceptUniforms,
     DraftProbs,
@@ -26,9 +29,6 @@ from ._stages.row_context import RowContext
 from ._stages.row_fields import per_row_values
 from ._stages.token_assembler import AbstractTokenAssembler
 from ._stages.vocab_shard import VocabShard
-from ._verify.abstract_verifier import AbstractVerifier, RowReport, verify_row
-from ._verify.inputs import StepArguments
-from ._verify.verifier import Verifier
 
 
 def _check_vocab_parallel(verifier: Verifier):

@@ -6,8 +6,8 @@ from ._models.cached import AbstractCachedModel as AbstractCachedModel
 from ._models.prompt_lookup import PromptLookupDraft as PromptLookupDraft
 from ._models.tempered import Tempered as Tempered
 from ._models.warped import Warped as Warped
-from ._verify.draft_vocabulary import (
+from ._vocabularies.draft_vocabulary import (
     DraftVocabulary as DraftVocabulary,
     SharedVocabulary as SharedVocabulary,
 )
-from ._verify.string_level import StringLevelDraft as StringLevelDraft
+from ._vocabularies.string_level import StringLevelDraft as StringLevelDraft

@@ -354,13 +354,13 @@ def test_a_callers_jit_sends_nothing_to_the_host_on_a_valid_call(monkeypatch):
     (direct, or inside a caller's `jax.jit`, chain or tree) calls no host callback
     (counted); an invalid one raises the same message when its outputs are read."""
     reads = []
-    raise_ = eqx_specdec._verify.results._raise
+    raise_ = eqx_specdec._inputs.results._raise
 
     def counted(*args):
         reads.append(1)
         return raise_(*args)
 
-    monkeypatch.setattr(eqx_specdec._verify.results, "_raise", counted)
+    monkeypatch.setattr(eqx_specdec._inputs.results, "_raise", counted)
     x, q, p, u, s = (jnp.asarray(a) for a in random_case(7, 11, G, V))  # new shapes
     parents = jnp.tile(jnp.arange(-1, G - 1, dtype=jnp.int32), (11, 1))
     tree = (x, parents, jnp.concatenate([q, q[:, :1]], 1), p, u, s)

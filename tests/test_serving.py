@@ -420,7 +420,7 @@ def _penalised(logits, counts):
 
 
 def test_penalties_count_the_draft_prefix():
-    from eqx_specdec._verify.logits import token_counts
+    from eqx_specdec._chain.logits import token_counts
 
     rng = np.random.default_rng(0)
     batch, gamma, vocab = 3, 3, 6
@@ -526,7 +526,7 @@ def _completed_joint(history, draft_logits, target_logits, prefix_aware):
             history=history_rows,
         )
     else:
-        from eqx_specdec._verify.logits import token_counts
+        from eqx_specdec._chain.logits import token_counts
 
         flat = jnp.broadcast_to(
             token_counts(history_rows, x, vocab)[:, :1], target_rows.shape
@@ -616,7 +616,7 @@ def test_masks_restrict_every_row_and_pack_into_bits():
 
 
 def test_masked_verification_is_lossless_by_exact_quadrature_and_one_sided_is_caught():
-    from eqx_specdec._verify.masks import masked_probs
+    from eqx_specdec._inputs.masks import masked_probs
 
     rng = np.random.default_rng(1)
     gamma, vocab = 2, 5

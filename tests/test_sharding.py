@@ -16,7 +16,7 @@ from user_stages import (
 
 import eqx_specdec as es
 from benchmarks.bench_sharding import collectives, gathering_verifier
-from eqx_specdec._verify.verifier import probability_step
+from eqx_specdec._chain.verifier import probability_step
 
 
 pytestmark = pytest.mark.skipif(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import eqx_specdec as es
-from eqx_specdec._verify import string_level
+from eqx_specdec._vocabularies import string_level
 
 
 DRAFT = ("a", "b", "c", "ab", "bc", "ca")

@@ -10,8 +10,8 @@ import pytest
 from helpers import accept_logits
 
 import eqx_specdec
-from eqx_specdec._verify import warp as warp_module
-from eqx_specdec._verify.cutoffs import (
+from eqx_specdec._warps import warp as warp_module
+from eqx_specdec._warps.cutoffs import (
     count_equal,
     key_values,
     largest_reaching,
@@ -31,7 +31,7 @@ def taken(monkeypatch):
         predicates.append(pred)
         return cond(pred, *branches_and_operands)
 
-    monkeypatch.setattr(eqx_specdec._verify.cutoffs.jax.lax, "cond", spy)
+    monkeypatch.setattr(eqx_specdec._warps.cutoffs.jax.lax, "cond", spy)
     return predicates
 
 
@@ -197,7 +197,7 @@ def test_top_p_among_the_largest_blocks_and_its_fallback(
     blocks are taken by XLA's TopK (on the CPU up to 64 blocks, on other backends
     always) or by the search over block maxima and a prefix sum (the CPU's for more),
     where rows whose block maxima tie at the least one taken take their own branch."""
-    cutoffs = eqx_specdec._verify.cutoffs
+    cutoffs = eqx_specdec._warps.cutoffs
     monkeypatch.setattr(cutoffs, "blocks_by_top_k", lambda k: by_top_k)
     rng = np.random.default_rng(3)
     batch = 12

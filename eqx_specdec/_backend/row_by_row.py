@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from .._stages.row_context import RowContext
 from .._stages.row_fields import with_row_values
-from .._verify.warp import as_log_probs, NormalisedRows, WarpedRows
+from .._warps.warp import as_log_probs, NormalisedRows, WarpedRows
 from .abstract_row_mapping import AbstractRowMapping, with_test
 
 

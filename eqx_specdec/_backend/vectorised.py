@@ -4,7 +4,7 @@ on accelerators."""
 import jax
 
 from .._stages.row_fields import with_row_values
-from .._verify.warp import as_log_probs, as_normalised
+from .._warps.warp import as_log_probs, as_normalised
 from .abstract_row_mapping import AbstractRowMapping, with_test
 
 

@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._chain.verifier import Verifier
 from .._decoding.autoregressive import autoregressive_decode
 from .._decoding.loop import speculative_decode
 from .._models.prompt_lookup import PromptLookupDraft
 from .._models.tempered import Tempered
 from .._proposal.chain import Chain
 from .._stages.greedy import ArgmaxSampler, GreedyRatioTest
-from .._verify.verifier import Verifier
 from ..llm import (
     CHAT_PROMPTS,
     continue_prompts,

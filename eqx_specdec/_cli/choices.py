@@ -3,6 +3,7 @@
 import sys
 from typing import Literal, NamedTuple
 
+from .._chain.verifier import Verifier
 from .._proposal.abstract_proposal import default_proposal
 from .._proposal.chain import Chain
 from .._proposal.draft_length import FixedDraftLength, StopWhenUnlikely
@@ -16,7 +17,6 @@ from .._tree.multi_draft import GreedyMultiDraft
 from .._tree.node_rules import IIDCandidates
 from .._tree.top_down import TreeVerifier
 from .._tree.traversal import TraversalVerifier
-from .._verify.verifier import Verifier
 
 
 class Choice(NamedTuple):

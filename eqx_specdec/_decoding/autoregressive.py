@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, Key
 
+from .._inputs.checks import invalid_distributions
 from .._models.cached import call_rows, initial_states, prefill
 from .._proposal.abstract_proposal import as_probs, ModelOutputs
-from .._verify.checks import invalid_distributions
 from .loop import check_decode_arguments, check_key, row_keys, token_buffer
 
 

@@ -10,7 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int, Key
 
+from .._chain.abstract_verifier import AbstractVerifier
+from .._chain.verifier import Verifier
 from .._exactness import refuse_inexact
+from .._inputs.checks import MODEL_MESSAGES, model_problems
+from .._inputs.results import first_of, raise_if_failed, RESULTS, Status, status_of
 from .._models.cached import check_model, initial_states, is_cached, prefill
 from .._proposal.abstract_proposal import (
     AbstractProposal,
@@ -19,10 +23,6 @@ from .._proposal.abstract_proposal import (
     Models,
 )
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
-from .._verify.abstract_verifier import AbstractVerifier
-from .._verify.checks import MODEL_MESSAGES, model_problems
-from .._verify.results import first_of, raise_if_failed, RESULTS, Status, status_of
-from .._verify.verifier import Verifier
 from .result import DecodeResult, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 
 

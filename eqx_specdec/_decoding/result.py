@@ -7,7 +7,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._errors import MissingCapabilityError
-from .._verify.results import RESULTS
+from .._inputs.results import RESULTS
 
 
 #: `DecodeResult.finish_reasons`: the row generated its limit (`num_tokens` or its

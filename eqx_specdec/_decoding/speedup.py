@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Int, Key
 
+from .._chain.abstract_verifier import AbstractVerifier
+from .._chain.verifier import Verifier
 from .._proposal.abstract_proposal import ModelOutputs
 from .._proposal.chain import Chain
-from .._verify.abstract_verifier import AbstractVerifier
-from .._verify.verifier import Verifier
 from .autoregressive import _autoregressive
 from .loop import speculative_decode
 

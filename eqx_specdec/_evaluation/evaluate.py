@@ -9,9 +9,9 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from .._chain.verifier import Verifier
 from .._misc import numpy_softmax
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier
-from .._verify.verifier import Verifier
 from .closed_form import closed_form_problem, emission_in_closed_form
 from .lossless import emission_by_monte_carlo, emission_by_quadrature, evaluation_family
 from .validation import check_distributions

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._capabilities import has_capability, require
+from .._chain.abstract_verifier import AbstractVerifier
+from .._chain.verifier import Verifier
 from .._errors import MissingCapabilityError
 from .._stages.row_context import RowContext
 from .._tree.abstract_tree_verifier import AbstractTreeVerifier, tree_of
-from .._verify.abstract_verifier import AbstractVerifier
-from .._verify.verifier import Verifier
 from .emission import accumulate, cells, EmissionEstimate, padded_size
 from .tree_evaluation import (
     tree_emission_by_monte_carlo,

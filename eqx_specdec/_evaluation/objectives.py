@@ -10,12 +10,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._capabilities import require
+from .._chain.verifier import Verifier
 from .._custom_types import DraftProbs, DraftTokens, TargetProbs
+from .._inputs.typed_inputs import Logits, Probabilities
 from .._misc import compute_dtype
 from .._stages.row_fields import per_row_values, with_row_values
-from .._verify.typed_inputs import Logits, Probabilities
-from .._verify.verifier import Verifier
-from .._verify.warp import Warp
+from .._warps.warp import Warp
 from .validation import check_distributions
 
 

@@ -5,7 +5,7 @@ is refused, with an error naming the argument."""
 import jax
 import numpy as np
 
-from .._verify.checks import sum_tolerance
+from .._inputs.checks import sum_tolerance
 
 
 def check_distributions(entry_point: str, *, other_fix: str = "", **arrays) -> None:

@@ -4,7 +4,7 @@ logit bias)."""
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .._verify.warp import Warp
+from .._warps.warp import Warp
 from .cached import AbstractCachedModel
 from .wrapped import AbstractLogitsTransform
 

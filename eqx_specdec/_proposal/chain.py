@@ -9,13 +9,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int, Key
 
 from .._capabilities import has_capability
+from .._chain.abstract_verifier import AbstractVerifier
+from .._inputs.checks import invalid_distributions
+from .._inputs.logprobs import emitted_logprobs
 from .._misc import no_type_check
 from .._models.cached import call_rows, is_cached
 from .._search import draw as draw_token, inverse_cdf
 from .._stages.row_fields import per_row_values, with_row_values
-from .._verify.abstract_verifier import AbstractVerifier
-from .._verify.checks import invalid_distributions
-from .._verify.logprobs import emitted_logprobs
 from .abstract_proposal import (
     AbstractProposal,
     as_probs,

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Key
 
 from .._capabilities import require
+from .._inputs.checks import invalid_distributions
+from .._inputs.logprobs import emitted_logprobs, tree_rows
 from .._misc import no_type_check
 from .._search import draw as draw_token
 from .._tree.abstract_tree_verifier import (
@@ -17,8 +19,6 @@ from .._tree.abstract_tree_verifier import (
     tree_of,
 )
 from .._tree.node_rules import AbstractNodeRule
-from .._verify.checks import invalid_distributions
-from .._verify.logprobs import emitted_logprobs, tree_rows
 from .abstract_proposal import (
     AbstractProposal,
     as_probs,

@@ -7,8 +7,17 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Integer
 
-from .._verify.abstract_verifier import malformed_tokens
-from .._verify.checks import (
+from .._chain.abstract_verifier import malformed_tokens
+from .._chain.inputs import (
+    StepArguments,
+    TREE_LOGIT_NAMES,
+    TREE_NAMES,
+    validate_step,
+)
+from .._chain.keys import row_uniforms
+from .._chain.logits import checked_history, history_counts, warp_problems
+from .._entry.entry import StepOptions, verification_step
+from .._inputs.checks import (
     check_level,
     CheckLevel,
     distribution_problems,
@@ -17,20 +26,11 @@ from .._verify.checks import (
     token_problems,
     uniform_problems,
 )
-from .._verify.entry import StepOptions, verification_step
-from .._verify.inputs import (
-    StepArguments,
-    TREE_LOGIT_NAMES,
-    TREE_NAMES,
-    validate_step,
-)
-from .._verify.keys import row_uniforms
-from .._verify.logits import checked_history, history_counts, warp_problems
-from .._verify.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
-from .._verify.masks import allowed_tokens, mask_problems, masked_logits, masked_probs
-from .._verify.results import Problem, RESULTS
-from .._verify.typed_inputs import Logits, Uniforms
-from .._verify.warp import Warp
+from .._inputs.logprobs import check_logprobs, LogProbs, tree_rows, with_logprobs
+from .._inputs.masks import allowed_tokens, mask_problems, masked_logits, masked_probs
+from .._inputs.results import Problem, RESULTS
+from .._inputs.typed_inputs import Logits, Uniforms
+from .._warps.warp import Warp
 from .abstract_tree_verifier import AbstractTreeVerifier, tree_navigation, tree_of
 
 

@@ -10,18 +10,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, Key
 
+from .._chain.abstract_verifier import AbstractVerifier
+from .._chain.inputs import is_key
+from .._chain.keys import uniforms_from_key
+from .._chain.logits import logits_step
+from .._chain.verifier import probability_step, Verifier
 from .._exactness import refuse_inexact
-from .abstract_verifier import AbstractVerifier
-from .checks import check_level, CheckLevel
-from .inputs import is_key
-from .keys import uniforms_from_key
-from .logits import logits_step
-from .logprobs import LogProbs
-from .results import raise_if_failed, raise_on_host, status_of
-from .typed_inputs import Draft, Logits, Probabilities, Uniforms
+from .._inputs.checks import check_level, CheckLevel
+from .._inputs.logprobs import LogProbs
+from .._inputs.results import raise_if_failed, raise_on_host, status_of
+from .._inputs.typed_inputs import Draft, Logits, Probabilities, Uniforms
+from .._warps.warp import Warp
 from .verification import OPTIONAL_OUTPUTS, Verification
-from .verifier import probability_step, Verifier
-from .warp import Warp
 
 
 class StepOptions(NamedTuple):
@@ -38,7 +38,7 @@ class StepOptions(NamedTuple):
 def verification_step(verifier, target, draft, randomness, options: StepOptions):
     """One verification step of `verifier` on typed inputs, traced inside
     [`eqx_specdec.verify`][]'s program: the outputs' dict and the run-time checks'
-    [`Problem`][eqx_specdec._verify.results.Problem]s (none with checks off). Each
+    [`Problem`][eqx_specdec._inputs.results.Problem]s (none with checks off). Each
     verifier family registers its own (chains here, trees in their package); a family
     of your own registers with `verification_step.register`."""
     raise TypeError(

@@ -7,15 +7,15 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._custom_types import AcceptUniforms, DraftTokens, SampleRandomnessBatch
+from .._inputs.checks import check_level, CheckLevel, token_problems
+from .._inputs.logprobs import check_logprobs, LogProbs, with_logprobs
+from .._inputs.masks import allowed_tokens, mask_problems, masked_logits
+from .._inputs.results import Problem, RESULTS
 from .._misc import compute_dtype
+from .._warps.warp import Warp
 from .abstract_verifier import AbstractVerifier
-from .checks import check_level, CheckLevel, token_problems
 from .inputs import LOGIT_NAMES, prepare_inputs
-from .logprobs import check_logprobs, LogProbs, with_logprobs
-from .masks import allowed_tokens, mask_problems, masked_logits
-from .results import Problem, RESULTS
 from .verifier import Verifier
-from .warp import Warp
 
 
 def warp_problems(name, warp: Warp, logits):

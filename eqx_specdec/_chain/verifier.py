@@ -23,6 +23,10 @@ from .._custom_types import (
     TargetProbs,
     TargetProbsRow,
 )
+from .._inputs.checks import check_level, CheckLevel
+from .._inputs.logprobs import check_logprobs, LogProbs, with_logprobs
+from .._inputs.masks import allowed_tokens, mask_problems, masked_probs
+from .._inputs.results import Problem
 from .._misc import no_type_check
 from .._stages.prefix_counter import AbstractPrefixCounter
 from .._stages.ratio_test import AbstractRatioTest
@@ -31,6 +35,7 @@ from .._stages.row_context import ONE_DEVICE, RowContext
 from .._stages.row_fields import per_row_values
 from .._stages.threshold_rule import RatioTest
 from .._stages.token_assembler import AbstractTokenAssembler, TokenAssembler
+from .._warps.warp import WarpedRows
 from .abstract_verifier import (
     AbstractVerifier,
     check_stages,
@@ -38,12 +43,7 @@ from .abstract_verifier import (
     stage_mismatches,
     verify_row,
 )
-from .checks import check_level, CheckLevel
 from .inputs import prepare_inputs
-from .logprobs import check_logprobs, LogProbs, with_logprobs
-from .masks import allowed_tokens, mask_problems, masked_probs
-from .results import Problem
-from .warp import WarpedRows
 
 
 @no_type_check  # its fields are checked by `__check_init__`

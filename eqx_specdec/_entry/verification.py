@@ -5,7 +5,7 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from .results import RESULTS
+from .._inputs.results import RESULTS
 
 
 OPTIONAL_OUTPUTS = ("path", "logprobs", "raw_logprobs", "top_logprobs", "top_tokens")

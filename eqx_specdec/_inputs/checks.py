@@ -1,7 +1,7 @@
 """Run-time checks of the values given to the entry points, and of what the stages
 return: the check levels, the problems each finds, and the one error they raise.
 
-Each check is a [`Problem`][eqx_specdec._verify.results.Problem]: per-row flags
+Each check is a [`Problem`][eqx_specdec._inputs.results.Problem]: per-row flags
 `(B,)`, its member of [`eqx_specdec.RESULTS`][] and a message template with a `{row}`
 field, built once per compiled program (never once per row, so compile time does not
 grow with the batch).

@@ -314,8 +314,8 @@ class NormalisedRows(eqx.Module):
 
 
 def as_log_probs(rows):
-    """`rows` as an array: a [`WarpedRows`][eqx_specdec._verify.warp.WarpedRows] or
-    [`NormalisedRows`][eqx_specdec._verify.warp.NormalisedRows] evaluated, anything else as it
+    """`rows` as an array: a [`WarpedRows`][eqx_specdec._warps.warp.WarpedRows] or
+    [`NormalisedRows`][eqx_specdec._warps.warp.NormalisedRows] evaluated, anything else as it
     is."""
     if isinstance(rows, WarpedRows | NormalisedRows):
         return rows.log_probs()
@@ -324,7 +324,7 @@ def as_log_probs(rows):
 
 def as_normalised(rows):
     """`rows` with every row's cut-offs and normalisers found: a
-    [`WarpedRows`][eqx_specdec._verify.warp.WarpedRows] normalised, anything else as it is."""
+    [`WarpedRows`][eqx_specdec._warps.warp.WarpedRows] normalised, anything else as it is."""
     return rows.normalised() if isinstance(rows, WarpedRows) else rows
 
 

@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Integer, Key
 
-from .abstract_verifier import AbstractVerifier, malformed_tokens, RowReport
-from .checks import (
+from .._inputs.checks import (
     bad_sum_message,
     distribution_problems,
     logit_problems,
@@ -19,7 +18,8 @@ from .checks import (
     token_problems,
     uniform_problems,
 )
-from .results import Problem, RESULTS
+from .._inputs.results import Problem, RESULTS
+from .abstract_verifier import AbstractVerifier, malformed_tokens, RowReport
 
 
 def _shape(x) -> str:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Integer, Key
 
 from .._misc import no_type_check
-from .warp import Warp
+from .._warps.warp import Warp
 
 
 def as_array(value):

@@ -1,0 +1,1 @@
+"""The one entry point, `verify`, and its result."""
