@@ -160,6 +160,15 @@ def test_compiled_once_per_static_configuration():
     for seed in range(3):  # new values, same shapes and static fields: no retrace
         es.speculative_accept(*random_case(seed, 4, 3, 10), verifier=verifier)
     assert test.traces.count == 1
+    # `speculative_accept` is `verify` on typed inputs: the same program.
+    x, q, p, u, s = random_case(5, 4, 3, 10)
+    es.verify(
+        es.Probabilities(p),
+        es.Draft(x, es.Probabilities(q)),
+        es.Uniforms(u, s),
+        verifier=verifier,
+    )
+    assert test.traces.count == 1
     es.speculative_accept(
         *random_case(0, 4, 3, 10), verifier=verifier, check_inputs="off"
     )
