@@ -3,6 +3,7 @@ contract's signature over it, [`eqx_specdec.speculative_accept`][]."""
 
 import functools
 import typing
+from types import MappingProxyType
 from typing import NamedTuple
 
 import equinox as eqx
@@ -271,6 +272,27 @@ def verify(
     return verification
 
 
+# `speculative_accept`'s default verifier, the one `verify` runs when given none.
+_STANDARD = Verifier()
+_VERIFY_DEFAULTS = MappingProxyType(
+    {
+        "verifier": None,
+        "check_inputs": "read",
+        "logprobs": None,
+        "allowed": None,
+        "draft_allowed": True,
+        "exact_only": False,
+    }
+)
+
+
+def _is_default(name: str, value) -> bool:
+    default = _VERIFY_DEFAULTS[name]
+    if default is None or isinstance(value, bool):
+        return value is default
+    return isinstance(value, str) and value == default
+
+
 @typing.no_type_check  # validated by hand, with messages naming the argument
 def speculative_accept(
     draft_tokens,
@@ -279,7 +301,7 @@ def speculative_accept(
     accept_uniforms,
     sample_uniforms,
     *,
-    verifier: AbstractVerifier = Verifier(),
+    verifier: AbstractVerifier = _STANDARD,
     check_inputs: CheckLevel = "read",
     logprobs: LogProbs | None = None,
     allowed: Array | None = None,
@@ -373,16 +395,23 @@ def speculative_accept(
     ...).as_dict()`. Logits, a key, trees: call `verify`.
     """
     q = None if draft_probs is None else Probabilities(draft_probs)
-    verification = verify(
-        Probabilities(target_probs),
-        Draft(draft_tokens, q),
-        Uniforms(accept_uniforms, sample_uniforms),
-        verifier=verifier,
+    # The options given as `verify` would get them when called with the same ones
+    # (`eqx.filter_jit` keys its programs on the arguments as passed): the same call of
+    # `verify` runs the same compiled program.
+    given = dict(
+        verifier=None if verifier is _STANDARD else verifier,
         check_inputs=check_inputs,
         logprobs=logprobs,
         allowed=allowed,
         draft_allowed=draft_allowed,
         exact_only=exact_only,
+    )
+    options = {k: v for k, v in given.items() if not _is_default(k, v)}
+    verification = verify(
+        Probabilities(target_probs),
+        Draft(draft_tokens, q),
+        Uniforms(accept_uniforms, sample_uniforms),
+        **options,
     )
     raise_on_host(verification)
     return verification.as_dict()
