@@ -397,7 +397,7 @@ class _DecodeLoop(eqx.Module):
         )
         if not self.check_models:
             return result
-        return raise_if_failed(result, end.status)
+        return raise_if_failed(result, end.status, batch)
 
 
 @eqx.filter_jit

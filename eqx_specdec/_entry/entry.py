@@ -224,12 +224,17 @@ def verify(
 
     - `TypeError`, `ValueError`: at trace time, for inputs of the wrong kind, shape or
         dtype, naming the argument.
-    - `jax.errors.JaxRuntimeError` (a `RuntimeError`): with `throw=True`, for an
-        invalid value or a stage's output outside its contract, on every path (called
-        directly, inside `jax.jit` or `eqx.filter_jit`, under `jax.vmap`, on one device
-        or several) when the outputs are read; its message names the argument (or the
-        stage's class), the problem, the first offending row and the fix. `except
-        RuntimeError` catches it everywhere. `EQX_ON_ERROR=nan` turns raising off.
+    - `RuntimeError`: with `throw=True`, for an invalid value or a stage's output
+        outside its contract, raised inside the program (when the outputs are read);
+        its message names the argument (or the stage's class), the problem, the first
+        offending row and the fix. With one device it is Equinox's
+        `eqx.EquinoxRuntimeError` (called directly, under `eqx.filter_jit`, under
+        `jax.vmap`), as Optimistix raises; with several, JAX's `JaxRuntimeError`. One
+        exception: inside your own plain `jax.jit` on one device, JAX raises a failed
+        callback as its `JaxRuntimeError`, or as `ValueError` through its fast
+        dispatch (a later call on NumPy inputs, JAX 0.10.2): there catch
+        `(RuntimeError, ValueError)`, or compile with `eqx.filter_jit`.
+        `EQX_ON_ERROR=nan` turns raising off.
         In a job of several processes a program cannot raise in one without leaving
         the others waiting: there `verify` raises nothing (read `result`, which every
         process holds), and [`eqx_specdec.speculative_accept`][] raises in every
@@ -268,7 +273,7 @@ def verify(
         problem=status.index,
     )
     if throw:
-        verification = raise_if_failed(verification, status)
+        verification = raise_if_failed(verification, status, draft.tokens.shape[0])
     return verification
 
 
@@ -385,7 +390,7 @@ def speculative_accept(
         the message names the argument, the expected shape and the one received.
     - `TypeError`: at trace time, when `draft_tokens` is not integer or a probability or
         uniform array is not floating, or `verifier` is not a `Verifier`.
-    - `jax.errors.JaxRuntimeError` (a `RuntimeError`): when a checked value is
+    - `RuntimeError`: when a checked value is
         invalid or a stage returned a value outside its contract, as for
         [`eqx_specdec.verify`][] (which this calls: one compiled program for both).
 
