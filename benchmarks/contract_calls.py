@@ -14,15 +14,14 @@ def accept_logits(
     *,
     target_warp=eqx_specdec.Warp(),
     draft_warp=eqx_specdec.Warp(),
-    history=None,
+    parents=None,
     **kwargs,
 ):
     q = None if draft_logits is None else eqx_specdec.Logits(draft_logits, draft_warp)
     return eqx_specdec.verify(
         eqx_specdec.Logits(target_logits, target_warp),
-        eqx_specdec.Draft(draft_tokens, q),
+        eqx_specdec.Draft(draft_tokens, q, parents),
         eqx_specdec.Uniforms(accept_uniforms, sample_uniforms),
-        history=history,
         **kwargs,
     ).as_dict()
 
@@ -58,24 +57,8 @@ def tree_accept(
     ).as_dict()
 
 
-def tree_accept_logits(
-    node_tokens,
-    parents,
-    draft_logits,
-    target_logits,
-    accept_uniforms,
-    sample_uniforms,
-    *,
-    target_warp=eqx_specdec.Warp(),
-    draft_warp=eqx_specdec.Warp(),
-    verifier=None,
-    **kwargs,
-):
-    q = None if draft_logits is None else eqx_specdec.Logits(draft_logits, draft_warp)
-    return eqx_specdec.verify(
-        eqx_specdec.Logits(target_logits, target_warp),
-        eqx_specdec.Draft(node_tokens, q, parents),
-        eqx_specdec.Uniforms(accept_uniforms, sample_uniforms),
-        verifier=eqx_specdec.TreeVerifier() if verifier is None else verifier,
-        **kwargs,
-    ).as_dict()
+def tree_accept_logits(node_tokens, parents, *arrays, verifier=None, **kwargs):
+    verifier = eqx_specdec.TreeVerifier() if verifier is None else verifier
+    return accept_logits(
+        node_tokens, *arrays, parents=parents, verifier=verifier, **kwargs
+    )
