@@ -303,7 +303,7 @@ def test_errors_name_the_argument_and_the_fix():
         eqx_specdec.evaluation.acceptance_by_position(q, p, draft_tokens=tokens[:, 1:])
     with pytest.raises(ValueError, match=r"`draft_probs=None`\) need `draft_tokens`"):
         eqx_specdec.evaluation.acceptance_by_position(None, p)
-    with pytest.raises(TypeError, match="`verifier` must be an eqx_specdec.Verifier"):
+    with pytest.raises(TypeError, match="`verifier` must verify chains"):
         eqx_specdec.evaluation.acceptance_by_position(
             q, p, verifier=eqx_specdec.TreeVerifier()
         )

@@ -3,7 +3,7 @@
 import abc
 import inspect
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -71,8 +71,13 @@ class AbstractVerifier(eqx.Module):
     **Declared by every subclass:**
 
     - `ratio_test`, `prefix_counter`, `residual_sampler`, `token_assembler`: the stages.
+
+    **Class attribute:** `draft_shape = "chain"`, the shape of the drafts it verifies
+    (the proposals and tools read this, not the class: a family of your own declares
+    its own).
     """
 
+    draft_shape: ClassVar[str] = "chain"
     ratio_test: AbstractVar[AbstractRatioTest]
     prefix_counter: AbstractVar[AbstractPrefixCounter]
     residual_sampler: AbstractVar[AbstractResidualSampler]

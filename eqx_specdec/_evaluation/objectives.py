@@ -23,11 +23,11 @@ def _check_arguments(
     entry_point, verifier, draft_probs, target_probs, draft_tokens, names
 ):
     draft_name, target_name = names
-    if not isinstance(verifier, Verifier):
+    if getattr(verifier, "draft_shape", None) != "chain":
         raise TypeError(
-            f"{entry_point}: `verifier` must be an eqx_specdec.Verifier (its ratio test "
-            f"and prefix counter define the objective); got {type(verifier).__name__}. "
-            "For a ShardedVerifier, pass the Verifier it shards."
+            f"{entry_point}: `verifier` must verify chains (an eqx_specdec.Verifier: its "
+            "ratio test and prefix counter define the objective); got "
+            f"{type(verifier).__name__}."
         )
     feature = f"the acceptance objectives ({entry_point})"
     if draft_tokens is None:

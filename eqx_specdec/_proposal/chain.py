@@ -128,7 +128,7 @@ class Chain(AbstractProposal):
         return self.length
 
     def check(self, verifier) -> None:
-        if not isinstance(verifier, AbstractVerifier):
+        if getattr(verifier, "draft_shape", None) != "chain":
             raise TypeError(
                 "The proposal is a Chain, so `verifier` must verify chains (an "
                 "eqx_specdec.Verifier or ShardedVerifier); got "

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._misc import no_type_check
-from .._tree.abstract_tree_verifier import AbstractTreeVerifier
 from .abstract_proposal import AbstractProposal, as_probs, Models, StepOutcome, Theory
 from .tree import verify_tree
 
@@ -89,7 +88,7 @@ class DynamicTree(AbstractProposal):
         return min(self.layers, self.nodes)
 
     def check(self, verifier) -> None:
-        if not isinstance(verifier, AbstractTreeVerifier):
+        if getattr(verifier, "draft_shape", None) != "tree":
             raise TypeError(
                 "The proposal is a DynamicTree, so `verifier` must be a tree verifier "
                 "(an eqx_specdec.AbstractTreeVerifier, such as "

@@ -70,7 +70,7 @@ class Tree(AbstractProposal):
         return max(tree_depths(self.parents))
 
     def check(self, verifier) -> None:
-        if not isinstance(verifier, AbstractTreeVerifier):
+        if getattr(verifier, "draft_shape", None) != "tree":
             raise TypeError(
                 "The proposal is a Tree, so `verifier` must be a tree verifier "
                 "(TreeVerifier or TraversalVerifier, an eqx_specdec.AbstractTreeVerifier); "

@@ -45,8 +45,12 @@ class AbstractTreeVerifier(eqx.Module):
     **Capabilities** (default raises [`eqx_specdec.MissingCapabilityError`][]):
     `forced_walk` (exact evaluation of trees). A verifier that delegates a capability
     to a field declares it in the class attribute `capabilities_from`.
+
+    **Class attribute:** `draft_shape = "tree"`, the shape of the drafts it verifies
+    (what the proposals read).
     """
 
+    draft_shape: ClassVar[str] = "tree"
     tree: eqx.AbstractVar[tuple[int, ...] | None]
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
 
