@@ -1,7 +1,7 @@
 """The backend's mapping of a row's verification over the batch."""
 
+from .._platform import on_cpu
 from .abstract_row_mapping import AbstractRowMapping
-from .flags import on_cpu
 from .row_by_row import RowByRow
 from .vectorised import Vectorised
 

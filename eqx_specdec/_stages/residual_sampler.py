@@ -11,7 +11,6 @@ from beartype import beartype
 from equinox import AbstractClassVar
 from jaxtyping import jaxtyped
 
-from .._backend.flags import rows_n_apart
 from .._capabilities import capability
 from .._custom_types import (
     DraftProbsRow,
@@ -22,6 +21,7 @@ from .._custom_types import (
     TargetProbsRow,
 )
 from .._misc import compute_dtype
+from .._platform import rows_n_apart
 from .._search import (
     block_size,
     block_sums,

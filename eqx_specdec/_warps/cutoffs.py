@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._backend.flags import blocks_by_top_k
 from .._misc import compute_dtype
+from .._platform import blocks_by_top_k
 
 
 _LANES = 16

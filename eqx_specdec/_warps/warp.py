@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .._backend.flags import upcast_once
 from .._misc import check_hyperparameter, compute_dtype
+from .._platform import upcast_once
 from .cutoffs import log_normaliser, row_max, top_k_cut, top_p_cutoff
 
 
