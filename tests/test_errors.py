@@ -278,6 +278,67 @@ def test_bad_values_fail_at_run_time(make, argument, row, wrap):
     assert isinstance(info.value, RuntimeError)
 
 
+# The RESULTS member each run-time bad input is reported as.
+RUNTIME_RESULTS = {
+    "NaN draft prob": "invalid_probability",
+    "inf target prob": "invalid_probability",
+    "negative draft prob": "invalid_probability",
+    "negative target prob": "invalid_probability",
+    "token id V": "token_out_of_range",
+    "token id -1": "token_out_of_range",
+    "accept uniform 1": "uniform_out_of_range",
+    "accept uniform negative": "uniform_out_of_range",
+    "NaN sample uniform": "uniform_out_of_range",
+    "draft sum 1.1": "not_normalised",
+    "unnormalised target": "not_normalised",
+    "bfloat16 target sum 0.95": "not_normalised",
+    "first offending row": "uniform_out_of_range",
+}
+
+
+def test_each_problem_is_its_results_member_with_its_row():
+    """With `throw=False`, every run-time bad input comes back as its RESULTS member
+    and its first row, in one compiled program per input dtype (the inputs vmapped
+    over the table's cases where their dtypes agree)."""
+    assert set(RUNTIME_RESULTS) == {b[0] for b in RUNTIME_BAD_INPUTS}
+
+    def result(arrays):
+        tokens, q, p, u, s = arrays
+        verification = eqx_specdec.verify(
+            eqx_specdec.Probabilities(p),
+            eqx_specdec.Draft(tokens, eqx_specdec.Probabilities(q)),
+            eqx_specdec.Uniforms(u, s),
+            check_inputs="all",
+            throw=False,
+        )
+        # Which member the result is, as booleans (one per member of `members`).
+        found = jnp.stack([verification.result == m for m in members])
+        return found, verification.failed_row
+
+    order = sorted(set(RUNTIME_RESULTS.values())) + ["successful"]
+    members = [getattr(eqx_specdec.RESULTS, m) for m in order]
+    names = ("draft_tokens", "draft_probs", "target_probs", "accept_uniforms")
+    names += ("sample_uniforms",)
+    groups = {}
+    for name, make, _, row in RUNTIME_BAD_INPUTS:
+        inputs = make()
+        arrays = tuple(jnp.asarray(inputs[k]) for k in names)
+        key = tuple(a.dtype for a in arrays)
+        groups.setdefault(key, []).append((name, arrays, row))
+    for cases in groups.values():
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *[c[1] for c in cases])
+        found, rows = eqx.filter_jit(jax.vmap(result))(stacked)
+        for index, (name, _, row) in enumerate(cases):
+            expected = order.index(RUNTIME_RESULTS[name])
+            assert np.flatnonzero(np.asarray(found[index])).tolist() == [expected], name
+            assert int(rows[index]) == row, name
+    # And a valid input is `successful`, its row -1.
+    valid = tuple(jnp.asarray(_inputs()[k]) for k in names)
+    found, row = eqx.filter_jit(result)(valid)
+    assert np.flatnonzero(np.asarray(found)).tolist() == [len(order) - 1]
+    assert int(row) == -1
+
+
 def test_the_sum_tolerance_on_both_sides():
     """Rows within the tolerance of their dtype (1e-3 for float32, 1e-2 for bfloat16)
     are accepted at every check level; a float32 row just past it is refused."""
