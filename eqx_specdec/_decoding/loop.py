@@ -492,9 +492,9 @@ def speculative_decode(
         every step, in order, with what the step emitted: int32 `(B, slots)`, each
         row's new tokens (as `DecodeResult.tokens` will hold them: within its limit,
         up to its first stop token) then -1. For printing text as it is accepted.
-    - `check_models`: `True` to raise (a `RuntimeError`, `RESULTS.invalid_model_output`) when a
-        model returns a distribution that is not one, naming the model, the row and
-        (called from Python) the step and generated position. Default `False`: the
+    - `check_models`: `True` to raise (a `RuntimeError`, inside the program) when a
+        model returns a distribution that is not one, naming the model and the row
+        (`DecodeResult.error_steps` gives the step). Default `False`: the
         loop checks every step anyway (finite, non-negative, summing to 1; logits after
         their softmax), and a row whose models return an invalid distribution stops
         there with the finish reason `"error"` (see

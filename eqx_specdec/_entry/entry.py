@@ -2,6 +2,7 @@
 contract's signature over it, [`eqx_specdec.speculative_accept`][]."""
 
 import functools
+import inspect
 import typing
 from types import MappingProxyType
 from typing import NamedTuple
@@ -279,19 +280,14 @@ def verify(
 
 # `speculative_accept`'s default verifier, the one `verify` runs when given none.
 _STANDARD = Verifier()
+# `verify`'s defaults, read once from its signature (said there alone).
 _VERIFY_DEFAULTS = MappingProxyType(
-    {
-        "verifier": None,
-        "check_inputs": "read",
-        "logprobs": None,
-        "allowed": None,
-        "draft_allowed": True,
-        "exact_only": False,
-    }
+    {n: p.default for n, p in inspect.signature(verify).parameters.items()}
 )
 
 
 def _is_default(name: str, value) -> bool:
+    """Whether `value` is `verify`'s own default for its option `name`."""
     default = _VERIFY_DEFAULTS[name]
     if default is None or isinstance(value, bool):
         return value is default

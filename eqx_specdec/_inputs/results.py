@@ -100,20 +100,14 @@ class Status(eqx.Module):
     messages: tuple[str, ...] = eqx.field(static=True)
 
 
-def unchecked() -> Status:
-    """The status of a program without checks: constants, so that the program is the
-    verifier's own."""
-    return Status(np.int32(-1), RESULTS.successful, np.int32(-1), ())
-
-
 def status_of(problems: list[Problem]) -> Status:
     """The first problem in `problems` that occurs, and its first row.
 
     Computed as each row's first problem (one elementwise pass, which XLA fuses), then
     the least of them and the first row holding it: a few kernels whatever the number
     of problems."""
-    if not problems:
-        return unchecked()
+    if not problems:  # constants, so that the program is the verifier's own
+        return Status(np.int32(-1), RESULTS.successful, np.int32(-1), ())
     count = len(problems)
     code = jnp.full(problems[0].flags.shape, count, jnp.int32)
     for index in reversed(range(count)):
@@ -138,15 +132,6 @@ def first_of(old: Status, new: Status) -> Status:
         jnp.where(keep, old.row, new.row),
         new.messages,
     )
-
-
-def message(status: Status) -> str | None:
-    """The message of `status`'s problem on the host (its row filled in), or `None`
-    when there is none. Outside `jax.jit`."""
-    index = int(np.asarray(status.index))
-    if index < 0:
-        return None
-    return status.messages[index].format(row=int(np.asarray(status.row)))
 
 
 class _RowMessages(Sequence):
