@@ -3,9 +3,8 @@
 import importlib as _importlib
 import importlib.metadata as _metadata
 
-from . import evaluation as evaluation, models as models
+from . import evaluation as evaluation, families as families, models as models
 from ._chain.abstract_verifier import AbstractVerifier as AbstractVerifier
-from ._chain.keys import uniforms_from_key as uniforms_from_key
 from ._chain.verifier import Verifier as Verifier
 from ._decoding.autoregressive import autoregressive_decode as autoregressive_decode
 from ._decoding.loop import speculative_decode as speculative_decode

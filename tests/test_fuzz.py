@@ -389,7 +389,8 @@ def test_tree_accept_on_a_chain_and_from_a_key(case):
             error, key_bad - {"accept_uniforms", "sample_uniforms"} or CHAIN_ARGUMENTS
         )
         return
-    accept, sample = es.uniforms_from_key(key, batch, gamma)
+    drawn = es.Uniforms.from_key(key, batch, gamma)
+    accept, sample = drawn.accept, drawn.sample
     with_uniforms = es.speculative_accept(x, q, p, accept, sample, check_inputs="off")
     for name in ("num_accepted", "tokens"):
         np.testing.assert_array_equal(from_key[name], with_uniforms[name])

@@ -124,7 +124,8 @@ def test_logprobs_from_a_key_match_the_uniforms_entry_point():
     key = jax.random.key(5)
     spec = es.LogProbs(top_k=2)
     out = accept_from_key(key, tokens, draft, target, logprobs=spec)
-    u, s = es.uniforms_from_key(key, 4, 3)
+    drawn = es.Uniforms.from_key(key, 4, 3)
+    u, s = drawn.accept, drawn.sample
     direct = es.speculative_accept(tokens, draft, target, u, s, logprobs=spec)
     for name in ("tokens", "logprobs", "top_logprobs", "top_tokens"):
         np.testing.assert_array_equal(out[name], direct[name])

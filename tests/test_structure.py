@@ -33,6 +33,7 @@ PUBLIC_CLASSES = [
     for module in (
         eqx_specdec,
         eqx_specdec.evaluation,
+        eqx_specdec.families,
         eqx_specdec.models,
         eqx_specdec.demo,
     )
@@ -76,13 +77,18 @@ def test_the_public_api_is_what_the_docs_list():
         "AbstractCachedModel", "PromptLookupDraft", "Tempered", "Warped",
         "DraftVocabulary", "SharedVocabulary", "StringLevelDraft",
     }  # fmt: skip
+    assert {cls.__name__ for cls in _public_classes(eqx_specdec.families)} == {
+        "AbstractEvaluationFamily", "Problem", "StepOptions",
+    }  # fmt: skip
     # At most 65 top-level names: what users call (the demo's and the real model's
     # submodules load on first use).
     names = [
         name
         for name, obj in vars(eqx_specdec).items()
         if not name.startswith("_")
-        and not (inspect.ismodule(obj) and name not in ("evaluation", "models"))
+        and not (
+            inspect.ismodule(obj) and name not in ("evaluation", "families", "models")
+        )
     ]
     assert len(names) <= 65, sorted(names)
     # The demo's models, corpus, codec and training live in their own submodule.

@@ -475,7 +475,8 @@ def test_key_entry_point_is_reproducible_and_batch_invariant(verifier):
     np.testing.assert_array_equal(first["tokens"][:5], head["tokens"])
     other = accept_from_key(jax.random.key(43), x, q, p, verifier=verifier)
     assert not np.array_equal(first["tokens"], other["tokens"])
-    u, s = eqx_specdec.uniforms_from_key(key, 16, 4, verifier=verifier)
+    drawn = eqx_specdec.Uniforms.from_key(key, 16, 4, verifier=verifier)
+    u, s = drawn.accept, drawn.sample
     explicit = eqx_specdec.speculative_accept(x, q, p, u, s, verifier=verifier)
     np.testing.assert_array_equal(first["tokens"], explicit["tokens"])
 

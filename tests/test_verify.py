@@ -211,18 +211,18 @@ def test_one_device_paths_raise_one_error_class_that_does_not_linger(on_error):
     assert out.stdout.strip().endswith("ok 8" if on_error == "raise" else "ok 0")
 
 
-def test_a_tree_draws_its_randomness_from_a_key_as_uniforms_from_key_says():
+def test_a_tree_draws_its_randomness_from_a_key_as_uniforms_from_key_draws():
     """With a key, row b of a tree uses `fold_in(key, b)` alone, drawn as
-    `uniforms_from_key` draws a chain's (one accept uniform per node)."""
+    `Uniforms.from_key` draws a chain's (one accept uniform per node)."""
     key = jax.random.key(11)
     tree = es.Draft(X, es.Probabilities(TREE_Q), PARENTS)
-    accept, sample = es.uniforms_from_key(key, B, X.shape[1])
+    drawn = es.Uniforms.from_key(key, B, X.shape[1])
     _same(
         es.verify(es.Probabilities(P[:, :4]), tree, key, verifier=es.TreeVerifier()),
         es.verify(
             es.Probabilities(P[:, :4]),
             tree,
-            es.Uniforms(accept, sample),
+            drawn,
             verifier=es.TreeVerifier(),
         ).as_dict(),
     )

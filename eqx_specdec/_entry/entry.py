@@ -5,7 +5,6 @@ import functools
 import inspect
 import typing
 from types import MappingProxyType
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -14,39 +13,71 @@ from jaxtyping import Array, Int, Key
 
 from .._chain.abstract_verifier import AbstractVerifier
 from .._chain.inputs import is_key
-from .._chain.keys import uniforms_from_key
 from .._chain.logits import logits_step
 from .._chain.verifier import probability_step, Verifier
 from .._exactness import refuse_inexact
 from .._inputs.checks import check_level, CheckLevel
 from .._inputs.logprobs import LogProbs
-from .._inputs.results import raise_if_failed, raise_on_host, status_of
+from .._inputs.results import Problem, raise_if_failed, raise_on_host, status_of
 from .._inputs.typed_inputs import Draft, Logits, Probabilities, Uniforms
+from .._misc import no_type_check
 from .._warps.warp import Warp
 from .verification import OPTIONAL_OUTPUTS, Verification
 
 
-class StepOptions(NamedTuple):
-    """The options of one step besides its inputs (arrays traced, the rest static)."""
+@no_type_check  # its fields are checked where they are read, naming the argument
+class StepOptions(eqx.Module):
+    """The options of one [`eqx_specdec.verify`][] call besides its inputs, as
+    [`eqx_specdec.families.verification_step`][] gets them.
+
+    **Fields:**
+
+    - `logprobs`: `None` or the [`eqx_specdec.LogProbs`][] asked for.
+    - `allowed`: `None` or bool `(B, G + 1, V)`, the allowed tokens per position.
+    - `draft_allowed`: whether the draft sampled under `allowed`.
+    - `history`: `None` or int `(B, H)`, the tokens a warp's penalties count.
+    - `check_inputs`: the check level, `"read"`, `"all"` or `"off"`.
+    """
 
     logprobs: LogProbs | None
     allowed: Array | None
-    draft_allowed: bool
+    draft_allowed: bool = eqx.field(static=True)
     history: Int[Array, "B H"] | None
-    check_inputs: CheckLevel
+    check_inputs: CheckLevel = eqx.field(static=True)
 
 
 @functools.singledispatch
-def verification_step(verifier, target, draft, randomness, options: StepOptions):
-    """One verification step of `verifier` on typed inputs, traced inside
-    [`eqx_specdec.verify`][]'s program: the outputs' dict and the run-time checks'
-    [`Problem`][eqx_specdec._inputs.results.Problem]s (none with checks off). Each
-    verifier family registers its own (chains here, trees in their package); a family
-    of your own registers with `verification_step.register`."""
+def verification_step(
+    verifier, target, draft, randomness, options: StepOptions
+) -> tuple[dict[str, Array], list[Problem]]:
+    """One verification step of `verifier`, which [`eqx_specdec.verify`][] calls inside
+    its compiled program (so traced, on the typed inputs as the caller gave them).
+    Chains and trees register theirs; a family of your own (a verifier class of its
+    own) registers with `@verification_step.register` on a function whose first
+    argument is annotated with its class.
+
+    **Arguments:**
+
+    - `verifier`: the verifier.
+    - `target`: the [`eqx_specdec.Probabilities`][] or [`eqx_specdec.Logits`][] of
+        the target.
+    - `draft`: the [`eqx_specdec.Draft`][].
+    - `randomness`: the [`eqx_specdec.Uniforms`][], or a typed `jax.random` key.
+    - `options`: the [`eqx_specdec.families.StepOptions`][].
+
+    **Returns:**
+
+    `(outputs, problems)`: the outputs as a dict (`"num_accepted"` int32 `(B,)`,
+    `"tokens"` int32 `(B, G + 1)`, and the fields of `logprobs` when asked), and the
+    run-time checks as a list of [`eqx_specdec.families.Problem`][] (empty with
+    checks off). `verify` builds the [`eqx_specdec.Verification`][] from them and
+    raises the first problem's message, with its first row, when `throw=True`.
+    """
     raise TypeError(
         "`verifier` must be an eqx_specdec.AbstractVerifier (Verifier, "
         "ShardedVerifier) or an eqx_specdec.AbstractTreeVerifier (TreeVerifier, "
-        f"TraversalVerifier); got {type(verifier).__name__}."
+        f"TraversalVerifier), or a family registered with "
+        f"eqx_specdec.families.verification_step; got {type(verifier).__name__}."
     )
 
 
@@ -65,10 +96,11 @@ def as_key(value):
 
 
 def _chain_uniforms(randomness, verifier, tokens):
-    if isinstance(randomness, Uniforms):
-        return randomness.accept, randomness.sample
-    batch, gamma = jnp.shape(tokens)
-    return uniforms_from_key(randomness, batch, gamma, verifier=verifier)
+    if not isinstance(randomness, Uniforms):
+        randomness = Uniforms.from_key(
+            randomness, *jnp.shape(tokens), verifier=verifier
+        )
+    return randomness.accept, randomness.sample
 
 
 @verification_step.register
@@ -189,7 +221,7 @@ def verify(
         follows the last draft token), `(B, N + 1, V)` per context for a tree.
     - `draft`: the [`eqx_specdec.Draft`][].
     - `randomness`: [`eqx_specdec.Uniforms`][] (as the contract has them), or a
-        `jax.random` key: for a chain, drawn as [`eqx_specdec.uniforms_from_key`][]
+        `jax.random` key: for a chain, drawn as [`eqx_specdec.Uniforms.from_key`][]
         says (a row's tokens do not depend on the other rows or the batch size); for a
         tree, row $b$'s uniforms from `fold_in(key, b)`.
     - `verifier`: the rule. Default: the standard rule for chains,

@@ -9,9 +9,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._chain.verifier import Verifier
 from .._misc import numpy_softmax
-from .._tree.abstract_tree_verifier import AbstractTreeVerifier
 from .closed_form import closed_form_problem, emission_in_closed_form
 from .lossless import emission_by_monte_carlo, emission_by_quadrature, evaluation_family
 from .validation import check_distributions
@@ -261,7 +259,7 @@ EXACT_TOLERANCE = 1e-4
 
 
 def evaluate_verifier(
-    verifier: Verifier | AbstractTreeVerifier,
+    verifier: eqx.Module,
     draft_probs,
     target_probs,
     *,
@@ -281,7 +279,8 @@ def evaluate_verifier(
     **Arguments:**
 
     - `verifier`: the [`eqx_specdec.Verifier`][], or a tree verifier built with its
-        `tree` ([`eqx_specdec.TreeVerifier`][], [`eqx_specdec.TraversalVerifier`][]).
+        `tree` ([`eqx_specdec.TreeVerifier`][], [`eqx_specdec.TraversalVerifier`][]),
+        or a verifier of a family of your own (see [`eqx_specdec.families`][]).
     - `draft_probs`: `(G, V)`, or `None` for one-hot drafts (for a tree, `(N + 1, V)`:
         see [`eqx_specdec.evaluation.emission_by_quadrature`][]).
     - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`).

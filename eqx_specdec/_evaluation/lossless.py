@@ -1,5 +1,6 @@
 """Tools that measure the distribution a verifier emits, to show it is lossless."""
 
+import abc
 import functools
 import itertools
 import math
@@ -141,7 +142,7 @@ def stage_breakpoints(
 
 
 def emission_by_quadrature(
-    verifier: Verifier | AbstractTreeVerifier,
+    verifier: eqx.Module,
     draft_probs,
     target_probs,
     *,
@@ -365,7 +366,7 @@ def _verifier_inputs(draft, target, log_inputs):
 
 
 def emission_by_monte_carlo(
-    verifier: Verifier | AbstractTreeVerifier,
+    verifier: eqx.Module,
     draft_probs,
     target_probs,
     key,
@@ -494,16 +495,58 @@ def _root_optimum(verifier, q, p, root_acceptance) -> dict:
     return {"root_acceptance": root_acceptance, "optimal_acceptance": float(optimum)}
 
 
-class EvaluationFamily:
+class AbstractEvaluationFamily(eqx.Module):
     """What the evaluation tools do that depends on the verifier's family: how its
     emission is measured, when exact quadrature applies, what its tokens are measured
-    against, what else is reported. One per family, chosen by `evaluation_family`."""
+    against, what else is reported. [`eqx_specdec.families.evaluation_family`][]
+    returns one per verifier; a family of your own subclasses this and registers it.
 
-    def __init__(self, verifier):
-        self.verifier = verifier
+    All of it runs on the host (NumPy in, NumPy out), outside any trace.
+
+    **Fields:**
+
+    - `verifier`: the verifier evaluated.
+    """
+
+    verifier: eqx.AbstractVar[object]
+
+    @abc.abstractmethod
+    def quadrature(self, draft_probs, target_probs, **options) -> EmissionEstimate:
+        """The emission measured by exact quadrature, as
+        [`eqx_specdec.evaluation.emission_by_quadrature`][] returns it; `options` are
+        that tool's keyword arguments."""
+
+    @abc.abstractmethod
+    def monte_carlo(
+        self, draft_probs, target_probs, key, num_draws: int, **options
+    ) -> EmissionEstimate:
+        """The emission counted over `num_draws` draws, as
+        [`eqx_specdec.evaluation.emission_by_monte_carlo`][] returns it."""
+
+    @abc.abstractmethod
+    def check_shape(self, tool: str) -> None:
+        """Raises, naming `tool`, when the verifier cannot be evaluated at all (before
+        any work); returns `None` otherwise."""
+
+    @abc.abstractmethod
+    def quadrature_problem(self, q, p) -> Exception | None:
+        """Why exact quadrature does not apply to these distributions (the error to
+        raise when it is asked for), or `None` when it does."""
+
+    @abc.abstractmethod
+    def target(self, p, accepted_law) -> tuple[np.ndarray, int]:
+        """What the emitted tokens are measured against, one row per position, and the
+        number of draft positions (given the measured law of the number accepted)."""
+
+    @abc.abstractmethod
+    def extra_fields(self, q, p, root_acceptance: float) -> dict:
+        """Fields of [`eqx_specdec.evaluation.Evaluation`][] that only this family
+        reports (`{}` for none)."""
 
 
-class _ChainEvaluation(EvaluationFamily):
+class _ChainEvaluation(AbstractEvaluationFamily):
+    verifier: AbstractVerifier
+
     def quadrature(self, draft_probs, target_probs, **options):
         return _chain_quadrature(self.verifier, draft_probs, target_probs, **options)
 
@@ -545,7 +588,9 @@ def emission_target(ratio_test, p: np.ndarray) -> np.ndarray:
     return p
 
 
-class _TreeEvaluation(EvaluationFamily):
+class _TreeEvaluation(AbstractEvaluationFamily):
+    verifier: AbstractTreeVerifier
+
     def quadrature(self, draft_probs, target_probs, *, chunk_size, **given):
         _refuse_for_trees("emission_by_quadrature", self.verifier, **given)
         return tree_emission_by_quadrature(
@@ -574,9 +619,20 @@ class _TreeEvaluation(EvaluationFamily):
 
 
 @functools.singledispatch
-def evaluation_family(verifier) -> EvaluationFamily:
-    """The [`EvaluationFamily`][] of `verifier`: chains and trees register theirs here;
-    a family of your own registers with `evaluation_family.register`."""
+def evaluation_family(verifier) -> AbstractEvaluationFamily:
+    """The [`eqx_specdec.families.AbstractEvaluationFamily`][] of `verifier`, which
+    the evaluation tools ([`eqx_specdec.evaluation.evaluate_verifier`][], the emission
+    estimators) call. Chains and trees register theirs; a family of your own registers
+    with `@evaluation_family.register` on a function of its verifier class.
+
+    **Arguments:**
+
+    - `verifier`: the verifier.
+
+    **Returns:**
+
+    Its [`eqx_specdec.families.AbstractEvaluationFamily`][].
+    """
     raise TypeError(
         "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier), or a tree "
         f"verifier (TreeVerifier, TraversalVerifier); got {type(verifier).__name__}."
@@ -584,10 +640,10 @@ def evaluation_family(verifier) -> EvaluationFamily:
 
 
 @evaluation_family.register
-def _chains(verifier: AbstractVerifier) -> EvaluationFamily:
+def _chains(verifier: AbstractVerifier) -> AbstractEvaluationFamily:
     return _ChainEvaluation(verifier)
 
 
 @evaluation_family.register
-def _trees(verifier: AbstractTreeVerifier) -> EvaluationFamily:
+def _trees(verifier: AbstractTreeVerifier) -> AbstractEvaluationFamily:
     return _TreeEvaluation(verifier)

@@ -11,7 +11,6 @@ and, when asked to throw, raises inside itself with Equinox's `branched_error_if
 import functools
 import os
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -80,13 +79,21 @@ class RESULTS(eqx.Enumeration):
     )
 
 
-class Problem(NamedTuple):
-    """One run-time check: per-row flags, its member of `RESULTS`, and its message (a
-    template with a `{row}` field)."""
+class Problem(eqx.Module):
+    """One run-time check of a verification step, as
+    [`eqx_specdec.families.verification_step`][] returns them.
+
+    **Fields:**
+
+    - `flags`: bool `(B,)`, the rows where the problem occurs.
+    - `result`: its member of [`eqx_specdec.RESULTS`][].
+    - `message`: what the error says, naming the argument (or the stage), the problem
+        and the fix, with a `{row}` field for the first row flagged.
+    """
 
     flags: Bool[Array, " B"]
     result: RESULTS
-    message: str
+    message: str = eqx.field(static=True)
 
 
 class Status(eqx.Module):

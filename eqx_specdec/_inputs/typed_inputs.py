@@ -110,3 +110,48 @@ class Uniforms(eqx.Module):
     sample: Float[ArrayLike, " B"] | Key[Array, " B"] | None = eqx.field(
         default=None, converter=as_array
     )
+
+    @classmethod
+    def from_key(
+        cls, key: Key[Array, ""], batch: int, width: int, *, verifier=None
+    ) -> "Uniforms":
+        """The uniforms [`eqx_specdec.verify`][] draws when its randomness is a
+        `jax.random` key.
+
+        Row $b$ uses only `row_key = jax.random.fold_in(key, b)`, so its randomness
+        depends neither on the batch size nor on the other rows. From it,
+        `accept_key, sample_key = jax.random.split(row_key)`;
+        `accept[b] = jax.random.uniform(accept_key, (width,), jnp.float32)`; and
+        `sample[b]` is `jax.random.uniform(sample_key, (), jnp.float32)`, or
+        `sample_key` itself for a key-driven sampler
+        ([`eqx_specdec.GumbelSampler`][]).
+
+        **Arguments:**
+
+        - `key`: a `jax.random` key (typed, from `jax.random.key`).
+        - `batch`: the number of rows $B$.
+        - `width`: the draft length $G$ of a chain, or the number of nodes $N$ of a
+            tree.
+        - `verifier`: the chain verifier the randomness is for, when its sampler may
+            take a key (its `residual_sampler.randomness` decides between a uniform
+            and a key per row). Default `None`: a uniform per row.
+
+        **Returns:**
+
+        The [`eqx_specdec.Uniforms`][]: `accept` float32 `(B, width)`, `sample`
+        float32 `(B,)` or a key array `(B,)`.
+        """
+        sampler = getattr(verifier, "residual_sampler", None)
+        key_per_row = getattr(sampler, "randomness", None) == "key"
+        row_keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(
+            jnp.arange(batch, dtype=jnp.uint32)
+        )
+        split = jax.vmap(jax.random.split)(row_keys)
+        accept_keys, sample_keys = split[:, 0], split[:, 1]
+        accept = jax.vmap(lambda k: jax.random.uniform(k, (width,), jnp.float32))(
+            accept_keys
+        )
+        if key_per_row:
+            return cls(accept, sample_keys)
+        sample = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(sample_keys)
+        return cls(accept, sample)

@@ -184,9 +184,18 @@ def uniforms(keys, count: int, key_sampler: bool):
 @functools.singledispatch
 def default_proposal(verifier) -> AbstractProposal:
     """The proposal [`eqx_specdec.speculative_decode`][] runs for `verifier` when none
-    is given: each verifier family registers its own (`Chain()` for chains, the
-    verifier's `tree` for trees); a family of your own registers with
-    `default_proposal.register`."""
+    is given. Chains register `Chain()`, trees the verifier's own `tree`; a family of
+    your own registers with `@default_proposal.register` on a function of its
+    verifier class.
+
+    **Arguments:**
+
+    - `verifier`: the verifier.
+
+    **Returns:**
+
+    An [`eqx_specdec.AbstractProposal`][].
+    """
     raise TypeError(
         "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier), or a tree "
         f"verifier (TreeVerifier, TraversalVerifier); got {type(verifier).__name__}."

@@ -14,7 +14,6 @@ from .._chain.inputs import (
     TREE_NAMES,
     validate_step,
 )
-from .._chain.keys import row_uniforms
 from .._chain.logits import checked_history, history_counts, warp_problems
 from .._entry.entry import StepOptions, verification_step
 from .._inputs.checks import (
@@ -253,9 +252,9 @@ def tree_step(
 
 
 def _tree_uniforms(randomness, shape: tuple[int, int]):
-    if isinstance(randomness, Uniforms):
-        return randomness.accept, randomness.sample
-    return row_uniforms(randomness, *shape)
+    if not isinstance(randomness, Uniforms):
+        randomness = Uniforms.from_key(randomness, *shape)
+    return randomness.accept, randomness.sample
 
 
 @verification_step.register
