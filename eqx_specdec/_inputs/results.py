@@ -123,11 +123,20 @@ def status_of(problems: list[Problem]) -> Status:
     found = first < count
     index = jnp.where(found, first, -1).astype(jnp.int32)
     row = jnp.where(found, jnp.argmax(code == first), -1).astype(jnp.int32)
-    result = RESULTS.successful
-    for i in reversed(range(count)):
-        result = RESULTS.where(index == i, problems[i].result, result)
+    # The member as one lookup in a table of the members' values (a pytree leaf each),
+    # not a chain of `RESULTS.where`: a few operations whatever the number of problems.
+    table = [_value(problem.result) for problem in problems]
+    table = jnp.asarray(np.array(table + [_value(RESULTS.successful)], np.int32))
+    value = table[jnp.where(found, first, count)]
+    result = jax.tree.map(lambda _: value, RESULTS.successful)
     messages = tuple(problem.message for problem in problems)
     return Status(index, result, row, messages)
+
+
+def _value(member: RESULTS) -> int:
+    """The integer a member of `RESULTS` holds (its one pytree leaf)."""
+    (leaf,) = jax.tree.leaves(member)
+    return int(leaf)
 
 
 def first_of(old: Status, new: Status) -> Status:
