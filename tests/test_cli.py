@@ -183,6 +183,43 @@ def test_errors_are_clear(argv, message, capsys):
     assert captured.out == ""  # refused before any work
 
 
+@pytest.mark.parametrize(
+    "argv, first_line",
+    [
+        (
+            ["chat", "--temprature", "0.7", "Tell me a joke."],
+            "eqx-specdec chat: error: unknown option --temprature; did you mean "
+            "--temperature?",
+        ),
+        (
+            ["demo", "--batch", "2", "--tokns=3"],
+            "eqx-specdec demo: error: unknown option --tokns; did you mean --tokens?",
+        ),
+        (["demo", "--xyz"], "eqx-specdec demo: error: unknown option --xyz;"),
+    ],
+)
+def test_a_mistyped_option_is_named_with_the_closest_and_the_usage(
+    argv, first_line, capsys
+):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(argv)
+    assert exit_info.value.code == 2
+    error, *usage = capsys.readouterr().err.splitlines()
+    assert error.startswith(first_line)
+    assert "Tell me" not in error  # the words after it are not the mistake
+    assert usage[0].startswith(f"usage: eqx-specdec {argv[0]} ")
+
+
+@pytest.mark.parametrize("argv", [["chat", ""], ["chat", "  "], ["chat", "Tell", "me"]])
+def test_chat_refuses_an_empty_or_unquoted_prompt_before_any_work(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("eqx-specdec chat: error: ")
+    assert captured.err.count("\n") == 1 and captured.out == ""
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         _cli.main(["--version"])

@@ -2,6 +2,7 @@
 `evaluate`."""
 
 import argparse
+import difflib
 import importlib.metadata
 import importlib.util
 import json
@@ -99,10 +100,40 @@ def _plot_path(text: str) -> str:
 
 class _Parser(argparse.ArgumentParser):
     """Errors as one line, `eqx-specdec demo: error: argument --plot: ...` (without the
-    usage lines argparse prints first: `--help` has them)."""
+    usage lines argparse prints first: `--help` has them). An option the command does not
+    have is named alone, with the closest one it has and the command's usage after the
+    error (never the words that followed it, which argparse would list too: a prompt
+    after a mistyped option is not the mistake)."""
+
+    commands: dict = {}  # the top-level parser's: each command's parser, by name
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.commands.get(getattr(parsed, "command", None), self)
+            command.refuse(extras)
+        return parsed
+
+    def refuse(self, extras: list[str]):
+        """Exits with the error for words the command did not take."""
+        options = [word.split("=")[0] for word in extras if word.startswith("-")]
+        if not options:
+            more = " ".join(repr(word) for word in extras)
+            self.error(
+                f"unexpected argument(s) {more}: a message of several words is one "
+                'argument, in quotes ("...").'
+            )
+        known = [name for action in self._actions for name in action.option_strings]
+        close = difflib.get_close_matches(options[0], known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ";"
+        self.exit(
+            2,
+            f"{self.prog}: error: unknown option {options[0]}{hint} "
+            f"`{self.prog} --help` lists the options.\n{self.format_usage()}",
+        )
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -110,6 +141,15 @@ class _Formatter(argparse.HelpFormatter):
 
     def _split_lines(self, text, width):
         return textwrap.wrap(text, width, break_on_hyphens=False)
+
+
+def _prompt(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "the prompt is empty: give the message to answer, in quotes "
+            '(eqx-specdec chat "Summarise: ...").'
+        )
+    return text
 
 
 def _rounded(value):
@@ -233,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="{demo,chat,fetch,record,evaluate,train-transformers}"
     )
     sub.required = True
+    parser.commands = sub.choices  # for `_Parser.parse_args`: each command's parser
     demo = sub.add_parser(
         "demo",
         help="speculative decoding with the built-in n-gram model pair",
@@ -307,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         "then times speculative against plain decoding of the same model.",
         formatter_class=_Formatter,
     )
-    chat.add_argument("prompt", help="the user's message")
+    chat.add_argument("prompt", type=_prompt, help="the user's message, in quotes")
     chat.add_argument(
         "--tokens",
         type=_positive(int),
