@@ -10,6 +10,7 @@ import pytest
 from helpers import default_xla_environment
 
 from eqx_specdec._cli import demo as _cli_demo, main as _cli
+from eqx_specdec._cli.chat import timing_rows
 
 
 def _run(argv, capsys):
@@ -218,6 +219,15 @@ def test_chat_refuses_an_empty_or_unquoted_prompt_before_any_work(argv, capsys):
     captured = capsys.readouterr()
     assert captured.err.startswith("eqx-specdec chat: error: ")
     assert captured.err.count("\n") == 1 and captured.out == ""
+
+
+def test_the_chat_timing_table_adds_up():
+    """Tokens per second is the tokens over the median seconds; the speed-up the median
+    of the runs' ratios, with their least and greatest."""
+    rows = dict(timing_rows(40, [1.0, 2.0, 4.0], [0.5, 1.0, 1.0]))
+    assert rows["plain decoding"] == "2.00 s, 20.0 tokens/s"
+    assert rows["speculative decoding"] == "1.00 s, 40.0 tokens/s"
+    assert rows["speed-up (wall clock)"] == "2.00x (from 2.00x to 4.00x over 3 runs)"
 
 
 def test_version(capsys):

@@ -17,6 +17,7 @@ import pytest
 from user_stages import Capped
 
 import eqx_specdec as es
+from eqx_specdec._cli.chat import answer_rows
 from eqx_specdec.llm import (
     fetch_smollm2,
     Llama,
@@ -219,6 +220,22 @@ def test_greedy_speculative_decoding_equals_plain_greedy_decoding(smollm2):
         assert n == 24 or answer[-1] in stops
     # Prompt lookup drafted, and more than one token per target call came out.
     assert float(result.tokens_per_call()) > 1.5
+    # `chat`'s table of this run adds up: the answer's tokens (to its stop token) over
+    # the row's target calls, each position's acceptance over the steps that reached
+    # it, "-" (never NaN) where none did.
+    for row in range(len(spec)):
+        table = dict(answer_rows(result, row))
+        n, calls = int(result.lengths[row]), int(result.target_calls[row])
+        assert table["answer tokens"].startswith(f"{n} ")
+        assert float(table["answer tokens per target call"]) == round(n / calls, 2)
+        hist = np.asarray(result.accepted_histogram[row])
+        assert (hist * np.arange(1, hist.size + 1)).sum() >= n  # committed, stop incl.
+        reached = hist[::-1].cumsum()[::-1]
+        for k, shown in enumerate(table["acceptance by draft position"].split()):
+            if reached[k] == 0:
+                assert shown == "-"
+            else:
+                assert float(shown) == round(reached[k + 1] / reached[k], 2)
 
 
 def test_sampled_speculative_decoding_is_lossless_and_a_lossy_rule_is_caught(smollm2):

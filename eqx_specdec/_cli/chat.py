@@ -52,8 +52,65 @@ class TextStream:
         self.printed = text
 
 
+def say(message: str) -> None:
+    """A progress line, on stderr: stdout keeps the answer and its table."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def answer_rows(result, row: int = 0) -> list[tuple[str, str]]:
+    """The table of one row's answer: its tokens (to the stop token, which the answer
+    includes), the target calls, their quotient, and the acceptance at each draft
+    position (the steps that accepted it over the steps that reached it; `-` for a
+    position no step reached)."""
+    generated = int(result.lengths[row])
+    calls = int(result.target_calls[row])
+    hist = np.asarray(result.accepted_histogram[row], np.int64)
+    reached = hist[::-1].cumsum()[::-1]  # steps that accepted at least k draft tokens
+    rates = [
+        f"{reached[k + 1] / reached[k]:.2f}" if reached[k] else "-"
+        for k in range(len(hist) - 1)
+    ]
+    reason = result.finish_reason_names()[row]
+    return [
+        ("answer tokens", f"{generated} (finished by {reason})"),
+        ("target calls", f"{calls}"),
+        ("answer tokens per target call", f"{generated / calls:.2f}"),
+        ("acceptance by draft position", " ".join(rates)),
+    ]
+
+
+def timing_rows(tokens: int, plain: list, speculative: list) -> list[tuple[str, str]]:
+    """The table of the timed runs: `plain[i]` and `speculative[i]`, the seconds of
+    run `i` of each (interleaved, compiled), decoding the same `tokens`. Tokens per
+    second is `tokens` over the median seconds; the speed-up is the median of the runs'
+    ratios, with their least and greatest."""
+    plain_s, spec_s = float(np.median(plain)), float(np.median(speculative))
+    ratios = np.asarray(plain) / np.asarray(speculative)
+    runs = len(ratios)
+    spread = (
+        f" (from {ratios.min():.2f}x to {ratios.max():.2f}x over {runs} runs)"
+        if runs > 1
+        else " (one run: no spread measured)"
+    )
+    return [
+        ("plain decoding", f"{plain_s:.2f} s, {tokens / plain_s:.1f} tokens/s"),
+        ("speculative decoding", f"{spec_s:.2f} s, {tokens / spec_s:.1f} tokens/s"),
+        ("speed-up (wall clock)", f"{float(np.median(ratios)):.2f}x{spread}"),
+    ]
+
+
+# The width of the table's first column: its longest name, of either part.
+_WIDTH = len("answer tokens per target call")
+
+
+def print_rows(rows) -> None:
+    for name, value in rows:
+        print(f"  {name:<{_WIDTH}}  {value}", flush=True)
+
+
 def run_chat(args) -> dict:
     start = time.perf_counter()
+    say("loading SmolLM2-135M-Instruct...")
     model, tokenizer = load_gguf(args.model or fetch_smollm2())
     loaded = time.perf_counter() - start
     prompt = tokenizer.encode(tokenizer.chat(args.prompt))
@@ -74,7 +131,12 @@ def run_chat(args) -> dict:
         f"SmolLM2-135M-Instruct (loaded in {loaded:.1f} s), temperature "
         f"{args.temperature:g}, prompt-lookup draft, G = {args.gamma}"
     )
-    print(f"\nuser: {args.prompt}\n\nassistant: ", end="", flush=True)
+    print(f"\nuser: {args.prompt}\n")
+    say(
+        "(compiling the decoding loop: about 10 s on 2 CPU cores; the answer streams "
+        "after it)"
+    )
+    print("assistant: ", end="", flush=True)
     stream = TextStream(tokenizer)
 
     def speculative(stream=None, num_tokens=args.tokens):
@@ -95,55 +157,41 @@ def run_chat(args) -> dict:
     result = speculative(stream)
     print("\n")
     generated = int(result.lengths[0])
-    seconds = (
-        stream.times[-1] - stream.times[0] if len(stream.times) > 1 else float("nan")
+    print_rows(answer_rows(result))
+    if not args.compare:
+        return {"result": result, "text": stream.printed}
+
+    def plain():
+        return autoregressive_decode(
+            model, prompt_tokens, None, generated, key, outputs="logits"
+        )
+
+    def timed():
+        return speculative(num_tokens=generated)
+
+    say(
+        f"timing plain against speculative decoding of these {generated} tokens "
+        "(--no-compare skips it): compiling both..."
     )
-    rates = np.asarray(result.acceptance_rate())
-    rows = [
-        ("generated tokens", f"{generated} ({result.finish_reason_names()[0]})"),
-        ("target calls", f"{int(result.target_calls[0])}"),
-        ("tokens per target call", f"{result.tokens_per_call():.2f}"),
-        ("acceptance by position", " ".join(f"{r:.2f}" for r in rates)),
-        (
-            "speculative tokens/s (streamed, after the first step)",
-            f"{(generated - stream.counts[0]) / seconds:.1f}"
-            if seconds == seconds
-            else "-",
-        ),
-    ]
-    if args.compare:
-
-        def plain():
-            return autoregressive_decode(
-                model, prompt_tokens, None, generated, key, outputs="logits"
+    runs = (("plain", plain), ("speculative", timed))
+    compiled = time.perf_counter()
+    for _, run in runs:  # compiled, and run once
+        jax.block_until_ready(run())
+    times = {"plain": [], "speculative": []}
+    for i in range(args.repeats):  # interleaved
+        if i == 0:
+            say(
+                f"compiled in {time.perf_counter() - compiled:.0f} s; {args.repeats} runs"
             )
-
-        def timed():
-            return speculative(num_tokens=generated)
-
-        for run in (plain, timed):  # compiled first
+        for name, run in runs:
+            t = time.perf_counter()
             jax.block_until_ready(run())
-        times = {"plain": [], "speculative": []}
-        for _ in range(args.repeats):  # interleaved
-            for name, run in (("plain", plain), ("speculative", timed)):
-                t = time.perf_counter()
-                jax.block_until_ready(run())
-                times[name].append(time.perf_counter() - t)
-        plain_s, spec_s = np.median(times["plain"]), np.median(times["speculative"])
-        rows += [
-            (
-                f"plain decoding, {generated} tokens (median of {args.repeats})",
-                f"{plain_s:.2f} s, {generated / plain_s:.1f} tokens/s",
-            ),
-            (
-                "speculative decoding, the same tokens",
-                f"{spec_s:.2f} s, {generated / spec_s:.1f} tokens/s",
-            ),
-            ("speed-up (wall clock, measured)", f"{plain_s / spec_s:.2f}x"),
-        ]
-    width = max(len(r[0]) for r in rows)
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value}")
+            times[name].append(time.perf_counter() - t)
+        say(
+            f"  run {i + 1}/{args.repeats}: plain {times['plain'][-1]:.2f} s, "
+            f"speculative {times['speculative'][-1]:.2f} s"
+        )
+    print_rows(timing_rows(generated, times["plain"], times["speculative"]))
     return {"result": result, "text": stream.printed}
 
 
@@ -152,6 +200,7 @@ def run_fetch(args) -> None:
 
 
 def run_record(args) -> None:
+    say("loading SmolLM2-135M-Instruct...")
     model, tokenizer = load_gguf(fetch_smollm2())
     prompts = [
         tokenizer.encode(tokenizer.chat(text))
@@ -160,7 +209,15 @@ def run_record(args) -> None:
     ]
     if args.tokens < args.gamma + 1:
         fail(f"--tokens must be at least --gamma + 1 = {args.gamma + 1}.", "record")
+    say(
+        f"SmolLM2 continues {len(prompts)} prompts by {args.tokens} tokens (sampled, "
+        "temperature 1; compiling first, about 10 s)..."
+    )
     texts = continue_prompts(model, prompts, args.tokens, jax.random.key(args.seed))
+    say(
+        f"reading the texts with SmolLM2 and its first {args.draft_layers} layers, "
+        f"{args.windows} windows of G = {args.gamma} per prompt..."
+    )
     rows = record_rows(
         model,
         model.first_layers(args.draft_layers),

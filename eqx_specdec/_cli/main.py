@@ -22,7 +22,7 @@ from .._evaluation.evaluate import (
 )
 from ..demo import builtin_models, encode, write_builtin_transformers
 from ..llm import RecordedRows
-from .chat import run_chat, run_fetch, run_record
+from .chat import run_chat, run_fetch, run_record, say
 from .choices import (
     CHAIN_NAMES,
     DEMO_DEFAULT,
@@ -230,6 +230,13 @@ def run_evaluate(args) -> dict:
     if choice.drafting == "argmax":
         q = None
         law = np.eye(p.shape[1])[np.argmax(law, -1)]
+    # The exact methods take a second or so, or refuse the case at once (one line).
+    method = {
+        "auto": "exactly where it can be, else by Monte Carlo",
+        "monte-carlo": f"by Monte Carlo, {args.draws:,} draws",
+    }.get(args.method)
+    if method is not None:
+        say(f"measuring {args.verifier} on {args.case}, {method} (compiling first)...")
     try:
         result = evaluate_verifier(
             verifier,

