@@ -1,7 +1,7 @@
 """A user's rule is as first-class as the library's own.
 
 A lenient rule written from scratch against the abstract base (the worked example of
-"Writing a custom stage", examples/custom_stage.py) equals `LenientRatioTest` bit for bit
+"Writing a custom stage", docs/custom_stage.md) equals `LenientRatioTest` bit for bit
 wherever the library uses a rule's capabilities: one-device verification, vocabulary-
 sharded verification, the decoding loop's theory and exact quadrature. A rule without a
 capability gets `MissingCapabilityError` naming the method to write, on every path."""

@@ -1,39 +1,13 @@
-"""The example scripts shown in the README and the docs run and print what they claim."""
+"""The example script of the docs (`examples/train_draft.py`) runs and prints what it claims."""
 
 import pathlib
-import runpy
 import subprocess
 import sys
 
-import pytest
 from helpers import default_xla_environment
 
 
 EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
-
-
-@pytest.mark.parametrize(
-    "script, expected",
-    [
-        ("quickstart.py", ["num_accepted:", "tokens:"]),
-        (
-            "custom_stage.py",
-            [
-                "c = 1.00:",
-                "c = 0.25:",
-                "(quadrature): distance from the target",
-                "Capped, G = 4, V = 100 (closed-form): distance",
-            ],
-        ),
-        ("end_to_end.py", ["'the ' -> '", "tokens per target call:", "theory:"]),
-        ("your_own_variant.py", ["rescale=True", "): lossless", "): NOT lossless"]),
-    ],
-)
-def test_example_runs(script, expected, capsys):
-    runpy.run_path(str(EXAMPLES / script), run_name="__main__")
-    printed = capsys.readouterr().out
-    for text in expected:
-        assert text in printed
 
 
 def test_training_a_draft_for_acceptance_raises_it():

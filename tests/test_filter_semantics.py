@@ -3,8 +3,6 @@ static, so stages with Python `bool`, `int`, `str` and tuple fields used in Pyth
 control flow work eagerly, under `jax.jit`, `eqx.filter_jit`, `jax.vmap` and
 `eqx.filter_vmap` over a stacked module."""
 
-import importlib.util
-import pathlib
 from typing import ClassVar
 
 import equinox as eqx
@@ -13,15 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import accept_from_key, accept_logits, random_case
-from user_stages import SwitchedRatioTest, TopKArgmaxSampler
+from user_stages import page_classes, SwitchedRatioTest, TopKArgmaxSampler
 
 import eqx_specdec as es
 
 
-_EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "your_own_variant.py"
-_spec = importlib.util.spec_from_file_location("your_own_variant", _EXAMPLE)
-your_own_variant = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(your_own_variant)
+# The rule of "Your own variant in 30 lines", as the page defines it.
+RecycledUniformTest = page_classes("your_own_variant.md")["RecycledUniformTest"]
 
 GREEDY_CORRECTION = es.Verifier(
     residual_sampler=es.ArgmaxSampler(), allow_mismatch=True
@@ -124,10 +120,10 @@ def test_filter_vmap_over_a_stacked_verifier():
 
 
 def test_the_docs_recycled_uniform_test_runs_through_the_entry_point():
-    """The bool field of your_own_variant.py's rule steers Python control flow."""
+    """The bool field of your_own_variant.md's rule steers Python control flow."""
     x, q, p, u, s = _inputs()
     for rescale in (True, False):
-        verifier = es.Verifier(your_own_variant.RecycledUniformTest(rescale))
+        verifier = es.Verifier(RecycledUniformTest(rescale))
         out = es.speculative_accept(x, q, p, u, s, verifier=verifier)
         assert out["tokens"].shape == (24, 6)
 

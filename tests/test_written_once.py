@@ -1,5 +1,5 @@
 """A rule written once, as its acceptance function: the capped rule of "Writing a custom
-stage" (examples/custom_stage.py), `Capped`, is five lines, and the library derives the
+stage" (docs/custom_stage.md), `Capped`, is five lines, and the library derives the
 rest. Its verdict is the standard one at c = 1 bit for bit, on probabilities and on
 logits; its derived correction makes it lossless (quadrature, chains and trees, sampled
 and one-hot drafts); its closed-form emission equals quadrature's, for the lossy lenient

@@ -1,8 +1,9 @@
 """Stages written the way a research user would: subclasses of the abstract bases, one
 (at least) for every base, some with Python fields used in Python control flow."""
 
-import importlib.util
+import ast
 import pathlib
+import re
 from typing import ClassVar
 
 import jax
@@ -191,16 +192,22 @@ class MappedVerifier(eqx_specdec.AbstractVerifier):
         return jax.vmap(row)(draft_tokens, draft_probs, target_probs, accept, sample)
 
 
-def _custom_stage_example():
-    """examples/custom_stage.py, the worked example of "Writing a custom stage"."""
-    path = pathlib.Path(__file__).parent.parent / "examples" / "custom_stage.py"
-    spec = importlib.util.spec_from_file_location("custom_stage", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def page_classes(page: str) -> dict:
+    """The classes a docs page's Python blocks define, as a reader's paste defines them
+    (each block's imports and class definitions, run in one namespace)."""
+    text = (pathlib.Path(__file__).parent.parent / "docs" / page).read_text()
+    namespace = {"__name__": page}
+    for code in re.findall(r"```python\n(.*?)```", text, re.S):
+        kept = [
+            node
+            for node in ast.parse(code).body
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef))
+        ]
+        exec(compile(ast.Module(kept, []), page, "exec"), namespace)
+    return namespace
 
 
-# The docs' capped and lenient rules, as users write them.
-_EXAMPLE = _custom_stage_example()
-Capped = _EXAMPLE.Capped
-MyLenientRatioTest = _EXAMPLE.MyLenientRatioTest
+# The capped and lenient rules of "Writing a custom stage", as users write them.
+_PAGE = page_classes("custom_stage.md")
+Capped = _PAGE["Capped"]
+MyLenientRatioTest = _PAGE["MyLenientRatioTest"]
