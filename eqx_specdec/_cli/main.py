@@ -333,9 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--full",
         action="store_true",
         help="every verifier family, the draft-length table and the wall clock with "
-        "the transformer draft too (about a minute); by default the quick demo: "
-        "standard, block and tree verification, then the wall-clock section with the "
-        "bigram draft",
+        "the bigram and transformer drafts too (about a minute); by default the quick "
+        "demo: standard and tree verification, then the wall-clock section with the "
+        "prompt-lookup draft, greedy and sampled",
     )
     demo.add_argument(
         "--no-timing",
