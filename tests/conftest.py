@@ -29,25 +29,22 @@ os.environ["XLA_FLAGS"] = _flags.strip()
 # the suite's settings; the tests marked `execution_bound` turn it off (the fixture below).
 os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1" if QUICK_COMPILE else "0"
 
-import pathlib  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from jax._src import dispatch  # noqa: E402
 
+from eqx_specdec.llm._fetch import cache_dir  # noqa: E402
+
 
 # Shared compilation: XLA's persistent cache lets the two pytest workers and the 32-bit
 # and 64-bit runs reuse each other's compiled programs (most of the suite's time is
-# compilation). JAX keys entries by program, flags and devices. It lives in the user's
-# cache, beside the fetched model, not in the checkout: `$SPECDEC_COMPILATION_CACHE`, else
-# `$XDG_CACHE_HOME/eqx_specdec/jax-compilation-cache`, else under `~/.cache`. Programs
-# that compile in under 0.1 s are not stored: writing and reading thousands of them cost
-# more than compiling them again.
-COMPILATION_CACHE = os.environ.get("SPECDEC_COMPILATION_CACHE") or str(
-    pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
-    / "eqx_specdec"
-    / "jax-compilation-cache"
-)
+# compilation). JAX keys entries by program, flags and devices. It lives in the library's
+# cache beside the fetched model (`$EQX_SPECDEC_CACHE`, else `$XDG_CACHE_HOME/eqx_specdec`,
+# else `~/.cache/eqx_specdec`), not in the checkout. Programs that compile in under 0.1 s
+# are not stored: writing and reading thousands of them cost more than compiling them
+# again.
+COMPILATION_CACHE = str(cache_dir() / "jax-compilation-cache")
 jax.config.update("jax_compilation_cache_dir", COMPILATION_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
