@@ -280,7 +280,8 @@ def evaluate_verifier(
 
     - `verifier`: the [`eqx_specdec.Verifier`][], or a tree verifier built with its
         `tree` ([`eqx_specdec.TreeVerifier`][], [`eqx_specdec.TraversalVerifier`][]),
-        or a verifier of a family of your own (see [`eqx_specdec.families`][]).
+        or a verifier of a family of your own (see
+        [`eqx_specdec.families.evaluation_family`][]).
     - `draft_probs`: `(G, V)`, or `None` for one-hot drafts (for a tree, `(N + 1, V)`:
         see [`eqx_specdec.evaluation.emission_by_quadrature`][]).
     - `target_probs`: `(G + 1, V)` (for a tree, `(N + 1, V)`).
