@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 import eqx_specdec as es
+from benchmarks.bench import _read_bandwidth
 
 
 SHAPES = [(64, 5, 128_256), (256, 8, 32_000), (16, 5, 32_000)]
@@ -120,18 +121,6 @@ def ours(path, tokens, draft, target, key, checks):
     return out.num_accepted, out.tokens
 
 
-def _bandwidth(repeats):
-    x = jnp.ones((1 << 28,), jnp.float32)  # 1 GiB
-    total = jax.jit(jnp.sum)
-    total(x).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        total(x).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return x.nbytes / statistics.median(times)
-
-
 def _inputs(path, batch, gamma, vocab):
     keys = jax.random.split(jax.random.key(1), 4)
     target = 2 * jax.random.normal(keys[0], (batch, gamma + 1, vocab))
@@ -154,7 +143,7 @@ def main(argv=None):
         if args.shapes is None
         else [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
     )
-    bandwidth = _bandwidth(max(5, args.repeats // 5))
+    bandwidth = 1e9 * _read_bandwidth(max(5, args.repeats // 5))
     print(
         f"JAX {jax.__version__} on {jax.default_backend()}; jnp.sum over 1 GiB: {bandwidth / 1e9:.0f} GB/s\n"
     )
