@@ -202,6 +202,7 @@ def test_errors_are_clear(argv, message, capsys):
             "eqx-specdec demo: error: unknown option --tokns; did you mean --tokens?",
         ),
         (["demo", "--xyz"], "eqx-specdec demo: error: unknown option --xyz;"),
+        (["--verison"], "eqx-specdec: error: unknown option --verison; did you mean "),
     ],
 )
 def test_a_mistyped_option_is_named_with_the_closest_and_the_usage(
@@ -213,7 +214,8 @@ def test_a_mistyped_option_is_named_with_the_closest_and_the_usage(
     error, *usage = capsys.readouterr().err.splitlines()
     assert error.startswith(first_line)
     assert "Tell me" not in error  # the words after it are not the mistake
-    assert usage[0].startswith(f"usage: eqx-specdec {argv[0]} ")
+    command = "" if argv[0].startswith("-") else f"{argv[0]} "
+    assert usage[0].startswith(f"usage: eqx-specdec {command}")
 
 
 @pytest.mark.parametrize("argv", [["chat", ""], ["chat", "  "], ["chat", "Tell", "me"]])

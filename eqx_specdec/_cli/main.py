@@ -111,6 +111,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def parse_args(self, args=None, namespace=None):
+        words = sys.argv[1:] if args is None else list(args)
+        known = {name for action in self._actions for name in action.option_strings}
+        if self.commands and words and words[0].startswith("-"):
+            if words[0].split("=")[0] not in known:  # before the command is missing
+                self.refuse(words[:1])
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             command = self.commands.get(getattr(parsed, "command", None), self)
