@@ -7,6 +7,7 @@ from ._decoding.speedup import measure_speedup as measure_speedup, Speedup as Sp
 from ._evaluation.closed_form import (
     emission_in_closed_form as emission_in_closed_form,
 )
+from ._evaluation.emission import EmissionEstimate as EmissionEstimate
 from ._evaluation.evaluate import (
     ChiSquare as ChiSquare,
     evaluate_verifier as evaluate_verifier,
@@ -16,7 +17,6 @@ from ._evaluation.evaluate import (
 from ._evaluation.lossless import (
     emission_by_monte_carlo as emission_by_monte_carlo,
     emission_by_quadrature as emission_by_quadrature,
-    EmissionEstimate as EmissionEstimate,
 )
 from ._evaluation.objectives import (
     acceptance_by_position as acceptance_by_position,

@@ -17,7 +17,7 @@ from ._entry.entry import (
     StepOptions as StepOptions,
     verification_step as verification_step,
 )
-from ._evaluation.lossless import (
+from ._evaluation.families import (
     AbstractEvaluationFamily as AbstractEvaluationFamily,
     evaluation_family as evaluation_family,
 )

@@ -13,7 +13,7 @@ from helpers import message_line, random_case, tree_accept, tree_accept_logits
 
 import eqx_specdec
 from eqx_specdec._chain.logits import token_counts
-from eqx_specdec._evaluation.lossless import EmissionEstimate
+from eqx_specdec._evaluation.emission import EmissionEstimate
 from eqx_specdec._misc import numpy_softmax
 from eqx_specdec._tree.step import path_counts
 

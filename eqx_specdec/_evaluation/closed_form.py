@@ -6,8 +6,8 @@ import numpy as np
 
 from .._stages.row_context import ONE_DEVICE
 from .._stages.threshold_rule import is_threshold_rule
+from .chain_emission import checked_row
 from .emission import EmissionEstimate
-from .lossless import checked_row
 
 
 def closed_form_problem(verifier) -> Exception | None:

@@ -11,7 +11,8 @@ import numpy as np
 
 from .._misc import numpy_softmax
 from .closed_form import closed_form_problem, emission_in_closed_form
-from .lossless import emission_by_monte_carlo, emission_by_quadrature, evaluation_family
+from .families import evaluation_family
+from .lossless import emission_by_monte_carlo, emission_by_quadrature
 from .validation import check_distributions
 
 
