@@ -27,42 +27,23 @@ def warp_problems(name, warp: Warp, logits):
         return Problem(bad, RESULTS.invalid_warp, message)
 
     batch = logits.shape[0]
-    temperature = jnp.broadcast_to(jnp.asarray(warp.temperature), (batch,))
-    bad = ~(temperature >= 0) | ~jnp.isfinite(temperature)
-    problems = [
-        problem(
-            bad,
-            "temperature` is negative or not finite",
-            "Use a temperature >= 0 (0 for greedy rows).",
-        )
-    ]
-    if warp.top_p is not None:
-        top_p = jnp.broadcast_to(jnp.asarray(warp.top_p), (batch,))
-        problems.append(
-            problem(
-                ~((top_p > 0) & (top_p <= 1)),
-                "top_p` is outside (0, 1]",
-                "Use a top_p in (0, 1] (1 keeps every token).",
-            )
-        )
-    if warp.top_k is not None:
-        top_k = jnp.broadcast_to(jnp.asarray(warp.top_k), (batch,))
-        problems.append(
-            problem(
-                top_k < 0,
-                "top_k` is negative",
-                "Use a top_k >= 0 (0 keeps every token).",
-            )
-        )
-    if warp.min_p is not None:
-        min_p = jnp.broadcast_to(jnp.asarray(warp.min_p), (batch,))
-        problems.append(
-            problem(
-                ~((min_p >= 0) & (min_p <= 1)),
-                "min_p` is outside [0, 1]",
-                "Use a min_p in [0, 1] (0 keeps every token).",
-            )
-        )
+    # Each scalar parameter: when it is invalid, what the message says, and the fix.
+    table = (
+        ("temperature", lambda t: ~(t >= 0) | ~jnp.isfinite(t),
+         "is negative or not finite", "Use a temperature >= 0 (0 for greedy rows)."),
+        ("top_p", lambda v: ~((v > 0) & (v <= 1)),
+         "is outside (0, 1]", "Use a top_p in (0, 1] (1 keeps every token)."),
+        ("top_k", lambda v: v < 0,
+         "is negative", "Use a top_k >= 0 (0 keeps every token)."),
+        ("min_p", lambda v: ~((v >= 0) & (v <= 1)),
+         "is outside [0, 1]", "Use a min_p in [0, 1] (0 keeps every token)."),
+    )  # fmt: skip
+    problems = []
+    for field, invalid, what, fix in table:
+        value = getattr(warp, field)
+        if value is not None:
+            value = jnp.broadcast_to(jnp.asarray(value), (batch,))
+            problems.append(problem(invalid(value), f"{field}` {what}", fix))
     if warp.logit_bias is not None:
         bias = jnp.asarray(warp.logit_bias)
         bad = jnp.isnan(bias) | (bias == jnp.inf)
