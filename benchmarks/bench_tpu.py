@@ -6,11 +6,11 @@ For each shape (B, G, V) and path, every implementation runs inside one caller's
 
 - ours: `verify` with checks off, as an engine runs it, and with the default checks;
 - the baseline, as tpu-inference's rejection sampler computes the step (not its code):
-  full-row softmax of every target and draft row (after the warp: temperature, then a
-  top-k and a top-p mask by sorting each row, both always applied on the logits paths),
-  accept uniforms drawn from a key, the first rejection by a cumulative product, the
-  correction by the Gumbel-max trick over the whole residual row at every position, and
-  argmax for greedy decoding;
+  full-row softmax of every target and draft row, warped as the path asks and as a JAX
+  user writes it (top-k by `jax.lax.top_k`, top-p by a sort; tpu-inference itself
+  always applies both, by a binary search), accept uniforms drawn from a key, the first
+  rejection by a cumulative product, the correction by the Gumbel-max trick over the
+  whole residual row at every position, and argmax for greedy decoding;
 - the roof: the input's bytes and the bytes the step must read (the draft tokens'
   entries, and one row of p and of q per sequence), over the bandwidth a jitted
   `jnp.sum` over 1 GiB reaches in the same run.
@@ -45,18 +45,20 @@ WARPS = {
 }
 
 
-def _warped_probs(logits, top_k, top_p):
-    """The baseline's warp: softmax, then a top-k and a top-p mask found by sorting the
-    row (applied whatever their values, as the baseline does), renormalised."""
+def _warped_probs(logits, top_k=None, top_p=None):
+    """The baseline's warp, the one the path asks for as a JAX user writes it: softmax;
+    top-k by `jax.lax.top_k`'s k-th value; top-p by a sort and a cumulative sum;
+    renormalised."""
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    ordered = jnp.sort(probs, axis=-1)[..., ::-1]
-    kth = ordered[..., top_k - 1 : top_k]
-    cumulative = jnp.cumsum(ordered, axis=-1)
-    cut = jnp.take_along_axis(
-        ordered, jnp.sum(cumulative < top_p, axis=-1, keepdims=True), axis=-1
-    )
-    kept = jnp.where((probs >= kth) & (probs >= cut), probs, 0.0)
-    return kept / jnp.sum(kept, axis=-1, keepdims=True)
+    if top_k is not None:
+        kth = jax.lax.top_k(probs, top_k)[0][..., -1:]
+        probs = jnp.where(probs >= kth, probs, 0.0)
+    if top_p is not None:
+        ordered = jnp.sort(probs, axis=-1)[..., ::-1]
+        cumulative = jnp.cumsum(ordered, axis=-1) / jnp.sum(probs, -1, keepdims=True)
+        last = jnp.sum(cumulative < top_p, axis=-1, keepdims=True)
+        probs = jnp.where(probs >= jnp.take_along_axis(ordered, last, -1), probs, 0.0)
+    return probs / jnp.sum(probs, axis=-1, keepdims=True)
 
 
 def baseline(path, tokens, draft, target, key):
@@ -78,8 +80,8 @@ def baseline(path, tokens, draft, target, key):
     if path == "probabilities":
         p, q = target, draft
     else:
-        top_k = 50 if path == "top-k 50" else target.shape[-1]
-        top_p = 0.9 if path == "top-p 0.9" else 1.0
+        top_k = 50 if path == "top-k 50" else None
+        top_p = 0.9 if path == "top-p 0.9" else None
         p = _warped_probs(target, top_k, top_p)
         q = _warped_probs(draft, top_k, top_p)
     accept_key, noise_key = jax.random.split(key)
@@ -137,6 +139,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--shapes", default=None, help="'B,G,V;B,G,V'")
+    parser.add_argument("--paths", default=None, help="comma-separated, of PATHS")
     args = parser.parse_args(argv)
     shapes = (
         SHAPES
@@ -152,7 +155,7 @@ def main(argv=None):
     )
     print("|---|---|---|---|---|---|---|---|")
     for batch, gamma, vocab in shapes:
-        for path in PATHS:
+        for path in PATHS if args.paths is None else args.paths.split(","):
             inputs = _inputs(path, batch, gamma, vocab)
             impls = {
                 "off": jax.jit(lambda *a, path=path: ours(path, *a, "off")),

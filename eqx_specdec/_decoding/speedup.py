@@ -134,6 +134,10 @@ def measure_speedup(
     result = speculative()
     gamma = proposal.length
 
+    # The plain loop decodes as the verifier does: by argmax when its correction is the
+    # target's argmax (greedy decoding), by sampling otherwise.
+    greedy = verifier.residual_sampler.draws == "argmax"
+
     def calls_of(model, width, outputs):
         """Plain decoding with `model`, every call on `width` tokens."""
         return lambda: _autoregressive(
@@ -142,7 +146,7 @@ def measure_speedup(
             prompt_lengths,
             key,
             num_tokens,
-            False,
+            greedy,
             outputs,
             width,
             False,  # no check of the rows: the baseline a user writes
