@@ -19,10 +19,8 @@ JAX picks: on a GPU or TPU machine, this is the command that fills an accelerato
 The file starts with the machine (processor, cores, memory, JAX's devices, the versions)
 and the date, then each script's output as it printed it, each in a section that the
 Performance page includes (`--8<-- "benchmarks/results-cpu.md:bench"`). Last comes the
-one-sentence claim (section `claim`) that the docs' home page includes and that this
-script writes into README.md between its markers (from the CPU results, which the docs
-include), computed from the tables above it, so
-that no page quotes a number the tables do not show.
+one-sentence claim (section `claim`) that the docs' home page includes, computed from the
+tables above it, so that no page quotes a number the tables do not show.
 """
 
 import argparse
@@ -183,10 +181,6 @@ def main(argv=None):
         except ValueError as error:  # no PyTorch column: no comparison to claim
             sentence = f"No claim: {error}."
         lines += ["## The claim", ""] + _section("claim", [sentence])
-        # The README carries the claim of the CPU results, the ones the docs include.
-        if out == HERE / "results-cpu.md" and not sentence.startswith("No claim"):
-            readme = HERE.parent / "README.md"
-            readme.write_text(story.readme_with_claim(readme.read_text(), sentence))
     lines.append(f"All benchmarks in {time.perf_counter() - start:.0f} s.")
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}", file=sys.stderr)

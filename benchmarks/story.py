@@ -1,7 +1,7 @@
 """The speed story's one claim, computed from the generated tables.
 
 `benchmarks/run_all.py` writes every table to `benchmarks/results-BACKEND.md`, then calls
-`claim` on that text: the sentence the README and the docs' home page carry. The test
+`claim` on that text: the sentence the docs' home page and Performance page carry. The test
 suite recomputes it from the committed results and compares (`tests/test_snippets.py`), so
 a hand-edited number, or tables regenerated without the claim, fail.
 """
@@ -9,7 +9,6 @@ a hand-edited number, or tables regenerated without the claim, fail.
 import re
 
 
-README_MARKERS = ("<!-- speed-claim:start -->", "<!-- speed-claim:end -->")
 # The serving shapes of the claim: rows B of at least this many.
 SERVING_BATCH = 64
 # The cut-off warps of `bench_warps.py` (each at temperature 0.7), in the claim's order.
@@ -72,17 +71,3 @@ def claim(results: str) -> str:
         f"{', '.join(CUT_OFFS[:-1])} or {CUT_OFFS[-1]} as well, {cut} as fast as the "
         "same warp written in `jax.numpy` then verification."
     )
-
-
-def readme_with_claim(readme: str, sentence: str) -> str:
-    """`readme` with the text between its claim markers replaced by `sentence`."""
-    start, end = README_MARKERS
-    before, rest = readme.split(start, 1)
-    _, after = rest.split(end, 1)
-    return f"{before}{start}{sentence}{end}{after}"
-
-
-def readme_claim(readme: str) -> str:
-    """The sentence between the README's claim markers, as `claim` writes it."""
-    start, end = README_MARKERS
-    return readme.split(start, 1)[1].split(end, 1)[0]
