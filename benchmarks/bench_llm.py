@@ -186,7 +186,7 @@ def main(argv=None):
 
     def plain(prompts, lengths, num_tokens):
         return es.autoregressive_decode(
-            model, prompts, lengths, num_tokens, outputs="logits"
+            model, prompts, lengths, num_tokens, outputs="logits", check_models=False
         )
 
     def calls(model_, prompts, lengths, num_tokens, width_, outputs):

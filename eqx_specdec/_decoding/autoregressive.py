@@ -79,6 +79,7 @@ def autoregressive_decode(
     key: Key[Array, ""] | None = None,
     *,
     outputs: ModelOutputs = "probs",
+    check_models: bool = True,
 ) -> Int[Array, "B num_tokens"]:
     """Plain autoregressive decoding with one model: the baseline that speculative
     decoding must reproduce in distribution, one model call per token (a stateless
@@ -93,17 +94,24 @@ def autoregressive_decode(
         [`eqx_specdec.speculative_decode`][]; row $b$ draws token $t$ with
         `fold_in(row_key, t)`), or `None` for greedy decoding (the argmax, lowest id on
         ties).
+    - `check_models`: check each row the model returns (below). Default `True`;
+        `False` is the bare loop, the baseline to time speculative decoding against
+        when its own `check_models` is off (its default).
 
     **Returns:**
 
     int32 of shape `(B, L)`, the generated tokens. A row whose model returns a
     distribution that is not one (NaN, infinite, negative, or a sum away from 1; logits
-    after their softmax) holds -1 from that position on.
+    after their softmax) holds -1 from that position on (with `check_models`).
     """
     if isinstance(outputs, tuple):
         raise ValueError(
             '`outputs` must be "probs" or "logits" (what the one model returns), got '
             f"{outputs!r}."
+        )
+    if not isinstance(check_models, bool):
+        raise TypeError(
+            f"`check_models` must be a Python bool, got {type(check_models).__name__}."
         )
     prompt_lengths = check_decode_arguments(
         prompt_tokens, prompt_lengths, num_tokens, outputs
@@ -119,4 +127,5 @@ def autoregressive_decode(
         num_tokens,
         greedy,
         outputs,
+        check=check_models,
     )
