@@ -101,30 +101,19 @@ def run_demo(args) -> dict:
         bar.finish_task()
         return result, time.perf_counter() - start
 
-    def warm_shared():
-        # The first workload's programs (its loop, and the plain-decoding programs all
-        # the workloads share) compiled and run once beside the other tasks; the timing
-        # itself runs afterwards, alone.
-        name, row = next(iter(timing.items()))
+    def warm(name):
+        # A workload's programs (its loop and its plain-decoding programs) compiled and
+        # run once beside the other tasks; the timing itself runs afterwards, alone.
         bar.start(f"compiling: {name}")
-        measure_speedup(**row, repeats=1)
-        bar.finish_task()
-
-    def warm_loop(name):
-        # Another workload's own program: its speculative loop, as measure_speedup
-        # runs it.
-        bar.start(f"compiling: {name}")
-        row = dict(timing[name])
-        row["prompt_lengths"] = jnp.full((1,), row["prompt_tokens"].shape[1], jnp.int32)
-        row["prompt_tokens"] = jnp.asarray(row["prompt_tokens"], jnp.int32)
-        jax.block_until_ready(speculative_decode(**row).tokens)
+        measure_speedup(**timing[name], repeats=1)
         bar.finish_task()
 
     # Compiling is most of the demo's time, one program at a time per thread: two
-    # threads keep both cores of a small machine busy (the first workload's shared
-    # programs on one, the rest on the other).
+    # threads keep both cores of a small machine busy (the first workload's programs on
+    # one, the rest as the threads come free).
+    names = list(timing)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        warmed = [pool.submit(warm_shared)] if timing else []
+        warmed = [pool.submit(warm, name) for name in names[:1]]
         runs = {}
         for name in args.verifiers:
             choice = table[name]
@@ -140,7 +129,7 @@ def run_demo(args) -> dict:
             policy_runs[name] = pool.submit(
                 run, name, proposal=Chain(gamma, draft_length=policy)
             )
-        warmed += [pool.submit(warm_loop, name) for name in list(timing)[1:]]
+        warmed += [pool.submit(warm, name) for name in names[1:]]
         results = {name: future.result() for name, future in runs.items()}
         policies = {name: future.result()[0] for name, future in policy_runs.items()}
         for future in warmed:

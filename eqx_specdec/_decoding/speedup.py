@@ -134,12 +134,9 @@ def measure_speedup(
     result = speculative()
     gamma = proposal.length
 
-    # The plain loop decodes as the verifier does: by argmax when its correction is the
-    # target's argmax (greedy decoding), by sampling otherwise.
-    greedy = verifier.residual_sampler.draws == "argmax"
-
-    def calls_of(model, width, outputs):
-        """Plain decoding with `model`, every call on `width` tokens."""
+    def calls_of(model, width, outputs, greedy=False):
+        """Plain decoding with `model`, every call on `width` tokens (sampled: for the
+        cost model's per-call times, which the way a token is picked barely moves)."""
         return lambda: _autoregressive(
             model,
             prompt_tokens,
@@ -154,7 +151,11 @@ def measure_speedup(
 
     runs = {
         "speculative": speculative,
-        "plain": calls_of(target_model, 1, outputs[1]),
+        # The baseline decodes as the verifier does: by argmax when its correction is
+        # the target's argmax (greedy decoding), by sampling otherwise.
+        "plain": calls_of(
+            target_model, 1, outputs[1], verifier.residual_sampler.draws == "argmax"
+        ),
         "draft call": calls_of(draft_model, 1, outputs[0]),
         "target call": calls_of(target_model, gamma + 1, outputs[1]),
     }
