@@ -274,23 +274,30 @@ def test_the_verifier_on_warped_rows_emits_what_it_does_on_their_log_probs(
     u = rng.random((batch, gamma)).astype(np.float32)
     s = rng.random(batch).astype(np.float32)
     warp = WARPED[name](batch)
-    verifier = eqx_specdec.Verifier(batching=batching)
+    verifiers = {
+        "standard": eqx_specdec.Verifier(batching=batching),
+        # Greedy reads the argmax alone: it is handed the warped logits as they are.
+        "greedy": eqx_specdec.Verifier(eqx_specdec.GreedyRatioTest(), batching=batching),
+    }
 
     @jax.jit
     def both(x, d, t, u, s):
         d_rows, t_rows = warp.rows(d), warp.rows(t)
-        lazy = verifier(x, d_rows, t_rows, u, s, log_space=True)
-        evaluated = verifier(
-            x, d_rows.log_probs(), t_rows.log_probs(), u, s, log_space=True
-        )
+        lazy, evaluated = {}, {}
+        for kind, verifier in verifiers.items():
+            lazy[kind] = verifier(x, d_rows, t_rows, u, s, log_space=True)
+            evaluated[kind] = verifier(
+                x, d_rows.log_probs(), t_rows.log_probs(), u, s, log_space=True
+            )
         return lazy, evaluated, t_rows.log_probs(), warp(t)
 
     lazy, evaluated, rows_log_probs, called = both(tokens, draft, target, u, s)
-    for key in ("num_accepted", "tokens"):
-        np.testing.assert_array_equal(lazy[key], evaluated[key])
+    for kind in verifiers:
+        for key in ("num_accepted", "tokens"):
+            np.testing.assert_array_equal(lazy[kind][key], evaluated[kind][key])
+        accepted = np.asarray(lazy[kind]["num_accepted"])
+        assert accepted.max() > 0 and accepted.min() < gamma  # both outcomes happen
     np.testing.assert_array_equal(rows_log_probs, called)
-    accepted = np.asarray(lazy["num_accepted"])
-    assert accepted.max() > 0 and accepted.min() < gamma  # both outcomes happen
 
 
 @pytest.mark.parametrize(
@@ -478,3 +485,43 @@ def test_half_precision_logits_kept_as_they_are_equal_the_upcast_copy(
         # XLA may round `x / T` differently in differently fused programs.
         np.testing.assert_allclose(a["logprobs"], b["logprobs"], rtol=1e-6)
     assert len(set(np.asarray(upcast[0]["num_accepted"]).tolist())) > 1
+
+
+def test_per_row_warps_under_vmap_return_at_the_shape_that_hung():
+    """Every warp with one value per row (temperatures with a greedy 0, top-k with a 0,
+    top-p, min-p), verified under `vmap` (the mapping on accelerators) at (16, 5,
+    32000), where per-row top-p was reported to hang on a TPU v5e: the program returns,
+    emitting the tokens, bit for bit, of the rows mapped one by one (the CPU's
+    mapping, with its early exit at this vocabulary)."""
+    batch, gamma, vocab = 16, 5, 32_000
+    keys = jax.random.split(jax.random.key(5), 5)
+    target = 2 * jax.random.normal(keys[0], (batch, gamma + 1, vocab))
+    draft = target[:, :gamma] + 0.7 * jax.random.normal(keys[1], (batch, gamma, vocab))
+    tokens = jax.random.categorical(keys[2], draft).astype(jnp.int32)
+    uniforms = eqx_specdec.Uniforms(
+        jax.random.uniform(keys[3], (batch, gamma)), jax.random.uniform(keys[4], (batch,))
+    )
+    row = jnp.arange(batch)
+    warp = eqx_specdec.Warp(
+        temperature=jnp.where(row % 4 == 0, 0.0, 0.5 + row / batch),
+        top_k=jnp.where(row % 3 == 0, 0, 5 + 10 * row).astype(jnp.int32),
+        top_p=0.5 + row / (2 * batch),
+        min_p=jnp.where(row % 2 == 0, 0.0, 0.02),
+    )
+
+    @jax.jit
+    def verified(target, draft, tokens, uniforms):
+        out = {}
+        for batching in ("vmap", "map"):
+            out[batching] = eqx_specdec.verify(
+                eqx_specdec.Logits(target, warp),
+                eqx_specdec.Draft(tokens, eqx_specdec.Logits(draft, warp)),
+                uniforms,
+                verifier=eqx_specdec.Verifier(batching=batching),
+                check_inputs="off",
+            ).tokens
+        return out
+
+    out = verified(target, draft, tokens, uniforms)
+    np.testing.assert_array_equal(out["vmap"], out["map"])
+    assert np.all(np.asarray(out["vmap"])[:, 0] >= 0)

@@ -216,3 +216,41 @@ def test_with_the_checks_off_an_invalid_row_is_never_a_token():
         np.testing.assert_array_equal(tokens[[0, 1], n[:2]], [-1, -1])
         with pytest.raises(RuntimeError):
             es.speculative_accept(x, q, p, u, s, verifier=verifier)
+
+
+def test_greedy_with_the_checks_off_gives_no_token_for_a_row_without_a_maximum():
+    """Greedy verification reads the argmax alone (on logits, the warped logits as they
+    are): a row holding a NaN or +inf, or one without mass (every logit -inf, every
+    probability 0), has no most likely token, so its position never passes and the
+    correction drawn from it is -1, on logits and on probabilities."""
+    batch, gamma, vocab = 4, 3, 40
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((batch, gamma + 1, vocab)).astype(np.float32)
+    tokens = np.argmax(logits[:, :gamma], -1).astype(np.int32)  # every draft passes
+    logits[0, 1, 5] = np.nan
+    logits[1, 0] = -np.inf
+    logits[2, 2, tokens[2, 2]] = np.inf
+    greedy = es.Verifier(es.GreedyRatioTest())
+    key = jax.random.key(0)
+    out = es.verify(
+        es.Logits(jnp.asarray(logits), es.Warp(0.7, top_k=5)),
+        es.Draft(jnp.asarray(tokens)),
+        key,
+        verifier=greedy,
+        check_inputs="off",
+    )
+    np.testing.assert_array_equal(out.num_accepted, [1, 0, 2, gamma])
+    np.testing.assert_array_equal(
+        np.asarray(out.tokens)[[0, 1, 2], [1, 0, 2]], [-1, -1, -1]
+    )
+    probs = np.array(jax.nn.softmax(jnp.asarray(logits), -1))
+    probs[1, 0] = 0.0
+    out = es.verify(
+        es.Probabilities(jnp.asarray(probs)),
+        es.Draft(jnp.asarray(tokens)),
+        key,
+        verifier=greedy,
+        check_inputs="off",
+    )
+    np.testing.assert_array_equal(out.num_accepted[:2], [1, 0])
+    np.testing.assert_array_equal(np.asarray(out.tokens)[[0, 1], [1, 0]], [-1, -1])

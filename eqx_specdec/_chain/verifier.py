@@ -35,7 +35,7 @@ from .._stages.row_context import ONE_DEVICE, RowContext
 from .._stages.row_fields import per_row_values
 from .._stages.threshold_rule import RatioTest
 from .._stages.token_assembler import AbstractTokenAssembler, TokenAssembler
-from .._warps.warp import WarpedRows
+from .._warps.warp import as_logits, WarpedRows
 from .abstract_verifier import (
     AbstractVerifier,
     check_stages,
@@ -279,6 +279,9 @@ class Verifier(AbstractVerifier):
         for `batching` does it. `until_failure`: `row` is the verification of `inputs`,
         in order."""
         values = per_row_values(self.ratio_test)
+        if self.ratio_test.reads == "argmax" and self.residual_sampler.draws == "argmax":
+            # Both stages read each row's argmax alone: warped logits as they are.
+            inputs = tuple(as_logits(a) for a in inputs)
         batch = inputs[0].shape[0]
         for name, value in values.items():
             if value.shape[0] != batch:

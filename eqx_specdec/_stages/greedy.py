@@ -1,7 +1,7 @@
 """Greedy decoding as stages: the test that keeps a draft token when it is the target's
 argmax, and the correction that is the target's argmax."""
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -49,9 +49,13 @@ class ArgmaxSampler(AbstractResidualSampler):
         context: RowContext = ONE_DEVICE,
     ) -> IntScalar:
         row = target_probs[num_accepted]
-        # A row holding a NaN gives -1 (with the input checks off), never a token.
+        best = context.argmax(row)
+        # A row holding a NaN (or without mass) gives -1 (with the input checks off),
+        # never a token.
+        if context.shard is None:
+            return jnp.where(best < row.shape[-1], best, -1).astype(jnp.int32)
         invalid = context.sum(jnp.any(jnp.isnan(row)).astype(jnp.int32)) > 0
-        return jnp.where(invalid, -1, context.argmax(row)).astype(jnp.int32)
+        return jnp.where(invalid, -1, best).astype(jnp.int32)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
@@ -63,11 +67,14 @@ class GreedyRatioTest(AbstractRatioTest):
 
     Exact with respect to greedy decoding of the target when paired with
     [`eqx_specdec.ArgmaxSampler`][]. Draws no randomness and ignores `draft_probs`; reads
-    the whole rows $p_i$. Works on probabilities and log-probabilities alike
-    Implements every capability.
+    the rows $p_i$ only through their argmax (`reads = "argmax"`), so on warped logits
+    it is handed the logits as they are, without the warp's normalisers. Works on
+    probabilities and log-probabilities alike. A row without a most likely token (a
+    NaN, or no mass) never passes. Implements every capability.
     """
 
     exact: ClassVar[bool] = True
+    reads: ClassVar[Literal["draft tokens", "argmax", "whole rows"]] = "argmax"
     vocab_parallel: ClassVar[bool] = True
     uses_uniforms: ClassVar[bool] = False
     sampler: ClassVar[AbstractResidualSampler] = ArgmaxSampler()

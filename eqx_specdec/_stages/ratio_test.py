@@ -85,7 +85,11 @@ class AbstractRatioTest(eqx.Module):
     - `reads` (default `"whole rows"`, always safe): which values the test reads, so
         that the entry points' default checks (`check_inputs="read"`) validate exactly
         those: `"draft tokens"` for a test that reads only $p_i(x_i)$ and $q_i(x_i)$
-        (the standard test).
+        (the standard test); `"argmax"` for one that reads the rows only through
+        `context.argmax` (greedy verification), whose verdict no strictly increasing
+        map of a row changes: with a sampler that `draws` `"argmax"`, the verifier
+        then hands both warped logits as they are, never computing the warp's
+        normalisers (see [`eqx_specdec.Warp`][]).
 
     For rules built from other rules, or keyed on the generated position:
     `capabilities_from` (which capabilities it delegates to which fields: `{"vocab_parallel":
@@ -102,7 +106,7 @@ class AbstractRatioTest(eqx.Module):
     sampler: ClassVar[AbstractResidualSampler] = ResidualSampler()
     theory: ClassVar[TheoryKind] = "exact"
     causal: ClassVar[bool] = False
-    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "whole rows"
+    reads: ClassVar[Literal["draft tokens", "argmax", "whole rows"]] = "whole rows"
     row_fields: ClassVar[dict[str, int]] = {}
     capabilities_from: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
 

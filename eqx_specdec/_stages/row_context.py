@@ -52,9 +52,12 @@ class RowContext(eqx.Module):
         return x if self.shard is None else self.shard.sum(x)
 
     def argmax(self, values: Float[Array, "*rows width"]) -> Int[Array, "*rows"]:
-        """The global argmax over the vocabulary (lowest id on ties), int32."""
+        """The global argmax over the vocabulary (lowest id on ties), int32. Over the
+        whole vocabulary, a row without a finite most likely entry (one holding a NaN or
+        $+\\infty$, or without mass: every entry $-\\infty$ in log space, none
+        positive in probabilities) gives `width`, no token id."""
         if self.shard is None:
-            return jnp.argmax(values, axis=-1).astype(jnp.int32)
+            return first_argmax(values, self.log_space)
         return self.shard.argmax(values)
 
     def times(self, values: Float[Array, "*shape"], factor) -> Float[Array, "*shape"]:
@@ -99,6 +102,21 @@ class RowContext(eqx.Module):
             return self.shard.take(rows, tokens, dtype)
         index = tokens.astype(jnp.int32)[:, None]
         return jnp.take_along_axis(rows, index, axis=1)[:, 0].astype(dtype)
+
+
+def first_argmax(values: Float[Array, "*rows width"], log_space: bool):
+    """The first most likely entry of each row, int32, or `width` for a row without one
+    (see [`eqx_specdec.RowContext.argmax`][]). Two reductions, the row maximum and the
+    first entry equal to it, where XLA's variadic argmax is one: on XLA CPU a maximum
+    reads at the machine's bandwidth and the variadic reduction at a fifth of it (at
+    (64, 6, 128256), 19 ms against 90 ms)."""
+    width = values.shape[-1]
+    largest = jnp.max(values, axis=-1, keepdims=True)
+    ids = jnp.arange(width, dtype=jnp.int32)
+    first = jnp.min(jnp.where(values == largest, ids, width), axis=-1)
+    largest = largest[..., 0]
+    usable = jnp.isfinite(largest) & (log_space | (largest > 0))
+    return jnp.where(usable, first, width).astype(jnp.int32)
 
 
 ONE_DEVICE = RowContext()

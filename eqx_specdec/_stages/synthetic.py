@@ -39,7 +39,7 @@ class SyntheticRatioTest(AbstractRatioTest):
 
     exact: ClassVar[bool] = False
     vocab_parallel: ClassVar[bool] = True
-    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
+    reads: ClassVar[Literal["draft tokens", "argmax", "whole rows"]] = "draft tokens"
     rates: Float[Array, ""] | Float[Array, " G"] | float = 0.5
 
     def __check_init__(self):

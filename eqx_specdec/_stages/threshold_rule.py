@@ -82,7 +82,7 @@ class AbstractThresholdRule(AbstractRatioTest):
     proven: ClassVar[bool] = False
     vocab_parallel: ClassVar[bool] = True
     causal: ClassVar[bool] = True
-    reads: ClassVar[Literal["draft tokens", "whole rows"]] = "draft tokens"
+    reads: ClassVar[Literal["draft tokens", "argmax", "whole rows"]] = "draft tokens"
 
     @abc.abstractmethod
     def acceptance(

@@ -322,6 +322,20 @@ def as_log_probs(rows):
     return rows
 
 
+def as_logits(rows):
+    """`rows` as an array a reader of each row's argmax alone may take: a
+    [`WarpedRows`][eqx_specdec._warps.warp.WarpedRows] or
+    [`NormalisedRows`][eqx_specdec._warps.warp.NormalisedRows] as its logits, anything
+    else as it is. Every warp maps a row's logits to its log-probabilities by a
+    strictly increasing map on the entries it keeps and removes only entries below
+    the row's maximum (a greedy row is one-hot at its first maximum), so each row's
+    first most likely entry is the same in both, and a row holding a NaN, or
+    without a finite entry, has none in either."""
+    if isinstance(rows, WarpedRows | NormalisedRows):
+        return rows.x
+    return rows
+
+
 def as_normalised(rows):
     """`rows` with every row's cut-offs and normalisers found: a
     [`WarpedRows`][eqx_specdec._warps.warp.WarpedRows] normalised, anything else as it is."""
