@@ -277,7 +277,9 @@ def test_the_verifier_on_warped_rows_emits_what_it_does_on_their_log_probs(
     verifiers = {
         "standard": eqx_specdec.Verifier(batching=batching),
         # Greedy reads the argmax alone: it is handed the warped logits as they are.
-        "greedy": eqx_specdec.Verifier(eqx_specdec.GreedyRatioTest(), batching=batching),
+        "greedy": eqx_specdec.Verifier(
+            eqx_specdec.GreedyRatioTest(), batching=batching
+        ),
     }
 
     @jax.jit
@@ -499,7 +501,8 @@ def test_per_row_warps_under_vmap_return_at_the_shape_that_hung():
     draft = target[:, :gamma] + 0.7 * jax.random.normal(keys[1], (batch, gamma, vocab))
     tokens = jax.random.categorical(keys[2], draft).astype(jnp.int32)
     uniforms = eqx_specdec.Uniforms(
-        jax.random.uniform(keys[3], (batch, gamma)), jax.random.uniform(keys[4], (batch,))
+        jax.random.uniform(keys[3], (batch, gamma)),
+        jax.random.uniform(keys[4], (batch,)),
     )
     row = jnp.arange(batch)
     warp = eqx_specdec.Warp(

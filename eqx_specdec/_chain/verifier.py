@@ -279,7 +279,10 @@ class Verifier(AbstractVerifier):
         for `batching` does it. `until_failure`: `row` is the verification of `inputs`,
         in order."""
         values = per_row_values(self.ratio_test)
-        if self.ratio_test.reads == "argmax" and self.residual_sampler.draws == "argmax":
+        if (
+            self.ratio_test.reads == "argmax"
+            and self.residual_sampler.draws == "argmax"
+        ):
             # Both stages read each row's argmax alone: warped logits as they are.
             inputs = tuple(as_logits(a) for a in inputs)
         batch = inputs[0].shape[0]
