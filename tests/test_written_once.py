@@ -254,3 +254,30 @@ def test_greedy_with_the_checks_off_gives_no_token_for_a_row_without_a_maximum()
     )
     np.testing.assert_array_equal(out.num_accepted[:2], [1, 0])
     np.testing.assert_array_equal(np.asarray(out.tokens)[[0, 1], [1, 0]], [-1, -1])
+
+
+@pytest.mark.parametrize("by_blocks", [True, False], ids=["blocks", "XLA's argmax"])
+def test_both_forms_of_the_row_argmax_are_the_first_maximum(by_blocks, monkeypatch):
+    """The row argmax in either backend's form (the CPU's through block maxima, XLA's
+    argmax elsewhere) is NumPy's first maximum, ties and a shifted last window
+    included, and `width` for a row holding a NaN or +inf or without mass."""
+    from eqx_specdec._stages import row_context
+
+    monkeypatch.setattr(row_context, "argmax_by_blocks", lambda: by_blocks)
+    rng = np.random.default_rng(9)
+    width = 1000  # blocks of 32, the last one shorter
+    values = np.round(rng.normal(size=(7, width)) * 2).astype(np.float32)  # ties
+    values[1, -3:] = 50.0  # the maximum in the last, shifted window
+    values[2, 990] = np.nan
+    values[3] = -np.inf
+    values[4, 10] = np.inf
+    got = row_context.first_argmax(jnp.asarray(values), log_space=True)
+    expected = np.argmax(values, -1)
+    expected[2:5] = width
+    np.testing.assert_array_equal(got, expected)
+    probs = np.abs(values[[0, 1, 5, 6]])
+    probs[2] = 0.0
+    got = row_context.first_argmax(jnp.asarray(probs), log_space=False)
+    np.testing.assert_array_equal(
+        got, [*np.argmax(probs[:2], -1), width, probs[3].argmax()]
+    )

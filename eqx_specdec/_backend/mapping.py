@@ -6,12 +6,14 @@ from .row_by_row import RowByRow
 from .vectorised import Vectorised
 
 
-def row_mapping(batching: str) -> AbstractRowMapping:
+def row_mapping(batching: str, argmax_only: bool = False) -> AbstractRowMapping:
     """The mapping `batching` names: `"map"` one row after another (`RowByRow`),
     `"vmap"` vectorised (`Vectorised`), `"auto"` the first on the CPU and the second
     elsewhere. On XLA CPU, `vmap` turns the read of row n of each sequence into a
     gather that runs 4x slower than the contiguous slice each iteration reads; on
-    accelerators `vmap` is the fast one."""
+    accelerators `vmap` is the fast one. A verifier reading each row's argmax alone
+    (`argmax_only`: greedy verification) reads no row n: `"auto"` is `vmap` for it
+    everywhere (on the CPU, at (64, 5, 128256), 8.6 ms against 24 ms row by row)."""
     if batching == "auto":
-        batching = "map" if on_cpu() else "vmap"
+        batching = "map" if on_cpu() and not argmax_only else "vmap"
     return RowByRow() if batching == "map" else Vectorised()

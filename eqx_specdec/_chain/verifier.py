@@ -78,9 +78,10 @@ class Verifier(AbstractVerifier):
         [`eqx_specdec.TokenAssembler`][].
     - `batching`: how `__call__` maps `row` over the batch: `"vmap"` (`jax.vmap`),
         `"map"` (`jax.lax.map`, one row after another) or `"auto"` (the default: `"map"`
-        when JAX's default backend is the CPU, `"vmap"` otherwise). Both give identical
-        results (tested). On XLA CPU, `vmap` turns the read of row $n$ of each
-        sequence into a gather that runs 4x slower than the contiguous slice each
+        when JAX's default backend is the CPU, `"vmap"` otherwise, and for greedy
+        verification, which reads no row $n$, `"vmap"` everywhere). Both give
+        identical results (tested). On XLA CPU, `vmap` turns the read of row $n$ of
+        each sequence into a gather that runs 4x slower than the contiguous slice each
         iteration of `lax.map` reads; on accelerators, `vmap` is the fast one.
     - `allow_mismatch`: build a composition whose counter or sampler does not fit an
         exact ratio test (their `counts` or `draws` differ from those of the test's own
@@ -279,10 +280,11 @@ class Verifier(AbstractVerifier):
         for `batching` does it. `until_failure`: `row` is the verification of `inputs`,
         in order."""
         values = per_row_values(self.ratio_test)
-        if (
+        argmax_only = (
             self.ratio_test.reads == "argmax"
             and self.residual_sampler.draws == "argmax"
-        ):
+        )
+        if argmax_only:
             # Both stages read each row's argmax alone: warped logits as they are.
             inputs = tuple(as_logits(a) for a in inputs)
         batch = inputs[0].shape[0]
@@ -293,7 +295,8 @@ class Verifier(AbstractVerifier):
                     f"{value.shape[0]} rows, but the batch has {batch}: give one per row "
                     "(leading axis B), or one shared by the batch (no batch axis)."
                 )
-        return row_mapping(self.batching)(self, row, values, inputs, until_failure)
+        mapping = row_mapping(self.batching, argmax_only)
+        return mapping(self, row, values, inputs, until_failure)
 
 
 def _class_stage(ratio_test: AbstractRatioTest, name: str, role: str):

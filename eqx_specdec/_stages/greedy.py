@@ -48,14 +48,16 @@ class ArgmaxSampler(AbstractResidualSampler):
         sample_uniform: SampleRandomness,
         context: RowContext = ONE_DEVICE,
     ) -> IntScalar:
-        row = target_probs[num_accepted]
-        best = context.argmax(row)
-        # A row holding a NaN (or without mass) gives -1 (with the input checks off),
-        # never a token.
-        if context.shard is None:
-            return jnp.where(best < row.shape[-1], best, -1).astype(jnp.int32)
-        invalid = context.sum(jnp.any(jnp.isnan(row)).astype(jnp.int32)) > 0
-        return jnp.where(invalid, -1, best).astype(jnp.int32)
+        if context.shard is not None:
+            row = target_probs[num_accepted]
+            invalid = context.sum(jnp.any(jnp.isnan(row)).astype(jnp.int32)) > 0
+            return jnp.where(invalid, -1, context.argmax(row)).astype(jnp.int32)
+        # Every row's argmax, of which row n's is taken: the one pass greedy
+        # verification's test makes too (XLA computes it once), where reading row n
+        # alone would gather it (on a TPU, slower than the pass). A row holding a NaN
+        # (or without mass) gives -1 (with the input checks off), never a token.
+        best = context.argmax(target_probs)[num_accepted]
+        return jnp.where(best < target_probs.shape[-1], best, -1).astype(jnp.int32)
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}
@@ -88,7 +90,8 @@ class GreedyRatioTest(AbstractRatioTest):
         accept_uniforms: AcceptUniformsRow,
         context: RowContext = ONE_DEVICE,
     ) -> Verdict:
-        best = context.argmax(target_probs[:-1])
+        # Every row's, as the argmax sampler reads them: one pass, shared.
+        best = context.argmax(target_probs)[:-1]
         return Verdict(best == draft_tokens.astype(jnp.int32))
 
     def pass_probabilities(self, draft_law, target_probs):
