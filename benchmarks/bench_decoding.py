@@ -18,7 +18,7 @@ import numpy as np
 
 import eqx_specdec as es
 from eqx_specdec._decoding.speedup import measure_speedup, speedup_table
-from eqx_specdec._inputs.checks import model_problems
+from eqx_specdec._inputs.checks import invalid_distributions, model_problems
 
 
 def prompts(batch: int):
@@ -90,9 +90,9 @@ def row_check_cost(rows: dict, batch: int, gamma: int) -> str:
     active = jnp.ones((batch,), bool)
     check = jax.jit(
         lambda p, q: [
-            flags
-            for flags, _ in model_problems(
-                (("draft_model", q, None), ("target_model", p, None)), active
+            problem.flags
+            for problem in model_problems(
+                (invalid_distributions(q), invalid_distributions(p)), active
             )
         ]
     )

@@ -281,7 +281,10 @@ def test_measure_speedup_reports_a_consistent_run():
     step = 3 * measured.draft_call_seconds + measured.target_call_seconds
     expected = 12 * measured.plain_call_seconds / (measured.steps * step)
     np.testing.assert_allclose(measured.predicted_speedup, expected)
-    assert "| 2-gram |" in speedup_table({"2-gram": measured})
+    # The loop's own work: a step's measured time less the calls the model counts.
+    own = measured.speculative_seconds / measured.steps - step
+    np.testing.assert_allclose(measured.loop_seconds_per_step, own)
+    assert f"| {1e3 * own:.3f} (" in speedup_table({"2-gram": measured})
 
 
 class Unnormalised(CachedNGram):
