@@ -25,7 +25,6 @@ from .._platform import rows_n_apart
 from .._search import (
     block_size,
     block_sums,
-    block_totals,
     flat_search,
     FLAT_SEARCH_MAX_VOCAB,
     has_mass,
@@ -341,9 +340,11 @@ class ResidualSampler(AbstractResidualSampler):
             p_part, residual_part = p_and_residual(start, length)
             return jnp.where(use_residual, residual_part, p_part)
 
-        # One pass over rows n of p and q: the block totals of the residual (or of the
-        # bonus row p_gamma when every draft token was accepted), and with `with_sums`
-        # the sums the input checks need, in the same variadic reduction.
+        # One pass over rows n of p and q, a single variadic reduction: the block
+        # totals of the residual (or of the bonus row p_gamma when every draft token
+        # was accepted), those of p_n (the draw's fallback), and with `with_sums` the
+        # sums the input checks need (whose p_n, negative entries as NaN, is the
+        # fallback's: on a row the checks pass, p_n itself).
         p_row, q_row, residual_row = p_and_residual(0, vocab, with_q=True)
         weight_row = jnp.where(rejected, residual_row, p_row)
         sums = None
@@ -351,16 +352,12 @@ class ResidualSampler(AbstractResidualSampler):
             checked = summed(p_row, None if draft_probs is None else q_row)
             totals, *summed_totals = block_sums((weight_row,) + checked, size)
             sums = as_row_sums(dtype, tuple(summed_totals))
+            p_totals = summed_totals[0]
         else:
-            totals = block_totals(weight_row, size)
+            totals, p_totals = block_sums((weight_row, p_row), size)
         use_residual = rejected & has_mass(jnp.sum(totals), dtype)
-        # Rare: no residual mass (p and q equal up to rounding), so draw from p_n. A real
-        # branch when rows are mapped one by one; a select under vmap.
-        totals = jax.lax.cond(
-            use_residual == rejected,
-            lambda: totals,
-            lambda: block_totals(weights(0, vocab, False), size),
-        )
+        # Rare: no residual mass (p and q equal up to rounding), so draw from p_n.
+        totals = jnp.where(use_residual == rejected, totals, p_totals)
 
         def window(block):
             return weights(window_start(block, size, vocab), size, use_residual)
