@@ -281,3 +281,38 @@ def test_both_forms_of_the_row_argmax_are_the_first_maximum(by_blocks, monkeypat
     np.testing.assert_array_equal(
         got, [*np.argmax(probs[:2], -1), width, probs[3].argmax()]
     )
+
+
+class _FlippedGather(es.AbstractRatioTest):
+    """A user's test declaring it reads the draft tokens' values, gathered from rows
+    of its own making (each row reversed): `context.gather` must read those."""
+
+    exact: ClassVar[bool] = False
+    reads: ClassVar[str] = "draft tokens"
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, accept, context):
+        flipped = None if draft_probs is None else jnp.flip(draft_probs, -1)
+        p_x, q_x = context.gather(draft_tokens, flipped, jnp.flip(target_probs, -1))
+        return es.Verdict(accept * q_x < p_x)
+
+
+def test_values_gathered_with_the_batch_are_only_those_of_the_rows_given():
+    """Mapping rows one by one, the draft tokens' values are gathered with the whole
+    batch's and `RowContext.gather` returns them for the row's own arrays only: a test
+    gathering from rows of its own making reads those, as under `vmap` (where nothing
+    is gathered ahead) and as NumPy computes it."""
+    x, q, p, u, s = random_case(8, 6, 4, 30)
+    accepted = {}
+    for batching in ("map", "vmap"):
+        verifier = es.Verifier(_FlippedGather(), batching=batching, allow_mismatch=True)
+        out = es.speculative_accept(
+            x, q, p, u, s, verifier=verifier, check_inputs="off"
+        )
+        accepted[batching] = np.asarray(out["num_accepted"])
+    q, p, x, u = (np.asarray(a) for a in (q, p, x, u))
+    rows, positions = np.indices(x.shape)
+    p_x = p[:, :-1][rows, positions, 29 - x]
+    q_x = q[rows, positions, 29 - x]
+    expected = np.cumprod(u * q_x < p_x, axis=1).sum(1)
+    np.testing.assert_array_equal(accepted["map"], expected)
+    np.testing.assert_array_equal(accepted["vmap"], expected)

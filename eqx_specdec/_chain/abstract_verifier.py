@@ -302,10 +302,15 @@ def verify_row(
     report: bool = False,
     values: bool = False,
     sampled=None,
+    taken=None,
 ):
     """Runs the four stages on one row, checking at trace time what each returns; the
     ratio test and sampler get `context` (the rows' space, and the vocabulary shard
     inside a [`eqx_specdec.ShardedVerifier`][]).
+
+    `taken`: `(p_x, q_x)`, this row's draft tokens' values gathered with the batch's
+    (`q_x` `None` for one-hot drafts), which `context.gather` returns for this row's
+    arrays.
 
     `sampled`: `(draft_probs, target_probs)` for the sampler (and the sums of rows n)
     to read instead of the test's: the same values, computed apart, where they are
@@ -316,6 +321,8 @@ def verify_row(
     returned, and with `values=True` the sums of rows n (from the sampler's
     `draw_and_sum`) and the gathered draft tokens' values."""
     gamma = draft_tokens.shape[0]
+    if taken is not None:
+        context = context.with_taken(draft_tokens, draft_probs, target_probs, taken)
     test, sampler = verifier.ratio_test, verifier.residual_sampler
     verdict = test(draft_tokens, draft_probs, target_probs, accept_uniforms, context)
     if not isinstance(verdict, Verdict):

@@ -3,7 +3,6 @@ entry point from the input's type) and over which part of the vocabulary (all of
 one device's slice inside [`eqx_specdec.ShardedVerifier`][])."""
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Integer
 
@@ -39,6 +38,16 @@ class RowContext(eqx.Module):
 
     log_space: bool = eqx.field(static=True, default=False)
     shard: VocabShard | None = None
+    # This row's draft tokens' values, gathered with the whole batch's by the mapping,
+    # and the row's arrays they were gathered from: `gather` returns them when asked for
+    # exactly those arrays (the same objects), and gathers them itself otherwise.
+    _taken: tuple | None = None
+
+    def with_taken(self, draft_tokens, draft_probs, target_probs, values):
+        """This context with `values`, `(p_x, q_x)` (`q_x` `None` for one-hot drafts),
+        the draft tokens' values of this row, read from the arrays given."""
+        taken = (draft_tokens, draft_probs, target_probs, values)
+        return RowContext(log_space=self.log_space, shard=self.shard, _taken=taken)
 
     @property
     def first_id(self) -> Int[Array, ""] | int:
@@ -95,22 +104,27 @@ class RowContext(eqx.Module):
             dtypes.append(draft_probs.dtype)
         dtype = compute_dtype(*dtypes)
         gamma = draft_tokens.shape[0]
-        p_x = self._take(target_probs[:gamma], draft_tokens, dtype)
+        taken = self._taken
+        if taken is not None and all(
+            a is b for a, b in zip(taken[:3], (draft_tokens, draft_probs, target_probs))
+        ):
+            p_x, q_x = (x if x is None else x.astype(dtype) for x in taken[3])
+        else:
+            p_x = self._take(target_probs[:gamma], draft_tokens, dtype)
+            q_x = (
+                None
+                if draft_probs is None
+                else self._take(draft_probs, draft_tokens, dtype)
+            )
         if draft_probs is None:
             return p_x, jnp.full(p_x.shape, 0.0 if self.log_space else 1.0, dtype)
-        return p_x, self._take(draft_probs, draft_tokens, dtype)
+        return p_x, q_x
 
     def _take(self, rows, tokens, dtype):
         if self.shard is not None:
             return self.shard.take(rows, tokens, dtype)
-        # One dynamic slice per position: XLA CPU fused a gather of these G values
-        # into a loop over whole rows (at (256, 8, 32000), 16 us a sequence).
-        tokens = tokens.astype(jnp.int32)
-        values = [
-            jax.lax.dynamic_slice(rows, (jnp.int32(i), tokens[i]), (1, 1))[0, 0]
-            for i in range(tokens.shape[0])
-        ]
-        return jnp.stack(values).astype(dtype) if values else rows[:, 0].astype(dtype)
+        index = tokens.astype(jnp.int32)[:, None]
+        return jnp.take_along_axis(rows, index, axis=1)[:, 0].astype(dtype)
 
 
 def first_argmax(values: Float[Array, "*rows width"], log_space: bool):
