@@ -19,7 +19,9 @@ class RowByRow(AbstractRowMapping):
     (`_EARLY_EXIT_VOCAB` entries) are normalised only up to each sequence's first
     position whose test fails, where the verifier allows it (a `causal` test reading
     the draft tokens' entries, a first-failure counter), and the sampler's rows n are
-    evaluated apart (`_apart`)."""
+    evaluated apart (`_apart`); on rows given as arrays, the draft tokens' values of
+    every sequence are gathered before the loop for a test reading only them
+    (`_taken`)."""
 
     def __call__(self, verifier, row, values, inputs, until_failure):
         early = until_failure and _stops_at_failure(verifier) and _long_rows(inputs[2])
