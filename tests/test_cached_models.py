@@ -285,6 +285,34 @@ def test_measure_speedup_reports_a_consistent_run():
     own = measured.speculative_seconds / measured.steps - step
     np.testing.assert_allclose(measured.loop_seconds_per_step, own)
     assert f"| {1e3 * own:.3f} (" in speedup_table({"2-gram": measured})
+    assert measured.narrow_steps == 0  # every step called the target on G + 1
+
+
+def test_measure_speedup_counts_a_trimmed_chain_s_narrow_steps():
+    """With prompt lookup and a trimmed chain, the steps where the row drafted nothing
+    called the target on one position: the cost model counts them as plain calls (one
+    row: the steps less those that drafted)."""
+    target = _small_transformer(4, context=40)
+    tokens, _ = _prompts(1, 4)
+    run = (es.models.PromptLookupDraft(4), target, tokens, None, 24, jax.random.key(0))
+    options = dict(
+        proposal=es.Chain(3, drafting="propose", trim=True),
+        outputs=("probs", "logits"),
+    )
+    measured = es.evaluation.measure_speedup(*run, repeats=1, **options)
+    result = es.speculative_decode(*run, **options)
+    drafting = int(np.asarray(result.drafting_steps)[0])
+    assert 0 < measured.narrow_steps == measured.steps - drafting < measured.steps
+    m = measured
+    calls = (
+        m.steps * m.draft_calls_per_step * m.draft_call_seconds
+        + drafting * m.target_call_seconds
+        + m.narrow_steps * m.plain_call_seconds
+    )
+    np.testing.assert_allclose(m.predicted_speedup, 24 * m.plain_call_seconds / calls)
+    np.testing.assert_allclose(
+        m.loop_seconds_per_step, (m.speculative_seconds - calls) / m.steps
+    )
 
 
 class Unnormalised(CachedNGram):

@@ -41,6 +41,9 @@ class Speedup(eqx.Module):
     - `draft_calls_per_step`: the draft calls per step: $G$, or under a stopping
         draft-length policy the rows' mean drafted length (a lower bound: the batch
         calls the draft until its last row stops).
+    - `narrow_steps`: the steps whose target call scored one position per row (a
+        trimmed chain's steps where no row drafted: `Chain(trim=True)`), each costing
+        a plain call; the others cost a call on $G + 1$. Default 0.
     """
 
     speculative_seconds: float
@@ -53,6 +56,18 @@ class Speedup(eqx.Module):
     target_call_seconds: float
     plain_call_seconds: float
     draft_calls_per_step: float
+    narrow_steps: int = 0
+
+    def _calls_seconds(self) -> float:
+        """The model calls of the whole speculative run, as the cost model counts
+        them: `draft_calls_per_step` draft calls a step, and one target call, on
+        $G + 1$ tokens or (`narrow_steps`) on one."""
+        wide = self.steps - self.narrow_steps
+        return (
+            self.steps * self.draft_calls_per_step * self.draft_call_seconds
+            + wide * self.target_call_seconds
+            + self.narrow_steps * self.plain_call_seconds
+        )
 
     @property
     def speedup(self) -> float:
@@ -63,28 +78,19 @@ class Speedup(eqx.Module):
     def predicted_speedup(self) -> float:
         """What the cost model predicts from the per-call times alone: plain decoding
         is `num_tokens` plain calls, speculative decoding `steps` steps of
-        `draft_calls_per_step` draft calls and one target call (the verification and
-        the loop's own work count as free, and a cached draft's two-token catch-up
-        call as a one-token call)."""
+        `draft_calls_per_step` draft calls and one target call (on one position in
+        the `narrow_steps`; the verification and the loop's own work count as free,
+        and a cached draft's two-token catch-up call as a one-token call)."""
         plain = (self.tokens / self.batch) * self.plain_call_seconds
-        step = (
-            self.draft_calls_per_step * self.draft_call_seconds
-            + self.target_call_seconds
-        )
-        return plain / (self.steps * step)
+        return plain / self._calls_seconds()
 
     @property
     def loop_seconds_per_step(self) -> float:
         """What a step costs beyond the model calls the cost model counts: the loop's
         own work (drafting bookkeeping, verification, the caches' positions), the
-        measured time of a step less `draft_calls_per_step` draft calls and one
-        target call. Negative when the step's calls ran faster inside the loop than
-        alone."""
-        calls = (
-            self.draft_calls_per_step * self.draft_call_seconds
-            + self.target_call_seconds
-        )
-        return self.speculative_seconds / self.steps - calls
+        measured time of the run less its calls, per step. Below zero when the calls
+        ran faster inside the loop than alone (within the runs' noise)."""
+        return (self.speculative_seconds - self._calls_seconds()) / self.steps
 
 
 def _seconds(fn) -> float:
@@ -185,7 +191,13 @@ def measure_speedup(
         calls_per_step = float(
             np.sum(np.asarray(result.drafted)) / np.sum(np.asarray(result.target_calls))
         )
+    narrow = 0
+    if result.scored_positions is not None and gamma:
+        # Scored: G + 1 positions in a wide step, 1 in a narrow one.
+        scored = int(np.max(np.asarray(result.scored_positions)))
+        narrow = steps - (scored - steps) // gamma
     return Speedup(
+        narrow_steps=narrow,
         speculative_seconds=median["speculative"],
         plain_seconds=median["plain"],
         batch=batch,
