@@ -261,9 +261,9 @@ def test_both_forms_of_the_row_argmax_are_the_first_maximum(by_blocks, monkeypat
     """The row argmax in either backend's form (the CPU's through block maxima, XLA's
     argmax elsewhere) is NumPy's first maximum, ties and a shifted last window
     included, and `width` for a row holding a NaN or +inf or without mass."""
-    from eqx_specdec._stages import row_context
+    from eqx_specdec import _search
 
-    monkeypatch.setattr(row_context, "argmax_by_blocks", lambda: by_blocks)
+    monkeypatch.setattr(_search, "argmax_by_blocks", lambda: by_blocks)
     rng = np.random.default_rng(9)
     width = 1000  # blocks of 32, the last one shorter
     values = np.round(rng.normal(size=(7, width)) * 2).astype(np.float32)  # ties
@@ -271,13 +271,13 @@ def test_both_forms_of_the_row_argmax_are_the_first_maximum(by_blocks, monkeypat
     values[2, 990] = np.nan
     values[3] = -np.inf
     values[4, 10] = np.inf
-    got = row_context.first_argmax(jnp.asarray(values), log_space=True)
+    got = _search.first_argmax(jnp.asarray(values), log_space=True)
     expected = np.argmax(values, -1)
     expected[2:5] = width
     np.testing.assert_array_equal(got, expected)
     probs = np.abs(values[[0, 1, 5, 6]])
     probs[2] = 0.0
-    got = row_context.first_argmax(jnp.asarray(probs), log_space=False)
+    got = _search.first_argmax(jnp.asarray(probs), log_space=False)
     np.testing.assert_array_equal(
         got, [*np.argmax(probs[:2], -1), width, probs[3].argmax()]
     )

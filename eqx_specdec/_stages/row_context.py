@@ -7,8 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Integer
 
 from .._misc import compute_dtype
-from .._platform import argmax_by_blocks
-from .._search import block_size
+from .._search import first_argmax
 from .vocab_shard import VocabShard
 
 
@@ -125,45 +124,6 @@ class RowContext(eqx.Module):
             return self.shard.take(rows, tokens, dtype)
         index = tokens.astype(jnp.int32)[:, None]
         return jnp.take_along_axis(rows, index, axis=1)[:, 0].astype(dtype)
-
-
-def first_argmax(values: Float[Array, "*rows width"], log_space: bool):
-    """The first most likely entry of each row, int32, or `width` for a row without one
-    (see [`eqx_specdec.RowContext.argmax`][]), in the form the backend reads fastest
-    (`argmax_by_blocks`). Ties and NaN are XLA's argmax's: the first maximum, or the
-    first NaN (whose value then makes the row unusable)."""
-    width = values.shape[-1]
-    if argmax_by_blocks():
-        # The first block holding the row's maximum (its maxima's argmax), then the
-        # first maximum in that block. XLA CPU's maximum does not always keep a NaN,
-        # so a block whose sum is NaN (one holding a NaN, or +inf beside -inf) counts
-        # as holding +inf: the row's first non-finite entry, there, leaves the row
-        # unusable all the same. (A select of the NaNs before the maximum would
-        # make it 8x slower: two reductions cost 2x.)
-        size = block_size(width)
-        full = width // size
-        blocks = values[..., : full * size].reshape(values.shape[:-1] + (full, size))
-        maxima = jnp.max(blocks, axis=-1)
-        sums = jnp.sum(blocks, axis=-1)
-        if width % size:
-            tail = values[..., full * size :]
-            maxima = jnp.concatenate([maxima, jnp.max(tail, -1, keepdims=True)], -1)
-            sums = jnp.concatenate([sums, jnp.sum(tail, -1, keepdims=True)], -1)
-        maxima = jnp.where(jnp.isnan(sums), jnp.inf, maxima)
-        block = jnp.argmax(maxima, axis=-1).astype(jnp.int32)
-        start = jnp.minimum(block * size, width - size)  # the last window inside
-        offsets = jnp.arange(size, dtype=jnp.int32).reshape((1,) * block.ndim + (size,))
-        ids = start[..., None] + offsets
-        window = jnp.take_along_axis(values, ids, axis=-1)
-        window = jnp.where(jnp.isnan(window), jnp.inf, window)
-        # A shifted last window's overlap with the block before is not this block's.
-        window = jnp.where(ids >= block[..., None] * size, window, -jnp.inf)
-        first = start + jnp.argmax(window, axis=-1).astype(jnp.int32)
-    else:
-        first = jnp.argmax(values, axis=-1).astype(jnp.int32)
-    largest = jnp.take_along_axis(values, first[..., None], axis=-1)[..., 0]
-    usable = jnp.isfinite(largest) & (log_space | (largest > 0))
-    return jnp.where(usable, first, width).astype(jnp.int32)
 
 
 ONE_DEVICE = RowContext()
