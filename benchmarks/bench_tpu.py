@@ -17,6 +17,10 @@ verification measured 84 ms a step against 31 ms a call at (64, 5, 128256)):
   always applies both, by a binary search), accept uniforms drawn from a key, the first
   rejection by a cumulative product, the correction by the Gumbel-max trick over the
   whole residual row at every position, and argmax for greedy decoding;
+- the straightforward JAX version, as a JAX user writes the step from the paper (the
+  same warps; the correction by `jax.random.categorical` over row n, gathered);
+- on the TPU, for probabilities, ours with `batching="vmap"` (rows n read by XLA's
+  gather rather than the kernel), printed beneath the row;
 - the roof: the input's bytes, and the bytes the step must read, over the bandwidth a
   jitted `jnp.sum` over 1 GiB reaches in the same run. What a step must read depends on
   its outcome, n accepted of G (the mean over the batch is used): on probabilities, the
@@ -31,6 +35,7 @@ min-p 0.05 (each on logits, sampled drafts).
 """
 
 import argparse
+import math
 import statistics
 import time
 
@@ -137,10 +142,51 @@ def baseline(path, tokens, draft, target, key):
     return n, _assembled(tokens, n, correction)
 
 
-def ours(path, tokens, draft, target, key, checks):
+def straightforward(path, tokens, draft, target, key):
+    """The step as a JAX user writes it from the paper: the path's warp (as the
+    baseline's), the ratio test on the draft tokens' probabilities, the first rejection
+    by a cumulative product, and the correction drawn by `jax.random.categorical` from
+    the residual of row n alone, gathered by `take_along_axis` (argmax for greedy)."""
+    if path == "greedy, one-hot drafts":
+        return baseline(path, tokens, draft, target, key)
+    batch, gamma = tokens.shape
+    if path == "probabilities":
+        p, q = target, draft
+    else:
+        cut = dict(
+            top_k=50 if path == "top-k 50" else None,
+            top_p=0.9 if path == "top-p 0.9" else None,
+            min_p=0.05 if path == "min-p 0.05" else None,
+        )
+        p = _warped_probs(target, **cut)
+        q = None if path in ONE_HOT else _warped_probs(draft, **cut)
+    accept_key, sample_key = jax.random.split(key)
+    u = jax.random.uniform(accept_key, (batch, gamma))
+    p_x = jnp.take_along_axis(p[:, :gamma], tokens[..., None], axis=-1)[..., 0]
+    q_x = (
+        jnp.ones_like(p_x)
+        if q is None
+        else jnp.take_along_axis(q, tokens[..., None], axis=-1)[..., 0]
+    )
+    n = jnp.sum(jnp.cumprod(u * q_x < p_x, axis=1), axis=1)
+    p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
+    rejected_at = jnp.minimum(n, gamma - 1)
+    if q is None:
+        x_n = jnp.take_along_axis(tokens, rejected_at[:, None], axis=1)
+        q_n = (jnp.arange(p.shape[-1])[None] == x_n).astype(p.dtype)
+    else:
+        q_n = jnp.take_along_axis(q, rejected_at[:, None, None], axis=1)[:, 0]
+    residual = jnp.maximum(p_n - q_n, 0.0)
+    weights = jnp.where((n < gamma)[:, None], residual, p_n)
+    correction = jax.random.categorical(sample_key, jnp.log(weights), axis=-1)
+    return n, _assembled(tokens, n, correction.astype(jnp.int32))
+
+
+def ours(path, tokens, draft, target, key, checks, batching="auto"):
     if path == "probabilities":
         t, d = es.Probabilities(target), es.Draft(tokens, es.Probabilities(draft))
-        out = es.verify(t, d, key, check_inputs=checks)
+        verifier = es.Verifier(batching=batching)
+        out = es.verify(t, d, key, verifier=verifier, check_inputs=checks)
     elif path == "greedy, one-hot drafts":
         out = es.verify(
             es.Logits(target),
@@ -240,10 +286,11 @@ def main(argv=None):
     )
     print(
         "| B, G, V | path | mean n | ours, checks off: step / call | default checks: "
-        "step / call | baseline: step / call | baseline / ours | ours / input bytes "
-        "| ours / bytes it must read |"
+        "step / call | baseline: step / call | straightforward JAX: step / call | "
+        "baseline / ours | JAX / ours | ours / input bytes | ours / bytes it must "
+        "read |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for batch, gamma, vocab in shapes:
         for path in PATHS if args.paths is None else args.paths.split(";"):
             inputs = _inputs(path, batch, gamma, vocab)
@@ -251,7 +298,11 @@ def main(argv=None):
                 "off": lambda *a, path=path: ours(path, *a, "off"),
                 "read": lambda *a, path=path: ours(path, *a, "read"),
                 "baseline": lambda *a, path=path: baseline(path, *a),
+                "jax": lambda *a, path=path: straightforward(path, *a),
             }
+            if path == "probabilities" and jax.default_backend() == "tpu":
+                # The kernel's effect: rows n read by vmap's gather instead.
+                steps["vmap"] = lambda *a: ours("probabilities", *a, "off", "vmap")
             impls = {}
             for name, step in steps.items():
                 impls[name, "step"] = _in_a_program(step, args.loop)
@@ -271,8 +322,9 @@ def main(argv=None):
                 / (args.loop if name[1] == "step" else 1)
                 for name, t in times.items()
             }
-            for name in steps:
+            for name in ("off", "read", "baseline", "jax", "vmap"):
                 ms.setdefault((name, "call"), float("nan"))
+                ms.setdefault((name, "step"), float("nan"))
             tokens, draft, target, _ = inputs
             n = float(jnp.mean(ours(path, *inputs, "off")[0]))
             input_bytes = sum(a.nbytes for a in (tokens, draft, target))
@@ -283,11 +335,21 @@ def main(argv=None):
                 f"{ours_ms:.3f} / {ms['off', 'call']:.2f} | "
                 f"{ms['read', 'step']:.3f} / {ms['read', 'call']:.2f} | "
                 f"{ms['baseline', 'step']:.3f} / {ms['baseline', 'call']:.2f} | "
+                f"{ms['jax', 'step']:.3f} / {ms['jax', 'call']:.2f} | "
                 f"{ms['baseline', 'step'] / ours_ms:.2f}x | "
+                f"{ms['jax', 'step'] / ours_ms:.2f}x | "
                 f"{ours_ms / (1e3 * input_bytes / bandwidth):.1f}x | "
                 f"{ours_ms / (1e3 * needed / bandwidth):.1f}x |",
                 flush=True,
             )
+            if not math.isnan(ms["vmap", "step"]):
+                print(
+                    f"<!-- rows n by vmap's gather, checks off: "
+                    f"{ms['vmap', 'step']:.3f} ms a step, "
+                    f"{ms['vmap', 'step'] / (1e3 * needed / bandwidth):.1f}x the bytes "
+                    "it must read -->",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

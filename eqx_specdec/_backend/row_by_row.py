@@ -11,29 +11,33 @@ import jax.numpy as jnp
 from .._stages.row_context import RowContext
 from .._stages.row_fields import with_row_values
 from .._warps.warp import as_log_probs, NormalisedRows, WarpedRows
-from .abstract_row_mapping import AbstractRowMapping, with_test
+from .abstract_row_mapping import (
+    AbstractRowMapping,
+    draft_token_values,
+    with_test,
+)
 
 
 class RowByRow(AbstractRowMapping):
-    """Rows verified one after another. With `until_failure`, warped rows long enough
+    """Rows verified one after another. When `row` is the verification (`verification`), warped rows long enough
     (`_EARLY_EXIT_VOCAB` entries) are normalised only up to each sequence's first
     position whose test fails, where the verifier allows it (a `causal` test reading
     the draft tokens' entries, a first-failure counter), and the sampler's rows n are
     evaluated apart (`_apart`); on rows given as arrays, the draft tokens' values of
     every sequence are gathered before the loop for a test reading only them
-    (`_taken`)."""
+    (`draft_token_values`)."""
 
-    def __call__(self, verifier, row, values, inputs, until_failure):
-        early = until_failure and _stops_at_failure(verifier) and _long_rows(inputs[2])
+    def __call__(self, verifier, row, values, inputs, verification):
+        early = verification and _stops_at_failure(verifier) and _long_rows(inputs[2])
         if early:
             inputs = _until_first_failure(verifier.ratio_test, values, *inputs)
-        taken = _taken(verifier, *inputs[:3]) if until_failure else None
+        taken = draft_token_values(verifier, *inputs[:3]) if verification else None
 
         def verified(row_values, arrays, taken):
             test = with_row_values(verifier.ratio_test, row_values)
             one = with_test(verifier, row_values, test)
             more = {} if taken is None else dict(taken=taken)
-            if not until_failure or not any(
+            if not verification or not any(
                 isinstance(a, NormalisedRows) for a in arrays[1:3]
             ):
                 return row(one, *(as_log_probs(a) for a in arrays), **more)
@@ -52,30 +56,6 @@ class RowByRow(AbstractRowMapping):
         batch = inputs[0].shape[0]
         steps = jnp.arange(batch, dtype=jnp.int32)
         return jax.lax.scan(at, (values, inputs, taken), steps)[1]
-
-
-def _taken(verifier, tokens, draft, target):
-    """The draft tokens' values of every sequence, `(p_x, q_x)` `(B, G)` (`q_x` `None`
-    for one-hot drafts), gathered with the batch's for a test declaring it reads only
-    them, on rows given as arrays; else `None`. Inside each sequence's iteration,
-    `RowContext.gather` returns its row of them: XLA CPU ran the gather of a row's
-    $2G$ values, fused inside the iteration, at 16 us a sequence (at (256, 8, 32000),
-    a third of the step)."""
-    if verifier.ratio_test.reads != "draft tokens" or not all(
-        a is None or isinstance(a, jax.Array) for a in (draft, target)
-    ):
-        return None
-    batch, gamma = tokens.shape
-    rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
-    positions = jnp.arange(gamma, dtype=jnp.int32)[None]
-    tokens = tokens.astype(jnp.int32)
-
-    def take(array):
-        # As `take_along_axis` reads: NaN for a token out of range.
-        index = (rows, positions, tokens)
-        return array.at[index].get(mode="fill", fill_value=jnp.nan)
-
-    return take(target), None if draft is None else take(draft)
 
 
 def _stops_at_failure(verifier) -> bool:

@@ -303,6 +303,8 @@ def verify_row(
     values: bool = False,
     sampled=None,
     taken=None,
+    decided=None,
+    rows_n=None,
 ):
     """Runs the four stages on one row, checking at trace time what each returns; the
     ratio test and sampler get `context` (the rows' space, and the vocabulary shard
@@ -311,6 +313,10 @@ def verify_row(
     `taken`: `(p_x, q_x)`, this row's draft tokens' values gathered with the batch's
     (`q_x` `None` for one-hot drafts), which `context.gather` returns for this row's
     arrays.
+
+    `decided`: `(verdict, n)`, this row's from `decide_row`, run before with the
+    batch's; `rows_n`: what a kernel read of its rows n with the batch's
+    (`RowsN`), which the residual sampler reads through `context`.
 
     `sampled`: `(draft_probs, target_probs)` for the sampler (and the sums of rows n)
     to read instead of the test's: the same values, computed apart, where they are
@@ -323,28 +329,16 @@ def verify_row(
     gamma = draft_tokens.shape[0]
     if taken is not None:
         context = context.with_taken(draft_tokens, draft_probs, target_probs, taken)
-    test, sampler = verifier.ratio_test, verifier.residual_sampler
-    verdict = test(draft_tokens, draft_probs, target_probs, accept_uniforms, context)
-    if not isinstance(verdict, Verdict):
-        raise TypeError(
-            f"{type(test).__name__} returned {_describe(verdict)}, but "
-            "AbstractRatioTest.__call__ must return an eqx_specdec.Verdict."
+    sampler = verifier.residual_sampler
+    if decided is None:
+        decided = decide_row(
+            verifier, draft_tokens, draft_probs, target_probs, accept_uniforms, context
         )
-    _checked(test, "__call__", "Verdict.passed", verdict.passed, (gamma,), "boolean")
-    _checked(
-        test,
-        "__call__",
-        "Verdict.residual_scale",
-        verdict.residual_scale,
-        (gamma,),
-        "floating",
-    )
-    counter = verifier.prefix_counter
-    n = counter(verdict.passed)
-    n = _checked(counter, "__call__", "num_accepted", n, (), "integer")
-    n = n.astype(jnp.int32)
+    verdict, n = decided
     if sampled is not None:
         draft_probs, target_probs = sampled
+    if rows_n is not None:
+        context = context.with_rows_n(draft_tokens, draft_probs, target_probs, rows_n)
     inputs = (n, verdict, draft_tokens, draft_probs, target_probs, sample_uniform)
     sums = None
     if values and context.shard is None:
@@ -376,6 +370,43 @@ def verify_row(
     if rule is not None and rule.exact and not rule.proven:
         excess = _excess(rule, n, draft_tokens, draft_probs, target_probs, context)
     return outputs, RowReport(verdict.residual_scale, y, sums, gathered, excess)
+
+
+def decide_row(
+    verifier: AbstractVerifier,
+    draft_tokens,
+    draft_probs,
+    target_probs,
+    accept_uniforms,
+    context: RowContext = ONE_DEVICE,
+    *,
+    taken=None,
+):
+    """The ratio test and the prefix counter on one row, checking at trace time what
+    each returns: `(verdict, n)`, `n` int32. `taken`: as for `verify_row`."""
+    gamma = draft_tokens.shape[0]
+    if taken is not None:
+        context = context.with_taken(draft_tokens, draft_probs, target_probs, taken)
+    test = verifier.ratio_test
+    verdict = test(draft_tokens, draft_probs, target_probs, accept_uniforms, context)
+    if not isinstance(verdict, Verdict):
+        raise TypeError(
+            f"{type(test).__name__} returned {_describe(verdict)}, but "
+            "AbstractRatioTest.__call__ must return an eqx_specdec.Verdict."
+        )
+    _checked(test, "__call__", "Verdict.passed", verdict.passed, (gamma,), "boolean")
+    _checked(
+        test,
+        "__call__",
+        "Verdict.residual_scale",
+        verdict.residual_scale,
+        (gamma,),
+        "floating",
+    )
+    counter = verifier.prefix_counter
+    n = counter(verdict.passed)
+    n = _checked(counter, "__call__", "num_accepted", n, (), "integer")
+    return verdict, n.astype(jnp.int32)
 
 
 def _excess(rule, n, draft_tokens, draft_probs, target_probs, context):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Int, jaxtyped
 
+from .._backend.abstract_row_mapping import Verification
 from .._backend.mapping import row_mapping
 from .._custom_types import (
     AcceptUniforms,
@@ -39,6 +40,7 @@ from .._warps.warp import as_logits, WarpedRows
 from .abstract_verifier import (
     AbstractVerifier,
     check_stages,
+    decide_row,
     RowReport,
     stage_mismatches,
     verify_row,
@@ -77,12 +79,17 @@ class Verifier(AbstractVerifier):
     - `token_assembler`: an [`eqx_specdec.AbstractTokenAssembler`][]. Default
         [`eqx_specdec.TokenAssembler`][].
     - `batching`: how `__call__` maps `row` over the batch: `"vmap"` (`jax.vmap`),
-        `"map"` (`jax.lax.map`, one row after another) or `"auto"` (the default: `"map"`
-        when JAX's default backend is the CPU, `"vmap"` otherwise, and for greedy
-        verification, which reads no row $n$, `"vmap"` everywhere). Both give
-        identical results (tested). On XLA CPU, `vmap` turns the read of row $n$ of
-        each sequence into a gather that runs 4x slower than the contiguous slice each
-        iteration of `lax.map` reads; on accelerators, `vmap` is the fast one.
+        `"map"` (`jax.lax.map`, one row after another), `"pallas"` (`jax.vmap`, with
+        rows $n$ of the batch read by one Pallas kernel where it computes what the
+        sampler would: the standard [`eqx_specdec.ResidualSampler`][] on float32
+        probabilities whose vocabulary fills whole 128-lane tiles; elsewhere `"vmap"`;
+        off the TPU the kernel runs in Pallas's interpret mode, for tests) or `"auto"`
+        (the default: `"map"` when JAX's default backend is the CPU, `"pallas"` on a
+        TPU, `"vmap"` otherwise, and for greedy verification, which reads no row $n$,
+        never `"map"`). All give the same tokens (tested). On XLA CPU, `vmap` turns
+        the read of row $n$ of each sequence into a gather that runs 4x slower than
+        the contiguous slice each iteration of `lax.map` reads; on a TPU v5e, the
+        kernel reads rows $n$ five times faster than `vmap`'s gather.
     - `allow_mismatch`: build a composition whose counter or sampler does not fit an
         exact ratio test (their `counts` or `draws` differ from those of the test's own
         stages), which is refused otherwise with a `ValueError` naming both stages.
@@ -100,7 +107,7 @@ class Verifier(AbstractVerifier):
     prefix_counter: AbstractPrefixCounter
     residual_sampler: AbstractResidualSampler
     token_assembler: AbstractTokenAssembler
-    batching: Literal["auto", "vmap", "map"] = eqx.field(static=True)
+    batching: Literal["auto", "vmap", "map", "pallas"] = eqx.field(static=True)
     allow_mismatch: bool = eqx.field(static=True)
 
     def __init__(
@@ -109,7 +116,7 @@ class Verifier(AbstractVerifier):
         prefix_counter: AbstractPrefixCounter | None = None,
         residual_sampler: AbstractResidualSampler | None = None,
         token_assembler: AbstractTokenAssembler = TokenAssembler(),
-        batching: Literal["auto", "vmap", "map"] = "auto",
+        batching: Literal["auto", "vmap", "map", "pallas"] = "auto",
         allow_mismatch: bool = False,
     ):
         self.ratio_test = ratio_test
@@ -127,9 +134,9 @@ class Verifier(AbstractVerifier):
         self.allow_mismatch = allow_mismatch
 
     def __check_init__(self):
-        if self.batching not in ("auto", "vmap", "map"):
+        if self.batching not in ("auto", "vmap", "map", "pallas"):
             raise ValueError(
-                f'Verifier(`batching`=...) must be "auto", "vmap" or "map", got '
+                f'Verifier(`batching`=...) must be "auto", "vmap", "map" or "pallas", got '
                 f"{self.batching!r}."
             )
         if not isinstance(self.allow_mismatch, bool):
@@ -208,8 +215,9 @@ class Verifier(AbstractVerifier):
         returns): each row's are evaluated inside its own iteration.
         """
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        row = functools.partial(verify_row, context=RowContext(log_space=log_space))
-        return self._map(row, inputs + (sample_uniforms,), until_failure=True)
+        verification = _verification(RowContext(log_space=log_space), values=False)
+        row = functools.partial(verify_row, context=verification.context)
+        return self._map(row, inputs + (sample_uniforms,), verification)
 
     def checked_call(
         self,
@@ -226,13 +234,11 @@ class Verifier(AbstractVerifier):
         checked inside its row, and rows n of `p` and `q` summarised where the sampler
         reads them."""
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
+        verification = _verification(RowContext(log_space=log_space), values)
         row = functools.partial(
-            verify_row,
-            context=RowContext(log_space=log_space),
-            report=True,
-            values=values,
+            verify_row, context=verification.context, report=True, values=values
         )
-        return self._map(row, inputs + (sample_uniforms,), until_failure=True)
+        return self._map(row, inputs + (sample_uniforms,), verification)
 
     def at_lengths(
         self,
@@ -273,12 +279,12 @@ class Verifier(AbstractVerifier):
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
         return self._map(row, inputs + (sample_uniforms, lengths))
 
-    def _map(self, row, inputs, until_failure: bool = False):
+    def _map(self, row, inputs, verification: Verification | None = None):
         """`row(verifier, *arrays)` over the rows, each row's verifier holding the
         ratio test's per-row field values of that row, mapped as the backend's
         [`AbstractRowMapping`][eqx_specdec._backend.abstract_row_mapping.AbstractRowMapping]
-        for `batching` does it. `until_failure`: `row` is the verification of `inputs`,
-        in order."""
+        for `batching` does it. `verification`: `row` is the verification of
+        `inputs`, in order (see `Verification`)."""
         values = per_row_values(self.ratio_test)
         argmax_only = (
             self.ratio_test.reads == "argmax"
@@ -296,7 +302,13 @@ class Verifier(AbstractVerifier):
                     "(leading axis B), or one shared by the batch (no batch axis)."
                 )
         mapping = row_mapping(self.batching, argmax_only)
-        return mapping(self, row, values, inputs, until_failure)
+        return mapping(self, row, values, inputs, verification)
+
+
+def _verification(context: RowContext, values: bool) -> Verification:
+    """What a mapping is told of a verification's rows: see `Verification`."""
+    decide = functools.partial(decide_row, context=context)
+    return Verification(context, values, decide)
 
 
 def _class_stage(ratio_test: AbstractRatioTest, name: str, role: str):

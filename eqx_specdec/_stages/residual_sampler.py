@@ -49,10 +49,13 @@ def residual_parts(
     context: RowContext,
     *,
     checked: bool = False,
+    windows: bool = False,
 ):
     """What every residual-based sampler needs for one row. `checked`: the caller
     validates rows n in the same pass (the entry points' checks), so an invalid entry of
-    $q_n$ need not show in the residual.
+    $q_n$ need not show in the residual. `windows`: only short slices will be asked for,
+    each read from the rows given (under `vmap`, a gather of the slice alone, not of the
+    whole row n).
 
     Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
     `(start, length)` giving that slice of $p_n$ and of the residual
@@ -69,10 +72,18 @@ def residual_parts(
     dtype = compute_dtype(*dtypes)
     n = num_accepted.astype(jnp.int32)
     rejected_at = jnp.minimum(n, gamma - 1)
-    p = target_probs[n]
-    q = None if draft_probs is None else draft_probs[rejected_at]
+    p, q = target_probs, draft_probs
+    if not windows:
+        p = target_probs[n]
+        q = None if draft_probs is None else draft_probs[rejected_at]
     if rows_n_apart(context.log_space):  # evaluated alone, once (see `rows_n_apart`)
         p, q = jax.lax.optimization_barrier((p, q))
+
+    def row_slice(rows, i, start, length):
+        if windows:
+            return jax.lax.dynamic_slice(rows, (i, start), (1, length))[0]
+        return jax.lax.dynamic_slice_in_dim(rows, start, length)
+
     draft_token = draft_tokens[rejected_at].astype(jnp.int32)
     scale = verdict.residual_scale[rejected_at].astype(dtype)
 
@@ -86,12 +97,12 @@ def residual_parts(
     probabilities = RowContext(shard=context.shard)
 
     def p_and_residual(start, length, with_q=False):
-        p_part = as_probs(jax.lax.dynamic_slice_in_dim(p, start, length))
+        p_part = as_probs(row_slice(p, n, start, length))
         if q is None:  # one-hot draft
             ids = context.first_id + start + jnp.arange(length, dtype=jnp.int32)
             q_part = (ids == draft_token).astype(dtype)
         else:
-            q_part = as_probs(jax.lax.dynamic_slice_in_dim(q, start, length))
+            q_part = as_probs(row_slice(q, rejected_at, start, length))
         if rule is None:
             difference = scale * p_part - q_part
         else:
@@ -317,6 +328,8 @@ class ResidualSampler(AbstractResidualSampler):
         """The draw on the whole vocabulary; with `with_sums`, also the sums of rows n
         that the entry points' default checks read, computed in the draw's own pass."""
         gamma, vocab = target_probs.shape[0] - 1, target_probs.shape[1]
+        # Rows n already read by a kernel, with the batch's (`rows_n_kernel`).
+        read = context.rows_n(draft_tokens, draft_probs, target_probs)
         dtype, p_and_residual = residual_parts(
             num_accepted,
             verdict,
@@ -325,6 +338,7 @@ class ResidualSampler(AbstractResidualSampler):
             target_probs,
             context,
             checked=with_sums,
+            windows=read is not None,
         )
         size = block_size(vocab)
         rejected = num_accepted < gamma
@@ -340,21 +354,16 @@ class ResidualSampler(AbstractResidualSampler):
             p_part, residual_part = p_and_residual(start, length)
             return jnp.where(use_residual, residual_part, p_part)
 
-        # One pass over rows n of p and q, a single variadic reduction: the block
-        # totals of the residual (or of the bonus row p_gamma when every draft token
-        # was accepted), those of p_n (the draw's fallback), and with `with_sums` the
-        # sums the input checks need (whose p_n, negative entries as NaN, is the
-        # fallback's: on a row the checks pass, p_n itself).
-        p_row, q_row, residual_row = p_and_residual(0, vocab, with_q=True)
-        weight_row = jnp.where(rejected, residual_row, p_row)
         sums = None
-        if with_sums:
-            checked = summed(p_row, None if draft_probs is None else q_row)
-            totals, *summed_totals = block_sums((weight_row,) + checked, size)
-            sums = as_row_sums(dtype, tuple(summed_totals))
-            p_totals = summed_totals[0]
+        if read is not None:
+            totals, p_totals = read.totals, read.p_totals
+            if with_sums:
+                q_total = jnp.ones((), dtype) if read.q_total is None else read.q_total
+                sums = RowSums(jnp.sum(p_totals), q_total)
         else:
-            totals, p_totals = block_sums((weight_row, p_row), size)
+            totals, p_totals, sums = self._totals(
+                p_and_residual, vocab, rejected, draft_probs is None, dtype, with_sums
+            )
         use_residual = rejected & has_mass(jnp.sum(totals), dtype)
         # Rare: no residual mass (p and q equal up to rounding), so draw from p_n.
         totals = jnp.where(use_residual == rejected, totals, p_totals)
@@ -364,6 +373,26 @@ class ResidualSampler(AbstractResidualSampler):
 
         # -1 when the row holds a NaN or an infinity (its total is not finite).
         return two_level_search(totals, window, sample_uniform, vocab), sums
+
+    @staticmethod
+    def _totals(p_and_residual, vocab, rejected, one_hot, dtype, with_sums):
+        """One pass over rows n of p and q, a single variadic reduction: the block
+        totals of the residual (or of the bonus row p_gamma when every draft token was
+        accepted), those of p_n (the draw's fallback), and with `with_sums` the sums
+        the input checks need (whose p_n, negative entries as NaN, is the fallback's:
+        on a row the checks pass, p_n itself)."""
+        size = block_size(vocab)
+        p_row, q_row, residual_row = p_and_residual(0, vocab, with_q=True)
+        weight_row = jnp.where(rejected, residual_row, p_row)
+        sums = None
+        if with_sums:
+            checked = summed(p_row, None if one_hot else q_row)
+            totals, *summed_totals = block_sums((weight_row,) + checked, size)
+            sums = as_row_sums(dtype, tuple(summed_totals))
+            p_totals = summed_totals[0]
+        else:
+            totals, p_totals = block_sums((weight_row, p_row), size)
+        return totals, p_totals, sums
 
     def quadrature_breakpoints(self, draft_probs, target_probs):
         return {}

@@ -41,12 +41,25 @@ class RowContext(eqx.Module):
     # and the row's arrays they were gathered from: `gather` returns them when asked for
     # exactly those arrays (the same objects), and gathers them itself otherwise.
     _taken: tuple | None = None
+    # What a kernel read of this row's rows n (`RowsN`) with the whole batch's, and the
+    # arrays it read them from, for the residual sampler, likewise.
+    _rows_n: tuple | None = None
 
     def with_taken(self, draft_tokens, draft_probs, target_probs, values):
         """This context with `values`, `(p_x, q_x)` (`q_x` `None` for one-hot drafts),
         the draft tokens' values of this row, read from the arrays given."""
         taken = (draft_tokens, draft_probs, target_probs, values)
-        return RowContext(log_space=self.log_space, shard=self.shard, _taken=taken)
+        return RowContext(self.log_space, self.shard, taken, self._rows_n)
+
+    def with_rows_n(self, draft_tokens, draft_probs, target_probs, rows_n):
+        """This context with `rows_n`, what a kernel read of this row's rows n of the
+        arrays given."""
+        read = (draft_tokens, draft_probs, target_probs, rows_n)
+        return RowContext(self.log_space, self.shard, self._taken, read)
+
+    def rows_n(self, draft_tokens, draft_probs, target_probs):
+        """What a kernel read of rows n of these arrays (the same objects), or `None`."""
+        return _read_from(self._rows_n, (draft_tokens, draft_probs, target_probs))
 
     @property
     def first_id(self) -> Int[Array, ""] | int:
@@ -103,11 +116,9 @@ class RowContext(eqx.Module):
             dtypes.append(draft_probs.dtype)
         dtype = compute_dtype(*dtypes)
         gamma = draft_tokens.shape[0]
-        taken = self._taken
-        if taken is not None and all(
-            a is b for a, b in zip(taken[:3], (draft_tokens, draft_probs, target_probs))
-        ):
-            p_x, q_x = (x if x is None else x.astype(dtype) for x in taken[3])
+        taken = _read_from(self._taken, (draft_tokens, draft_probs, target_probs))
+        if taken is not None:
+            p_x, q_x = (x if x is None else x.astype(dtype) for x in taken)
         else:
             p_x = self._take(target_probs[:gamma], draft_tokens, dtype)
             q_x = (
@@ -124,6 +135,13 @@ class RowContext(eqx.Module):
             return self.shard.take(rows, tokens, dtype)
         index = tokens.astype(jnp.int32)[:, None]
         return jnp.take_along_axis(rows, index, axis=1)[:, 0].astype(dtype)
+
+
+def _read_from(read, arrays):
+    """`read`'s values if it was read from `arrays` (the same objects), else `None`."""
+    if read is None or not all(a is b for a, b in zip(read[:3], arrays)):
+        return None
+    return read[3]
 
 
 ONE_DEVICE = RowContext()

@@ -1,0 +1,243 @@
+"""Rows n of every sequence read by one Pallas kernel: the standard residual sampler's
+single pass (its block totals, and the sums the default checks read) for the whole batch,
+each row fetched from HBM by DMA at the accepted count, eight sequences to a program.
+
+Under `vmap`, XLA reads row n of each sequence through a gather; on a TPU v5e at
+(64, 5, 128256) that gather took 1.25 ms of a step whose rows n hold 66 MB (0.12 ms at
+the bandwidth a plain reduction reaches). This kernel reads them at 0.25 ms, the block
+totals included (`benchmarks/results-tpu.md`). Off the TPU it runs in Pallas's interpret
+mode (slow; for tests)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jaxtyping import Array, Float
+
+from .._search import block_size
+from .._stages.residual_sampler import ResidualSampler
+from .._stages.threshold_rule import RatioTest
+
+
+# Sequences one program reads: one per sublane of the TPU's (8, 128) float32 tiles.
+_ROWS = 8
+_LANES = 128
+
+
+class RowsN(eqx.Module):
+    """What the kernel read of one sequence's rows n (or of the batch's, with a leading
+    batch axis): the block totals of the correction's weights (the residual, or $p_n$
+    for the bonus token) and of $p_n$ (the zero-mass fallback; with `checked`, negative
+    entries counted as NaN, as the checks' sums count them), and the sum of $q_n$ so
+    counted (`None` for one-hot drafts or without `checked`)."""
+
+    totals: Float[Array, "*batch blocks"]
+    p_totals: Float[Array, "*batch blocks"]
+    q_total: Float[Array, "*batch"] | None
+
+
+def kernel_applies(verifier, draft_probs, target_probs, log_space: bool) -> bool:
+    """Whether the kernel computes what `verifier`'s sampler would from these rows (before
+    the ratio test runs; `rule_applies` decides after): the standard residual sampler on
+    float32 probabilities given as arrays, whose vocabulary and search blocks fill whole
+    lanes."""
+    if type(verifier.residual_sampler) is not ResidualSampler or log_space:
+        return False
+    rows = [target_probs] + ([] if draft_probs is None else [draft_probs])
+    if not all(isinstance(a, jax.Array) and a.dtype == jnp.float32 for a in rows):
+        return False
+    vocab = target_probs.shape[-1]
+    return vocab % _LANES == 0 and block_size(vocab) % _LANES == 0
+
+
+def rule_applies(verdict) -> bool:
+    """Whether the verdict's correction is one the kernel writes: the residual
+    $(c_n p_n - q_n)_+$ of a verdict without a rule, or the standard rule's derived
+    $(c_n p_n - \\min(q_n, p_n))_+$."""
+    return verdict.rule is None or type(verdict.rule) is RatioTest
+
+
+def read_rows_n(
+    num_accepted,
+    verdict,
+    draft_tokens,
+    draft_probs,
+    target_probs,
+    *,
+    checked: bool,
+    interpret: bool,
+) -> RowsN:
+    """The kernel on a batch: arguments as the residual sampler's, each with a leading
+    batch axis (`num_accepted` `(B,)`, the verdict's fields `(B, G)`). `checked`: also
+    the sums the default checks read (negative entries as NaN)."""
+    batch, rows, vocab = target_probs.shape
+    gamma = rows - 1
+    size = block_size(vocab)
+    blocks = -(-vocab // size)
+    width = -(-blocks // _LANES) * _LANES
+    groups = -(-batch // _ROWS)
+    padded = groups * _ROWS
+    one_hot = draft_probs is None
+    with_rule = verdict.rule is not None
+
+    n = num_accepted.astype(jnp.int32)
+    rejected_at = jnp.minimum(n, gamma - 1)
+    at = (jnp.arange(batch), rejected_at)
+    scale = verdict.residual_scale[at].astype(jnp.float32)
+    token = draft_tokens[at].astype(jnp.int32)
+    rejected = (n < gamma).astype(jnp.int32)
+
+    def column(x):  # (padded, 1), read a group of eight rows at a time
+        return jnp.pad(x, (0, padded - batch))[:, None]
+
+    def kernel(n_ref, r_ref, scale_ref, token_ref, rejected_ref, *refs):
+        if one_hot:
+            p_hbm, totals_out, p_totals_out, p_buf, sem = refs
+            q_hbm = q_buf = q_total_out = None
+        else:
+            (p_hbm, q_hbm, totals_out, p_totals_out, q_total_out) = refs[:5]
+            p_buf, q_buf, sem = refs[5:]
+        group = pl.program_id(0)
+
+        def copies(g, slot):
+            out = []
+            for i in range(_ROWS):
+                b = jnp.minimum(g * _ROWS + i, batch - 1)
+                to = pl.ds(i, 1)
+                out.append(
+                    pltpu.make_async_copy(
+                        p_hbm.at[b, pl.ds(n_ref[b], 1), :],
+                        p_buf.at[slot, to, :],
+                        sem.at[0, slot],
+                    )
+                )
+                if not one_hot:
+                    out.append(
+                        pltpu.make_async_copy(
+                            q_hbm.at[b, pl.ds(r_ref[b], 1), :],
+                            q_buf.at[slot, to, :],
+                            sem.at[1, slot],
+                        )
+                    )
+            return out
+
+        # Two slots: the next group's rows arrive while this group's are summed.
+        @pl.when(group == 0)
+        def _():
+            for copy in copies(group, 0):
+                copy.start()
+
+        @pl.when(group + 1 < groups)
+        def _():
+            for copy in copies(group + 1, (group + 1) % 2):
+                copy.start()
+
+        slot = group % 2
+        for copy in copies(group, slot):
+            copy.wait()
+
+        scale_col = scale_ref[...]
+        rejected_col = rejected_ref[...] > 0
+        token_col = token_ref[...]
+        lane = jax.lax.broadcasted_iota(jnp.int32, (_ROWS, width), 1)
+
+        def block(start, length):
+            p = p_buf[slot, :, pl.ds(start, length)]
+            if one_hot:
+                ids = start + jax.lax.broadcasted_iota(jnp.int32, (_ROWS, length), 1)
+                q = (ids == token_col).astype(jnp.float32)
+            else:
+                q = q_buf[slot, :, pl.ds(start, length)]
+            if with_rule:  # the standard rule's min(q, t), t = p; q's +inf kept
+                taken = jnp.minimum(q, p)
+                if not checked:
+                    taken = jnp.where(q == jnp.inf, q, taken)
+            else:
+                taken = q
+            difference = scale_col * p - taken
+            residual = jnp.where(
+                difference == -jnp.inf, jnp.nan, jnp.maximum(difference, 0.0)
+            )
+            weights = jnp.where(rejected_col, residual, p)
+            fallback = jnp.where(p >= 0, p, jnp.nan) if checked else p
+            q_part = None
+            if checked and not one_hot:
+                q_part = jnp.where(q >= 0, q, jnp.nan)
+            return weights, fallback, q_part
+
+        def add(j, start, length, carry):
+            totals, p_totals, q_sum = carry
+            weights, fallback, q_part = block(start, length)
+            here = lane == j
+            totals = jnp.where(here, jnp.sum(weights, 1, keepdims=True), totals)
+            p_totals = jnp.where(here, jnp.sum(fallback, 1, keepdims=True), p_totals)
+            if q_part is not None:
+                q_sum = q_sum + jnp.sum(q_part, 1, keepdims=True)
+            return totals, p_totals, q_sum
+
+        zeros = jnp.zeros((_ROWS, width), jnp.float32)
+        carry = (zeros, zeros, jnp.zeros((_ROWS, 1), jnp.float32))
+        full = vocab // size
+
+        def step(j, carry):
+            return add(j, pl.multiple_of(j * size, size), size, carry)
+
+        carry = jax.lax.fori_loop(0, full, step, carry, unroll=min(8, full))
+        if vocab % size:
+            carry = add(full, full * size, vocab - full * size, carry)
+        totals, p_totals, q_sum = carry
+        totals_out[...] = totals
+        p_totals_out[...] = p_totals
+        if q_total_out is not None:
+            q_total_out[...] = jnp.broadcast_to(q_sum, q_total_out.shape)
+
+    column_spec = pl.BlockSpec((_ROWS, 1), lambda g, *_: (g, 0))
+    in_hbm = pl.BlockSpec(memory_space=pl.ANY)
+    out_spec = pl.BlockSpec((_ROWS, width), lambda g, *_: (g, 0))
+    lanes_spec = pl.BlockSpec((_ROWS, _LANES), lambda g, *_: (g, 0))
+    buffer = pltpu.VMEM((2, _ROWS, vocab), jnp.float32)
+    totals_shape = jax.ShapeDtypeStruct((padded, width), jnp.float32)
+    out_shape = [totals_shape, totals_shape]
+    out_specs = [out_spec, out_spec]
+    in_specs = [column_spec] * 3 + [in_hbm]
+    scratch = [buffer]
+    operands = [target_probs]
+    if not one_hot:
+        in_specs.append(in_hbm)
+        operands.append(draft_probs)
+        scratch.append(buffer)
+        out_shape.append(jax.ShapeDtypeStruct((padded, _LANES), jnp.float32))
+        out_specs.append(lanes_spec)
+    scratch.append(pltpu.SemaphoreType.DMA((2, 2)))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(groups,),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        scratch_shapes=scratch,
+    )
+    vmem = len(scratch[:-1]) * 2 * _ROWS * vocab * 4
+    outputs = pl.pallas_call(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=out_shape,
+        compiler_params=pltpu.CompilerParams(
+            # Sequential: each program starts the next one's copies.
+            dimension_semantics=("arbitrary",),
+            vmem_limit_bytes=int(vmem + (16 << 20)),
+        ),
+        interpret=pltpu.InterpretParams() if interpret else False,
+    )(
+        n,
+        rejected_at,
+        column(scale),
+        column(token),
+        column(rejected),
+        *operands,
+    )
+    totals, p_totals = (x[:batch, :blocks] for x in outputs[:2])
+    q_total = None
+    if checked and not one_hot:
+        q_total = outputs[2][:batch, 0]
+    return RowsN(totals, p_totals, q_total)

@@ -1,0 +1,85 @@
+"""The Pallas kernel reading rows n (`batching="pallas"`, the TPU's default), run here
+in Pallas's interpret mode: the tokens, the accepted counts and the checks' verdicts of
+`vmap`, bit for bit, on every kind of row it reads (sampled and one-hot drafts, the
+standard rule's derived correction and a verdict's own residual scale, zero-mass rows,
+a batch that is not a multiple of eight, a vocabulary whose last search block is
+short), invalid rows with the checks off (-1, never a token), and the compositions it
+does not compute, which run without it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import random_case
+
+import eqx_specdec as es
+
+
+# 257 blocks of 128 entries, the last one short: the search's blocks are 256 long.
+BATCH, GAMMA, VOCAB = 11, 3, 32_896
+
+
+def _case(one_hot: bool, invalid: bool):
+    x, q, p, u, s = random_case(9, BATCH, GAMMA, VOCAB)
+    q[1] = p[1, :GAMMA]  # every draft token accepted
+    if invalid:  # a NaN in p_n; +inf in q_n (where the rows reject at their first)
+        p[3, 0, 5] = np.nan
+        q[4, 0, 9] = np.inf
+        u[3:5, 0] = 0.999
+    draft = es.Draft(x) if one_hot else es.Draft(x, es.Probabilities(q))
+    return es.Probabilities(p), draft, es.Uniforms(u, s)
+
+
+CASES = [
+    # (ratio test, one-hot drafts, invalid rows, check level, whether the kernel runs)
+    (es.RatioTest(), False, False, "read", True),
+    (es.RatioTest(), True, False, "read", True),
+    (es.RatioTest(), False, True, "off", True),
+    (es.BlockRatioTest(), False, False, "off", True),  # a residual scale, no rule
+    (es.LenientRatioTest(0.5), False, False, "read", False),  # another correction
+]
+
+
+@pytest.mark.parametrize("test, one_hot, invalid, level, runs", CASES)
+def test_the_kernel_gives_vmap_s_tokens(test, one_hot, invalid, level, runs):
+    target, draft, randomness = _case(one_hot, invalid)
+
+    def verify(batching):
+        verifier = es.Verifier(test, batching=batching)
+        return es.verify(
+            target,
+            draft,
+            randomness,
+            verifier=verifier,
+            check_inputs=level,
+            throw=False,
+        )
+
+    assert ("pallas_call" in str(jax.make_jaxpr(lambda: verify("pallas"))())) == runs
+    vmap, pallas = verify("vmap"), verify("pallas")
+    np.testing.assert_array_equal(pallas.tokens, vmap.tokens)
+    np.testing.assert_array_equal(pallas.num_accepted, vmap.num_accepted)
+    assert bool(pallas.result == es.RESULTS.successful)
+    if invalid:  # rows 3 and 4 rejected their first draft token into an invalid row
+        assert (np.asarray(pallas.tokens)[3:5, 0] == -1).all()
+
+
+def test_the_kernel_s_sums_catch_what_vmap_s_catch():
+    target, draft, randomness = _case(one_hot=False, invalid=False)
+    q = np.array(draft.distribution.probs)
+    q[6] *= 1.5  # every row of sequence 6 sums to 1.5
+    draft = es.Draft(draft.tokens, es.Probabilities(q))
+    outs = [
+        es.verify(
+            target,
+            draft,
+            randomness,
+            verifier=es.Verifier(batching=batching),
+            throw=False,
+        )
+        for batching in ("vmap", "pallas")
+    ]
+    assert bool(outs[0].result == es.RESULTS.not_normalised)
+    assert bool(outs[1].result == outs[0].result)
+    assert int(outs[1].failed_row) == int(outs[0].failed_row) == 6
+    assert jnp.array_equal(outs[1].tokens, outs[0].tokens)
