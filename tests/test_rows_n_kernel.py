@@ -1,10 +1,12 @@
-"""The Pallas kernel reading rows n (`batching="pallas"`, the TPU's default), run here
-in Pallas's interpret mode: the tokens, the accepted counts and the checks' verdicts of
-`vmap`, bit for bit, on every kind of row it reads (sampled and one-hot drafts, the
+"""The residual sampler's pass over rows n for the whole batch: by the Pallas kernel
+(`batching="pallas"`, the TPU's default for long rows; here in Pallas's interpret mode)
+and one sequence after another (`"auto"` on the CPU). The tokens, the accepted counts
+and the checks' verdicts of `vmap`, bit for bit, on every kind of row it reads (sampled and one-hot drafts, the
 standard rule's derived correction and a verdict's own residual scale, zero-mass rows,
 a batch that is not a multiple of eight, a vocabulary whose last search block is
-short), invalid rows with the checks off (-1, never a token), and the compositions it
-does not compute, which run without it."""
+short, a threshold rule's acceptance evaluated inside it), invalid rows with the checks
+off (-1, never a token), and the compositions it does not compute, which run without
+it."""
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +38,9 @@ CASES = [
     (es.RatioTest(), True, False, "read", True),
     (es.RatioTest(), False, True, "off", True),
     (es.BlockRatioTest(), False, False, "off", True),  # a residual scale, no rule
-    (es.LenientRatioTest(0.5), False, False, "read", False),  # another correction
+    (es.LenientRatioTest(0.8), False, False, "read", True),  # its acceptance inside
+    # A parameter given as an array: an operand the kernel is not given.
+    (es.LenientRatioTest(jnp.float32(0.8)), False, False, "read", False),
 ]
 
 
@@ -56,12 +60,15 @@ def test_the_kernel_gives_vmap_s_tokens(test, one_hot, invalid, level, runs):
         )
 
     assert ("pallas_call" in str(jax.make_jaxpr(lambda: verify("pallas"))())) == runs
-    vmap, pallas = verify("vmap"), verify("pallas")
-    np.testing.assert_array_equal(pallas.tokens, vmap.tokens)
-    np.testing.assert_array_equal(pallas.num_accepted, vmap.num_accepted)
-    assert bool(pallas.result == es.RESULTS.successful)
+    vmap = verify("vmap")
+    # "auto" on the CPU: the sampler's pass over rows n one sequence after another.
+    for batching in ("pallas", "auto"):
+        out = verify(batching)
+        np.testing.assert_array_equal(out.tokens, vmap.tokens)
+        np.testing.assert_array_equal(out.num_accepted, vmap.num_accepted)
+        assert bool(out.result == es.RESULTS.successful)
     if invalid:  # rows 3 and 4 rejected their first draft token into an invalid row
-        assert (np.asarray(pallas.tokens)[3:5, 0] == -1).all()
+        assert (np.asarray(vmap.tokens)[3:5, 0] == -1).all()
 
 
 def test_the_kernel_s_sums_catch_what_vmap_s_catch():
@@ -77,9 +84,9 @@ def test_the_kernel_s_sums_catch_what_vmap_s_catch():
             verifier=es.Verifier(batching=batching),
             throw=False,
         )
-        for batching in ("vmap", "pallas")
+        for batching in ("vmap", "pallas", "auto")
     ]
-    assert bool(outs[0].result == es.RESULTS.not_normalised)
-    assert bool(outs[1].result == outs[0].result)
-    assert int(outs[1].failed_row) == int(outs[0].failed_row) == 6
-    assert jnp.array_equal(outs[1].tokens, outs[0].tokens)
+    for out in outs:
+        assert bool(out.result == es.RESULTS.not_normalised)
+        assert int(out.failed_row) == 6
+        assert jnp.array_equal(out.tokens, outs[0].tokens)

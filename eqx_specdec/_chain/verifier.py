@@ -84,12 +84,14 @@ class Verifier(AbstractVerifier):
         sampler would: the standard [`eqx_specdec.ResidualSampler`][] on float32
         probabilities whose vocabulary fills whole 128-lane tiles; elsewhere `"vmap"`;
         off the TPU the kernel runs in Pallas's interpret mode, for tests) or `"auto"`
-        (the default: `"map"` when JAX's default backend is the CPU, `"pallas"` on a
-        TPU, `"vmap"` otherwise, and for greedy verification, which reads no row $n$,
-        never `"map"`). All give the same tokens (tested). On XLA CPU, `vmap` turns
-        the read of row $n$ of each sequence into a gather that runs 4x slower than
-        the contiguous slice each iteration of `lax.map` reads; on a TPU v5e, the
-        kernel reads rows $n$ five times faster than `vmap`'s gather.
+        (the default: on the CPU, `"vmap"` with the sampler's pass over rows $n$ run
+        one sequence after another where the rows are given as arrays, `"map"` where
+        they are warped logits, `"vmap"` for greedy verification, which reads no row
+        $n$; on a TPU, `"pallas"` from 65,536 entries and `"vmap"` below; elsewhere
+        `"vmap"`). All give the same tokens (tested). On XLA CPU, `vmap` turns the
+        read of row $n$ of each sequence into a gather that runs 4x slower than the
+        contiguous slice each iteration of `lax.map` reads; on a TPU v5e, the kernel
+        reads rows $n$ of 128,256 entries five times faster than `vmap`'s gather.
     - `allow_mismatch`: build a composition whose counter or sampler does not fit an
         exact ratio test (their `counts` or `draws` differ from those of the test's own
         stages), which is refused otherwise with a `ValueError` naming both stages.
@@ -301,7 +303,9 @@ class Verifier(AbstractVerifier):
                     f"{value.shape[0]} rows, but the batch has {batch}: give one per row "
                     "(leading axis B), or one shared by the batch (no batch axis)."
                 )
-        mapping = row_mapping(self.batching, argmax_only)
+        rows_given = all(a is None or isinstance(a, jax.Array) for a in inputs[1:3])
+        vocab = jax.tree_util.tree_leaves(inputs[2])[0].shape[-1]
+        mapping = row_mapping(self.batching, argmax_only, rows_given, vocab)
         return mapping(self, row, values, inputs, verification)
 
 

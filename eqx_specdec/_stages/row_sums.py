@@ -27,6 +27,20 @@ class RowSums(eqx.Module):
     q_total: Float[Array, ""]
 
 
+class RowsN(eqx.Module):
+    """What a residual sampler's pass over rows n gives (`rows_n_pass`), for one row or
+    with a leading batch axis: the block totals of the weights it draws from (the
+    residual where a draft token was rejected, else $p_n$), those of $p_n$ (its
+    zero-mass fallback; with the checks' sums asked for, negative entries counted as
+    NaN), and the sum of $q_n$ so counted (`None` for one-hot drafts, or when the sums
+    were not asked for).
+    """
+
+    totals: Float[Array, "*batch blocks"]
+    p_totals: Float[Array, "*batch blocks"]
+    q_total: Float[Array, "*batch"] | None
+
+
 def summed(p_row, q_row) -> tuple:
     """The arrays whose sums make up a `RowSums`: each row with its negative entries
     (and NaNs) as NaN. Two operands beside the sampler's own keep the fused reduction

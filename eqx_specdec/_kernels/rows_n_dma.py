@@ -1,23 +1,19 @@
-"""Rows n of every sequence read by one Pallas kernel: the standard residual sampler's
-single pass (its block totals, and the sums the default checks read) for the whole batch,
-each row fetched from HBM by DMA at the accepted count, eight sequences to a program.
+"""Rows n of every sequence read by one Pallas kernel: the standard residual's pass
+(the block totals of its weights and of $p_n$, and the checks' sums) for the whole batch,
+each row copied from HBM by DMA at the accepted count, eight sequences to a program.
 
 Under `vmap`, XLA reads row n of each sequence through a gather; on a TPU v5e at
-(64, 5, 128256) that gather took 1.25 ms of a step whose rows n hold 66 MB (0.12 ms at
-the bandwidth a plain reduction reaches). This kernel reads them at 0.25 ms, the block
-totals included (`benchmarks/results-tpu.md`). Off the TPU it runs in Pallas's interpret
-mode (slow; for tests)."""
+(64, 5, 128256) the step took 1.79 ms that way and 0.39 ms with this kernel, which reads
+at about twice the time the bytes take at the bandwidth of a plain reduction
+(`benchmarks/results-tpu.md`). Off the TPU it runs in Pallas's interpret mode (slow; for
+tests)."""
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jaxtyping import Array, Float
 
 from .._search import block_size
-from .._stages.residual_sampler import ResidualSampler
-from .._stages.threshold_rule import RatioTest
 
 
 # Sequences one program reads: one per sublane of the TPU's (8, 128) float32 tiles.
@@ -25,25 +21,9 @@ _ROWS = 8
 _LANES = 128
 
 
-class RowsN(eqx.Module):
-    """What the kernel read of one sequence's rows n (or of the batch's, with a leading
-    batch axis): the block totals of the correction's weights (the residual, or $p_n$
-    for the bonus token) and of $p_n$ (the zero-mass fallback; with `checked`, negative
-    entries counted as NaN, as the checks' sums count them), and the sum of $q_n$ so
-    counted (`None` for one-hot drafts or without `checked`)."""
-
-    totals: Float[Array, "*batch blocks"]
-    p_totals: Float[Array, "*batch blocks"]
-    q_total: Float[Array, "*batch"] | None
-
-
-def kernel_applies(verifier, draft_probs, target_probs, log_space: bool) -> bool:
-    """Whether the kernel computes what `verifier`'s sampler would from these rows (before
-    the ratio test runs; `rule_applies` decides after): the standard residual sampler on
-    float32 probabilities given as arrays, whose vocabulary and search blocks fill whole
-    lanes."""
-    if type(verifier.residual_sampler) is not ResidualSampler or log_space:
-        return False
+def fits(draft_probs, target_probs) -> bool:
+    """Whether the kernel reads these rows: float32 arrays whose vocabulary and search
+    blocks fill whole 128-lane tiles."""
     rows = [target_probs] + ([] if draft_probs is None else [draft_probs])
     if not all(isinstance(a, jax.Array) and a.dtype == jnp.float32 for a in rows):
         return False
@@ -51,26 +31,30 @@ def kernel_applies(verifier, draft_probs, target_probs, log_space: bool) -> bool
     return vocab % _LANES == 0 and block_size(vocab) % _LANES == 0
 
 
-def rule_applies(verdict) -> bool:
-    """Whether the verdict's correction is one the kernel writes: the residual
-    $(c_n p_n - q_n)_+$ of a verdict without a rule, or the standard rule's derived
-    $(c_n p_n - \\min(q_n, p_n))_+$."""
-    return verdict.rule is None or type(verdict.rule) is RatioTest
-
-
-def read_rows_n(
+def residual_block_totals(
     num_accepted,
-    verdict,
+    residual_scale,
     draft_tokens,
     draft_probs,
     target_probs,
+    acceptance,
     *,
     checked: bool,
     interpret: bool,
-) -> RowsN:
-    """The kernel on a batch: arguments as the residual sampler's, each with a leading
-    batch axis (`num_accepted` `(B,)`, the verdict's fields `(B, G)`). `checked`: also
-    the sums the default checks read (negative entries as NaN)."""
+):
+    """The residual sampler's pass over rows n of a batch (`fits` must hold).
+
+    **Arguments:** `num_accepted` `(B,)`; `residual_scale` `(B, G)`, the verdicts' $c$;
+    `draft_tokens` `(B, G)`; `draft_probs` `(B, G, V)` or `None` for one-hot drafts;
+    `target_probs` `(B, G + 1, V)`; `acceptance`, a threshold rule's acceptance
+    `(p, q) -> t` on probabilities (elementwise, closing over no arrays), or `None` for
+    the residual $(c p_n - q_n)_+$; `checked`: negative entries count as NaN in the
+    totals of $p_n$, and the sum of $q_n$ so counted is returned.
+
+    **Returns:** `(totals, p_totals, q_total)`: the block totals `(B, blocks)` of the
+    weights (the residual where a draft token was rejected, else $p_n$) and of $p_n$,
+    and `q_total` `(B,)` (`None` for one-hot drafts or without `checked`).
+    """
     batch, rows, vocab = target_probs.shape
     gamma = rows - 1
     size = block_size(vocab)
@@ -79,12 +63,12 @@ def read_rows_n(
     groups = -(-batch // _ROWS)
     padded = groups * _ROWS
     one_hot = draft_probs is None
-    with_rule = verdict.rule is not None
+    with_rule = acceptance is not None
 
     n = num_accepted.astype(jnp.int32)
     rejected_at = jnp.minimum(n, gamma - 1)
     at = (jnp.arange(batch), rejected_at)
-    scale = verdict.residual_scale[at].astype(jnp.float32)
+    scale = residual_scale[at].astype(jnp.float32)
     token = draft_tokens[at].astype(jnp.int32)
     rejected = (n < gamma).astype(jnp.int32)
 
@@ -149,8 +133,8 @@ def read_rows_n(
                 q = (ids == token_col).astype(jnp.float32)
             else:
                 q = q_buf[slot, :, pl.ds(start, length)]
-            if with_rule:  # the standard rule's min(q, t), t = p; q's +inf kept
-                taken = jnp.minimum(q, p)
+            if with_rule:  # the rule's min(q, t); q's +inf kept
+                taken = jnp.minimum(q, acceptance(p, q).astype(jnp.float32))
                 if not checked:
                     taken = jnp.where(q == jnp.inf, q, taken)
             else:
@@ -240,4 +224,4 @@ def read_rows_n(
     q_total = None
     if checked and not one_hot:
         q_total = outputs[2][:batch, 0]
-    return RowsN(totals, p_totals, q_total)
+    return totals, p_totals, q_total
