@@ -55,7 +55,7 @@ from ._stages.residual_sampler import (
     ResidualSampler as ResidualSampler,
 )
 from ._stages.row_context import RowContext as RowContext
-from ._stages.row_sums import RowsN as RowsN, RowSums as RowSums
+from ._stages.row_sums import RowSums as RowSums
 from ._stages.synthetic import SyntheticRatioTest as SyntheticRatioTest
 from ._stages.threshold_rule import (
     AbstractThresholdRule as AbstractThresholdRule,

@@ -62,7 +62,7 @@ def test_the_public_api_is_what_the_docs_list():
         "SpecTrKSeq", "ImportanceSampling", "ResidualState", "DynamicTree",
         "ArgmaxSampler", "GumbelSampler", "TypicalSampler",
         "DecodeResult", "ShardedVerifier", "AbstractVerifier",
-        "VocabShard", "RowContext", "RowSums", "RowsN", "SyntheticRatioTest",
+        "VocabShard", "RowContext", "RowSums", "SyntheticRatioTest",
         "AbstractDraftLength", "FixedDraftLength", "StopWhenUnlikely",
         "TopNRelaxedRatioTest", "FLyRatioTest", "ScheduledRatioTest",
         "AbstractProposal", "Chain", "Tree",

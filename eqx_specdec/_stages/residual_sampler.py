@@ -252,8 +252,11 @@ class AbstractResidualSampler(eqx.Module):
         checks read (as `draw_and_sum` returns them); `kernel`: in the backend's kernel
         form where there is one (a Pallas kernel, on the TPU).
 
-        **Returns:** an [`eqx_specdec.RowsN`][] with a leading batch axis, or `None`
-        where each row is left to read its own.
+        **Returns:** `None` where each row is left to read its own, else a `RowsN`
+        with a leading batch axis (the module beside `RowSums`): `totals`, the
+        block totals of the weights drawn from; `p_totals`, those of $p_n$ (with
+        `checked`, negative entries as NaN); `q_total`, the sum of $q_n$ so counted
+        (`None` for one-hot drafts or without `checked`).
         """
 
     def draw_and_sum(

@@ -41,8 +41,8 @@ class RowContext(eqx.Module):
     # and the row's arrays they were gathered from: `gather` returns them when asked for
     # exactly those arrays (the same objects), and gathers them itself otherwise.
     _taken: tuple | None = None
-    # What a kernel read of this row's rows n (`RowsN`) with the whole batch's, and the
-    # arrays it read them from, for the residual sampler, likewise.
+    # What the sampler's pass over rows n gave for this row (`RowsN`), run with the
+    # whole batch's, and the arrays it read them from, likewise.
     _rows_n: tuple | None = None
 
     def with_taken(self, draft_tokens, draft_probs, target_probs, values):
@@ -52,13 +52,16 @@ class RowContext(eqx.Module):
         return RowContext(self.log_space, self.shard, taken, self._rows_n)
 
     def with_rows_n(self, draft_tokens, draft_probs, target_probs, rows_n):
-        """This context with `rows_n`, what a kernel read of this row's rows n of the
-        arrays given."""
+        """This context with `rows_n`, what the sampler's pass over rows n gave for this
+        row, read from the arrays given."""
         read = (draft_tokens, draft_probs, target_probs, rows_n)
         return RowContext(self.log_space, self.shard, self._taken, read)
 
     def rows_n(self, draft_tokens, draft_probs, target_probs):
-        """What a kernel read of rows n of these arrays (the same objects), or `None`."""
+        """What the sampler's `rows_n_pass` gave for this row, run with the whole
+        batch's (see [`eqx_specdec.AbstractResidualSampler`][]), if this row's arrays
+        are those it read (the same objects); else `None`, and the sampler reads its
+        rows n itself."""
         return _read_from(self._rows_n, (draft_tokens, draft_probs, target_probs))
 
     @property
