@@ -44,8 +44,6 @@ class Vectorised(AbstractRowMapping):
 
         def one(row_values, arrays, **more):
             test = with_row_values(verifier.ratio_test, row_values)
-            if more.get("taken") is None:
-                more.pop("taken", None)
             return row(
                 with_test(verifier, row_values, test),
                 *(as_log_probs(a) for a in arrays),
@@ -59,6 +57,8 @@ class Vectorised(AbstractRowMapping):
             and has_capability(sampler, "rows_n_pass")
         ):
             return self._in_phases(verifier, one, values, inputs, taken, verification)
+        if taken is None:
+            return jax.vmap(one)(values, inputs)
         return jax.vmap(lambda v, a, t: one(v, a, taken=t))(values, inputs, taken)
 
     def _in_phases(self, verifier, one, values, inputs, taken, verification):
