@@ -1,6 +1,6 @@
 """The residual sampler's pass over rows n for the whole batch: by the Pallas kernel
 (`batching="pallas"`, the TPU's default for long rows; here in Pallas's interpret mode)
-and one sequence after another (`"auto"` on the CPU). The tokens, the accepted counts
+and one sequence after another (`"auto"` on the CPU, for large batches). The tokens, the accepted counts
 and the checks' verdicts of `vmap`, bit for bit, on every kind of row it reads (sampled and one-hot drafts, the
 standard rule's derived correction and a verdict's own residual scale, zero-mass rows,
 a batch that is not a multiple of eight, a vocabulary whose last search block is
@@ -15,6 +15,7 @@ import pytest
 from helpers import random_case
 
 import eqx_specdec as es
+from eqx_specdec._backend.mapping import row_mapping
 
 
 # 257 blocks of 128 entries, the last one short: the search's blocks are 256 long.
@@ -60,13 +61,10 @@ def test_the_kernel_gives_vmap_s_tokens(test, one_hot, invalid, level, runs):
         )
 
     assert ("pallas_call" in str(jax.make_jaxpr(lambda: verify("pallas"))())) == runs
-    vmap = verify("vmap")
-    # "auto" on the CPU: the sampler's pass over rows n one sequence after another.
-    for batching in ("pallas", "auto"):
-        out = verify(batching)
-        np.testing.assert_array_equal(out.tokens, vmap.tokens)
-        np.testing.assert_array_equal(out.num_accepted, vmap.num_accepted)
-        assert bool(out.result == es.RESULTS.successful)
+    vmap, pallas = verify("vmap"), verify("pallas")
+    np.testing.assert_array_equal(pallas.tokens, vmap.tokens)
+    np.testing.assert_array_equal(pallas.num_accepted, vmap.num_accepted)
+    assert bool(pallas.result == es.RESULTS.successful)
     if invalid:  # rows 3 and 4 rejected their first draft token into an invalid row
         assert (np.asarray(vmap.tokens)[3:5, 0] == -1).all()
 
@@ -84,9 +82,37 @@ def test_the_kernel_s_sums_catch_what_vmap_s_catch():
             verifier=es.Verifier(batching=batching),
             throw=False,
         )
-        for batching in ("vmap", "pallas", "auto")
+        for batching in ("vmap", "pallas")
     ]
     for out in outs:
         assert bool(out.result == es.RESULTS.not_normalised)
         assert int(out.failed_row) == 6
         assert jnp.array_equal(out.tokens, outs[0].tokens)
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_rows_n_one_sequence_after_another_give_map_s_tokens(one_hot):
+    """`"auto"` on the CPU from 2**21 entries in the batch's rows n: the ratio tests
+    and draws vectorised around the sampler's pass over rows n, one sequence after
+    another (`rows_n_pass` without the kernel), with the checks' sums."""
+    x, q, p, u, s = random_case(3, 64, 2, 32_768)
+    q[40] *= 1.5  # every row of q of sequence 40 sums to 1.5
+    draft = es.Draft(x) if one_hot else es.Draft(x, es.Probabilities(q))
+    outs = [
+        es.verify(
+            es.Probabilities(p),
+            draft,
+            es.Uniforms(u, s),
+            verifier=es.Verifier(batching=batching),
+            throw=False,
+        )
+        for batching in ("auto", "map")
+    ]
+    np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
+    np.testing.assert_array_equal(outs[0].num_accepted, outs[1].num_accepted)
+    expected = es.RESULTS.successful if one_hot else es.RESULTS.not_normalised
+    for out in outs:
+        assert bool(out.result == expected)
+        assert int(out.failed_row) == (-1 if one_hot else 40)
+    # Read in three phases there, not row by row.
+    assert row_mapping("auto", rows_given=True, shape=(64, 32_768)).rows_n == "scan"

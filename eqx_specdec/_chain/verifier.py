@@ -85,8 +85,8 @@ class Verifier(AbstractVerifier):
         probabilities whose vocabulary fills whole 128-lane tiles; elsewhere `"vmap"`;
         off the TPU the kernel runs in Pallas's interpret mode, for tests) or `"auto"`
         (the default: on the CPU, `"vmap"` with the sampler's pass over rows $n$ run
-        one sequence after another where the rows are given as arrays, `"map"` where
-        they are warped logits, `"vmap"` for greedy verification, which reads no row
+        one sequence after another where the rows are given as arrays and the batch's
+        rows $n$ hold $2^{21}$ entries or more, else `"map"`, `"vmap"` for greedy verification, which reads no row
         $n$; on a TPU, `"pallas"` from 65,536 entries and `"vmap"` below; elsewhere
         `"vmap"`). All give the same tokens (tested). On XLA CPU, `vmap` turns the
         read of row $n$ of each sequence into a gather that runs 4x slower than the
@@ -304,8 +304,8 @@ class Verifier(AbstractVerifier):
                     "(leading axis B), or one shared by the batch (no batch axis)."
                 )
         rows_given = all(a is None or isinstance(a, jax.Array) for a in inputs[1:3])
-        vocab = jax.tree_util.tree_leaves(inputs[2])[0].shape[-1]
-        mapping = row_mapping(self.batching, argmax_only, rows_given, vocab)
+        shape = (batch, jax.tree_util.tree_leaves(inputs[2])[0].shape[-1])
+        mapping = row_mapping(self.batching, argmax_only, rows_given, shape)
         return mapping(self, row, values, inputs, verification)
 
 
