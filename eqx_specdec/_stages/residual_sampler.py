@@ -424,8 +424,9 @@ class ResidualSampler(AbstractResidualSampler):
         """The one pass of `_draw` over rows n, for the batch: with `kernel`, by the
         Pallas kernel reading rows n by DMA (where it fits: float32 probabilities, a
         rule without arrays); else one sequence after another (`jax.lax.scan`), each
-        reading its rows n as contiguous slices (on XLA CPU, 1.1x to 1.4x faster a step
-        than the whole verification mapped row by row)."""
+        reading its rows n as contiguous slices (on XLA CPU, at (64, 5, 128256) and
+        (256, 8, 32000), 1.25x to 1.33x faster a call than the whole verification
+        mapped row by row)."""
         given = all(a is None or eqx.is_array(a) for a in (draft_probs, target_probs))
         if not given or context.shard is not None:
             return None  # warped rows are evaluated inside each row
