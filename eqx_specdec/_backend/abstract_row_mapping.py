@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from .._stages.row_context import RowContext
 
 
-class Verification(NamedTuple):
+class RowVerification(NamedTuple):
     """Says that a mapping's `row` is the verification of its inputs, in order
     (`verify_row`), with this `context`, reporting the checks' values when `values`;
     `decide(verifier, tokens, draft, target, accept)` runs its first phase alone (the
@@ -30,14 +30,14 @@ class AbstractRowMapping(eqx.Module):
     `__call__(verifier, row, values, inputs, verification)`: `row(verifier, *arrays)`
     on every row of `inputs` (arrays with a leading batch axis, warped rows unevaluated),
     each row's verifier holding the ratio test's per-row field values `values` of that
-    row. `verification`: a `Verification` when `row` is the verification of `inputs`, in
+    row. `verification`: a `RowVerification` when `row` is the verification of `inputs`, in
     order, so that a mapping may skip what cannot change its outputs, or run its stages
     in phases (else `None`).
     """
 
     @abc.abstractmethod
     def __call__(
-        self, verifier, row, values, inputs, verification: Verification | None
+        self, verifier, row, values, inputs, verification: RowVerification | None
     ):
         raise NotImplementedError
 

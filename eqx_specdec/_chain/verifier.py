@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Int, jaxtyped
 
-from .._backend.abstract_row_mapping import Verification
+from .._backend.abstract_row_mapping import RowVerification
 from .._backend.mapping import row_mapping
 from .._custom_types import (
     AcceptUniforms,
@@ -281,12 +281,12 @@ class Verifier(AbstractVerifier):
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
         return self._map(row, inputs + (sample_uniforms, lengths))
 
-    def _map(self, row, inputs, verification: Verification | None = None):
+    def _map(self, row, inputs, verification: RowVerification | None = None):
         """`row(verifier, *arrays)` over the rows, each row's verifier holding the
         ratio test's per-row field values of that row, mapped as the backend's
         [`AbstractRowMapping`][eqx_specdec._backend.abstract_row_mapping.AbstractRowMapping]
         for `batching` does it. `verification`: `row` is the verification of
-        `inputs`, in order (see `Verification`)."""
+        `inputs`, in order (see `RowVerification`)."""
         values = per_row_values(self.ratio_test)
         argmax_only = (
             self.ratio_test.reads == "argmax"
@@ -309,10 +309,10 @@ class Verifier(AbstractVerifier):
         return mapping(self, row, values, inputs, verification)
 
 
-def _verification(context: RowContext, values: bool) -> Verification:
-    """What a mapping is told of a verification's rows: see `Verification`."""
+def _verification(context: RowContext, values: bool) -> RowVerification:
+    """What a mapping is told of a verification's rows: see `RowVerification`."""
     decide = functools.partial(decide_row, context=context)
-    return Verification(context, values, decide)
+    return RowVerification(context, values, decide)
 
 
 def _class_stage(ratio_test: AbstractRatioTest, name: str, role: str):
