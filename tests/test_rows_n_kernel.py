@@ -116,3 +116,19 @@ def test_rows_n_one_sequence_after_another_give_map_s_tokens(one_hot):
         assert int(out.failed_row) == (-1 if one_hot else 40)
     # Read in three phases there, not row by row.
     assert row_mapping("auto", rows_given=True, shape=(64, 32_768)).rows_n == "scan"
+
+
+@pytest.mark.parametrize("vocab, dtype", [(1000, np.float32), (16_384, jnp.bfloat16)])
+def test_rows_the_kernel_does_not_fit_are_read_in_each_row(vocab, dtype):
+    """A vocabulary whose search blocks do not fill 128 lanes, and half-precision rows:
+    `"pallas"` runs without the kernel, as `"vmap"`."""
+    x, q, p, u, s = random_case(5, 6, 2, vocab)
+    target = es.Probabilities(jnp.asarray(p, dtype))
+    draft = es.Draft(x, es.Probabilities(jnp.asarray(q, dtype)))
+
+    def verify(batching):
+        verifier = es.Verifier(batching=batching)
+        return es.verify(target, draft, es.Uniforms(u, s), verifier=verifier).tokens
+
+    assert "pallas_call" not in str(jax.make_jaxpr(lambda: verify("pallas"))())
+    np.testing.assert_array_equal(verify("pallas"), verify("vmap"))
