@@ -44,3 +44,9 @@ def numpy_softmax(logits):
     on the host)."""
     z = np.exp(logits - logits.max(-1, keepdims=True))
     return z / z.sum(-1, keepdims=True)
+
+
+def given_as_arrays(*rows) -> bool:
+    """Whether the rows (each an array or `None`) are arrays, not warped rows evaluated
+    later (`WarpedRows`, `NormalisedRows`): what a pass over the batch's rows reads."""
+    return all(a is None or isinstance(a, jax.Array) for a in rows)

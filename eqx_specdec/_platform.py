@@ -21,11 +21,11 @@ KERNEL_MIN_VOCAB = 65_536
 
 def rows_n_by_kernel(vocab: int) -> bool:
     """Whether `batching="auto"` reads rows n through the Pallas kernel
-    (`eqx_specdec._kernels.rows_n_dma`): on a TPU, for rows of `KERNEL_MIN_VOCAB` entries or more. On a
-    TPU v5e, a step at (64, 5, 128256) took 0.39 ms with the kernel against 1.79 ms
-    with `vmap`'s gather of rows n; at (256, 8, 32000), 1.16 ms against 0.84 ms, where
-    XLA's gather of 32,000-entry rows is fast and the window the search reads again
-    costs more through the kernel's phases."""
+    (`eqx_specdec._kernels.rows_n_dma`): on a TPU, for rows of `KERNEL_MIN_VOCAB`
+    entries or more. On a TPU v5e, a step at (64, 5, 128256) took 0.39 ms with the
+    kernel against 1.79 ms with `vmap`'s gather of rows n; at (256, 8, 32000), 1.16 ms
+    against 0.84 ms, where XLA's gather of 32,000-entry rows is fast and the window the
+    search reads again costs more through the kernel's phases."""
     return on_tpu() and vocab >= KERNEL_MIN_VOCAB
 
 

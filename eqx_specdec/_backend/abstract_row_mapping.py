@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 
+from .._misc import given_as_arrays
 from .._stages.row_context import RowContext
 
 
@@ -28,11 +28,11 @@ class AbstractRowMapping(eqx.Module):
     """Maps the verification of one row over the batch.
 
     `__call__(verifier, row, values, inputs, verification)`: `row(verifier, *arrays)`
-    on every row of `inputs` (arrays with a leading batch axis, warped rows unevaluated),
-    each row's verifier holding the ratio test's per-row field values `values` of that
-    row. `verification`: a `RowVerification` when `row` is the verification of `inputs`, in
-    order, so that a mapping may skip what cannot change its outputs, or run its stages
-    in phases (else `None`).
+    on every row of `inputs` (arrays with a leading batch axis, warped rows
+    unevaluated), each row's verifier holding the ratio test's per-row field values
+    `values` of that row. `verification`: a `RowVerification` when `row` is the
+    verification of `inputs`, in order, so that a mapping may skip what cannot change
+    its outputs, or run its stages in phases (else `None`).
     """
 
     @abc.abstractmethod
@@ -59,8 +59,8 @@ def draft_token_values(verifier, tokens, draft, target):
     sequence (at (256, 8, 32000), a third of the step), and XLA TPU ran
     `take_along_axis` under `vmap` 8x slower than this gather (0.91 against 0.11 ms at
     (256, 8, 32000))."""
-    if verifier.ratio_test.reads != "draft tokens" or not all(
-        a is None or isinstance(a, jax.Array) for a in (draft, target)
+    if verifier.ratio_test.reads != "draft tokens" or not given_as_arrays(
+        draft, target
     ):
         return None
     batch, gamma = tokens.shape

@@ -19,8 +19,9 @@ from .abstract_row_mapping import (
 
 
 class RowByRow(AbstractRowMapping):
-    """Rows verified one after another. When `row` is the verification (`verification`), warped rows long enough
-    (`_EARLY_EXIT_VOCAB` entries) are normalised only up to each sequence's first
+    """Rows verified one after another. When `row` is the verification
+    (`verification`), warped rows long enough (`_EARLY_EXIT_VOCAB` entries) are
+    normalised only up to each sequence's first
     position whose test fails, where the verifier allows it (a `causal` test reading
     the draft tokens' entries, a first-failure counter), and the sampler's rows n are
     evaluated apart (`_apart`); on rows given as arrays, the draft tokens' values of

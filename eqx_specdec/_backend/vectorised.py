@@ -28,7 +28,8 @@ class Vectorised(AbstractRowMapping):
     sampler's pass for the whole batch, `"kernel"` (its kernel form: a Pallas kernel
     reading them by DMA) or `"scan"` (one sequence after another). With either of the
     last two the verification runs in three phases: the ratio test and counter of every
-    row (`RowVerification.decide`), then the pass, then the draw and assembly of every row.
+    row (`RowVerification.decide`), then the pass, then the draw and assembly of every
+    row.
     """
 
     rows_n: Literal["in each row", "kernel", "scan"] = eqx.field(

@@ -315,8 +315,8 @@ def verify_row(
     arrays.
 
     `decided`: `(verdict, n)`, this row's from `decide_row`, run before with the
-    batch's; `rows_n`: what a kernel read of its rows n with the batch's
-    (`RowsN`), which the residual sampler reads through `context`.
+    batch's; `rows_n`: this row's part of the sampler's `rows_n_pass` over the batch
+    (`RowsN`), which the sampler reads through `context.rows_n`.
 
     `sampled`: `(draft_probs, target_probs)` for the sampler (and the sums of rows n)
     to read instead of the test's: the same values, computed apart, where they are

@@ -28,7 +28,7 @@ from .._inputs.checks import check_level, CheckLevel
 from .._inputs.logprobs import check_logprobs, LogProbs, with_logprobs
 from .._inputs.masks import allowed_tokens, mask_problems, masked_probs
 from .._inputs.results import Problem
-from .._misc import no_type_check
+from .._misc import given_as_arrays, no_type_check
 from .._stages.prefix_counter import AbstractPrefixCounter
 from .._stages.ratio_test import AbstractRatioTest
 from .._stages.residual_sampler import AbstractResidualSampler
@@ -86,9 +86,9 @@ class Verifier(AbstractVerifier):
         off the TPU the kernel runs in Pallas's interpret mode, for tests) or `"auto"`
         (the default: on the CPU, `"vmap"` with the sampler's pass over rows $n$ run
         one sequence after another where the rows are given as arrays and the batch's
-        rows $n$ hold $2^{21}$ entries or more, else `"map"`, `"vmap"` for greedy verification, which reads no row
-        $n$; on a TPU, `"pallas"` from 65,536 entries and `"vmap"` below; elsewhere
-        `"vmap"`). All give the same tokens (tested). On XLA CPU, `vmap` turns the
+        rows $n$ hold $2^{21}$ entries or more, else `"map"`, and `"vmap"` for greedy
+        verification, which reads no row $n$; on a TPU, `"pallas"` from 65,536 entries
+        and `"vmap"` below; elsewhere `"vmap"`). All give the same tokens (tested). On XLA CPU, `vmap` turns the
         read of row $n$ of each sequence into a gather that runs 4x slower than the
         contiguous slice each iteration of `lax.map` reads; on a TPU v5e, the kernel
         reads rows $n$ of 128,256 entries five times faster than `vmap`'s gather.
@@ -138,8 +138,8 @@ class Verifier(AbstractVerifier):
     def __check_init__(self):
         if self.batching not in ("auto", "vmap", "map", "pallas"):
             raise ValueError(
-                f'Verifier(`batching`=...) must be "auto", "vmap", "map" or "pallas", got '
-                f"{self.batching!r}."
+                'Verifier(`batching`=...) must be "auto", "vmap", "map" or "pallas", '
+                f"got {self.batching!r}."
             )
         if not isinstance(self.allow_mismatch, bool):
             raise TypeError(
@@ -303,7 +303,7 @@ class Verifier(AbstractVerifier):
                     f"{value.shape[0]} rows, but the batch has {batch}: give one per row "
                     "(leading axis B), or one shared by the batch (no batch axis)."
                 )
-        rows_given = all(a is None or isinstance(a, jax.Array) for a in inputs[1:3])
+        rows_given = given_as_arrays(*inputs[1:3])
         shape = (batch, jax.tree_util.tree_leaves(inputs[2])[0].shape[-1])
         mapping = row_mapping(self.batching, argmax_only, rows_given, shape)
         return mapping(self, row, values, inputs, verification)

@@ -1,5 +1,5 @@
-"""Rows n of every sequence read by one Pallas kernel: the standard residual's pass
-(the block totals of its weights and of $p_n$, and the checks' sums) for the whole batch,
+"""Rows n of every sequence read by one Pallas kernel: the standard residual's pass (the
+block totals of its weights and of $p_n$, and the checks' sums) for the whole batch,
 each row copied from HBM by DMA at the accepted count, eight sequences to a program.
 
 Under `vmap`, XLA reads row n of each sequence through a gather; on a TPU v5e at
@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from .._misc import given_as_arrays
 from .._search import block_size
 
 
@@ -24,8 +25,11 @@ _LANES = 128
 def fits(draft_probs, target_probs) -> bool:
     """Whether the kernel reads these rows: float32 arrays whose vocabulary and search
     blocks fill whole 128-lane tiles."""
-    rows = [target_probs] + ([] if draft_probs is None else [draft_probs])
-    if not all(isinstance(a, jax.Array) and a.dtype == jnp.float32 for a in rows):
+    if not given_as_arrays(draft_probs, target_probs):
+        return False
+    if any(
+        a is not None and a.dtype != jnp.float32 for a in (draft_probs, target_probs)
+    ):
         return False
     vocab = target_probs.shape[-1]
     return vocab % _LANES == 0 and block_size(vocab) % _LANES == 0
