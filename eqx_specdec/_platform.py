@@ -29,6 +29,22 @@ def rows_n_by_kernel(vocab: int) -> bool:
     return on_tpu() and vocab >= KERNEL_MIN_VOCAB
 
 
+# From this many entries in a batch's rows of one position, `batching="auto"` finds
+# greedy verification's argmaxes by the kernel on a TPU.
+ARGMAX_KERNEL_MIN_ENTRIES = 1 << 21
+
+
+def argmax_by_kernel(batch: int, vocab: int) -> bool:
+    """Whether `batching="auto"` finds greedy verification's argmaxes through the
+    Pallas kernel that stops each sequence at its first rejection
+    (`eqx_specdec._kernels.leading_argmax`): on a TPU, from `ARGMAX_KERNEL_MIN_ENTRIES`
+    entries a position (batch times vocabulary). On a TPU v5e, a step at
+    (64, 5, 128256) took 0.158 ms with the kernel against 0.301 ms with XLA's argmax
+    of every row, at (256, 8, 32000) 0.232 against 0.465 ms; at (16, 5, 32000), two
+    groups of eight sequences read one after another, 0.029 against 0.026 ms."""
+    return on_tpu() and batch * vocab >= ARGMAX_KERNEL_MIN_ENTRIES
+
+
 # From this many entries in the batch's rows n, `batching="auto"` on the CPU reads them
 # in a pass of their own (`rows_n_pass`, one sequence after another).
 SCAN_MIN_ENTRIES = 1 << 21

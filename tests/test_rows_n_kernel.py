@@ -115,7 +115,7 @@ def test_rows_n_one_sequence_after_another_give_map_s_tokens(one_hot):
         assert bool(out.result == expected)
         assert int(out.failed_row) == (-1 if one_hot else 40)
     # Read in three phases there, not row by row.
-    assert row_mapping("auto", rows_given=True, shape=(64, 32_768)).rows_n == "scan"
+    assert row_mapping("auto", rows_given=True, shape=(64, 32_768)).passes == "scan"
 
 
 @pytest.mark.parametrize("vocab, dtype", [(1000, np.float32), (16_384, jnp.bfloat16)])

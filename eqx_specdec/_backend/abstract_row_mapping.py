@@ -6,10 +6,11 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
-from .._misc import given_as_arrays
 from .._stages.row_context import RowContext
+from .._warps.warp import NormalisedRows
 
 
 class RowVerification(NamedTuple):
@@ -17,11 +18,13 @@ class RowVerification(NamedTuple):
     (`verify_row`), with this `context`, reporting the checks' values when `values`;
     `decide(verifier, tokens, draft, target, accept)` runs its first phase alone (the
     ratio test and counter: `(verdict, n)`), which `row` then takes as
-    `decided=`."""
+    `decided=`; `stages_fit`: whether the verifier's counter and sampler fit its ratio
+    test (what a test's batch pass, such as `argmax_pass`, assumes)."""
 
     context: RowContext
     values: bool
     decide: Callable
+    stages_fit: bool = False
 
 
 class AbstractRowMapping(eqx.Module):
@@ -53,24 +56,28 @@ def with_test(verifier, values, test):
 def draft_token_values(verifier, tokens, draft, target):
     """The draft tokens' values of every sequence, `(p_x, q_x)` `(B, G)` (`q_x` `None`
     for one-hot drafts), gathered with the batch's for a test declaring it reads only
-    them, on rows given as arrays; else `None`. `RowContext.gather` returns a
-    sequence's row of them. One gather of the batch's (b, i, x) points: XLA CPU ran the
-    gather of a row's $2G$ values, fused inside each iteration of a map, at 16 us a
-    sequence (at (256, 8, 32000), a third of the step), and XLA TPU ran
-    `take_along_axis` under `vmap` 8x slower than this gather (0.91 against 0.11 ms at
-    (256, 8, 32000))."""
-    if verifier.ratio_test.reads != "draft tokens" or not given_as_arrays(
-        draft, target
+    them, on rows given as arrays or as normalised warped rows (each value computed as
+    the row's evaluation computes it, `NormalisedRows.take`); else `None`.
+    `RowContext.gather` returns a sequence's row of them. One gather of the batch's
+    (b, i, x) points: XLA CPU ran the gather of a row's $2G$ values, fused inside each
+    iteration of a map, at 16 us a sequence (at (256, 8, 32000), a third of the step),
+    and XLA TPU ran `take_along_axis` under `vmap` 8x slower than this gather (0.91
+    against 0.11 ms at (256, 8, 32000))."""
+    if verifier.ratio_test.reads != "draft tokens":
+        return None
+    if not all(
+        a is None or isinstance(a, jax.Array | NormalisedRows) for a in (draft, target)
     ):
         return None
     batch, gamma = tokens.shape
     rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
     positions = jnp.arange(gamma, dtype=jnp.int32)[None]
-    tokens = tokens.astype(jnp.int32)
+    index = (rows, positions, tokens.astype(jnp.int32))
 
     def take(array):
+        if isinstance(array, NormalisedRows):
+            return array.take(index)
         # As `take_along_axis` reads: NaN for a token out of range.
-        index = (rows, positions, tokens)
         return array.at[index].get(mode="fill", fill_value=jnp.nan)
 
     return take(target), None if draft is None else take(draft)

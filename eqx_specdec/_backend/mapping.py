@@ -1,6 +1,11 @@
 """The backend's mapping of a row's verification over the batch."""
 
-from .._platform import on_cpu, rows_n_by_kernel, rows_n_by_scan
+from .._platform import (
+    argmax_by_kernel,
+    on_cpu,
+    rows_n_by_kernel,
+    rows_n_by_scan,
+)
 from .abstract_row_mapping import AbstractRowMapping
 from .row_by_row import RowByRow
 from .vectorised import Vectorised
@@ -13,8 +18,9 @@ def row_mapping(
     shape: tuple = (0, 0),
 ) -> AbstractRowMapping:
     """The mapping `batching` names: `"map"` one row after another (`RowByRow`),
-    `"vmap"` vectorised (`Vectorised`), `"pallas"` vectorised with rows n read by the
-    sampler's Pallas kernel, and `"auto"`:
+    `"vmap"` vectorised (`Vectorised`), `"pallas"` vectorised with the rows read by the
+    stages' Pallas kernels (rows n by the sampler's; greedy verification's argmaxes by
+    the ratio test's), and `"auto"`:
 
     - on the CPU, rows given as arrays (`rows_given`: probabilities, not warped
         logits) of a large batch (`shape`, `(B, V)`: `rows_n_by_scan`) vectorised, with
@@ -26,19 +32,24 @@ def row_mapping(
         (`argmax_only`: greedy verification) reads no row n and is vectorised (15 ms
         against 22 ms row by row);
     - on a TPU, vectorised, with rows n read by the kernel from `KERNEL_MIN_VOCAB`
-        entries up (`rows_n_by_kernel`);
+        entries up (`rows_n_by_kernel`), and greedy verification's argmaxes by the
+        kernel from `ARGMAX_KERNEL_MIN_ENTRIES` entries a position
+        (`argmax_by_kernel`);
     - elsewhere vectorised."""
     if batching == "map":
         return RowByRow()
     if batching == "vmap":
         return Vectorised()
     if batching == "pallas":
-        return Vectorised(rows_n="kernel")
+        return Vectorised(passes="kernel")
     if on_cpu():
         if argmax_only:
             return Vectorised()
         if rows_given and rows_n_by_scan(*shape):
-            return Vectorised(rows_n="scan")
+            return Vectorised(passes="scan")
         return RowByRow()
-    kernel = rows_n_by_kernel(shape[1])
-    return Vectorised(rows_n="kernel" if kernel else "in each row")
+    if argmax_only:
+        kernel = argmax_by_kernel(*shape)
+    else:
+        kernel = rows_n_by_kernel(shape[1])
+    return Vectorised(passes="kernel" if kernel else "in each row")

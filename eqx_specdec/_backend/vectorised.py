@@ -23,16 +23,18 @@ class Vectorised(AbstractRowMapping):
     (without it, a program on top-k or top-p rows compiled but never returned on a TPU
     v5e with JAX 0.10.2, nor with a barrier over the per-row fields alone).
 
-    `rows_n`: who reads rows n for a sampler with the `rows_n_pass` capability, when
-    `row` is the verification: `"in each row"` (the sampler, inside the map), or the
-    sampler's pass for the whole batch, `"kernel"` (its kernel form: a Pallas kernel
-    reading them by DMA) or `"scan"` (one sequence after another). With either of the
-    last two the verification runs in three phases: the ratio test and counter of every
-    row (`RowVerification.decide`), then the pass, then the draw and assembly of every
-    row.
+    `passes`: who reads the rows the stages' batch passes read, when `row` is the
+    verification: `"in each row"` (each stage, inside the map), or the stages' passes
+    for the whole batch, `"kernel"` (in their kernel form: Pallas kernels reading rows
+    by DMA) or `"scan"` (one sequence after another). The passes are the ratio test's
+    `argmax_pass` (greedy verification: the argmaxes up to each sequence's first
+    rejection; in kernel form only, with stages that fit the test) and the sampler's
+    `rows_n_pass`; with the latter the verification runs in three phases: the ratio
+    test and counter of every row (`RowVerification.decide`), then the pass, then the
+    draw and assembly of every row.
     """
 
-    rows_n: Literal["in each row", "kernel", "scan"] = eqx.field(
+    passes: Literal["in each row", "kernel", "scan"] = eqx.field(
         static=True, default="in each row"
     )
 
@@ -51,13 +53,24 @@ class Vectorised(AbstractRowMapping):
                 **more,
             )
 
-        sampler = verifier.residual_sampler
-        if (
-            self.rows_n != "in each row"
-            and verification is not None
-            and has_capability(sampler, "rows_n_pass")
-        ):
-            return self._in_phases(verifier, one, values, inputs, taken, verification)
+        if verification is not None and self.passes != "in each row":
+            test, sampler = verifier.ratio_test, verifier.residual_sampler
+            if (
+                self.passes == "kernel"
+                and verification.stages_fit
+                and has_capability(test, "argmax_pass")
+            ):
+                argmaxes = test.argmax_pass(
+                    inputs[0], inputs[2], verification.context, kernel=True
+                )
+                if argmaxes is not None:
+                    return jax.vmap(lambda v, a, m: one(v, a, argmaxes=m))(
+                        values, inputs, argmaxes
+                    )
+            if has_capability(sampler, "rows_n_pass"):
+                return self._in_phases(
+                    verifier, one, values, inputs, taken, verification
+                )
         if taken is None:
             return jax.vmap(one)(values, inputs)
         return jax.vmap(lambda v, a, t: one(v, a, taken=t))(values, inputs, taken)
@@ -76,7 +89,7 @@ class Vectorised(AbstractRowMapping):
             *inputs[:3],
             verification.context,
             checked=verification.values,
-            kernel=self.rows_n == "kernel",
+            kernel=self.passes == "kernel",
         )
 
         def finish(row_values, arrays, taken, verdict, n, rows_n):

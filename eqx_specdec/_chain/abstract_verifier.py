@@ -305,6 +305,7 @@ def verify_row(
     taken=None,
     decided=None,
     rows_n=None,
+    argmaxes=None,
 ):
     """Runs the four stages on one row, checking at trace time what each returns; the
     ratio test and sampler get `context` (the rows' space, and the vocabulary shard
@@ -312,7 +313,8 @@ def verify_row(
 
     `taken`: `(p_x, q_x)`, this row's draft tokens' values gathered with the batch's
     (`q_x` `None` for one-hot drafts), which `context.gather` returns for this row's
-    arrays.
+    arrays; `argmaxes`: this row's from the ratio test's `argmax_pass` over the batch,
+    which `context.argmax` returns for this row's `target_probs`.
 
     `decided`: `(verdict, n)`, this row's from `decide_row`, run before with the
     batch's; `rows_n`: this row's part of the sampler's `rows_n_pass` over the batch
@@ -327,8 +329,9 @@ def verify_row(
     returned, and with `values=True` the sums of rows n (from the sampler's
     `draw_and_sum`) and the gathered draft tokens' values."""
     gamma = draft_tokens.shape[0]
-    if taken is not None:
-        context = context.with_taken(draft_tokens, draft_probs, target_probs, taken)
+    context = _with_passes(
+        context, draft_tokens, draft_probs, target_probs, taken, argmaxes
+    )
     sampler = verifier.residual_sampler
     if decided is None:
         decided = decide_row(
@@ -381,12 +384,15 @@ def decide_row(
     context: RowContext = ONE_DEVICE,
     *,
     taken=None,
+    argmaxes=None,
 ):
     """The ratio test and the prefix counter on one row, checking at trace time what
-    each returns: `(verdict, n)`, `n` int32. `taken`: as for `verify_row`."""
+    each returns: `(verdict, n)`, `n` int32. `taken`, `argmaxes`: as for
+    `verify_row`."""
     gamma = draft_tokens.shape[0]
-    if taken is not None:
-        context = context.with_taken(draft_tokens, draft_probs, target_probs, taken)
+    context = _with_passes(
+        context, draft_tokens, draft_probs, target_probs, taken, argmaxes
+    )
     test = verifier.ratio_test
     verdict = test(draft_tokens, draft_probs, target_probs, accept_uniforms, context)
     if not isinstance(verdict, Verdict):
@@ -407,6 +413,15 @@ def decide_row(
     n = counter(verdict.passed)
     n = _checked(counter, "__call__", "num_accepted", n, (), "integer")
     return verdict, n.astype(jnp.int32)
+
+
+def _with_passes(context, draft_tokens, draft_probs, target_probs, taken, argmaxes):
+    """`context` holding what the batch's passes gave for this row's arrays."""
+    if taken is not None:
+        context = context.with_taken(draft_tokens, draft_probs, target_probs, taken)
+    if argmaxes is not None:
+        context = context.with_argmax(target_probs, argmaxes)
+    return context
 
 
 def _excess(rule, n, draft_tokens, draft_probs, target_probs, context):

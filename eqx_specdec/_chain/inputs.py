@@ -77,18 +77,35 @@ class PreparedInputs(eqx.Module):
             and verifier.residual_sampler.reads == "row n"
         )
 
+    def argmax_in_rows(self, verifier: AbstractVerifier, level) -> bool:
+        """Whether the checks at `level` may validate only what greedy verification
+        reads: at the default level, when the ratio test reads the rows through their
+        argmax alone and the sampler draws row n's (their `reads` and `draws`). The
+        rows read are the target's up to row n, each only through its argmax; a row
+        before n had one (its draft token), so the one that can lack a most likely
+        entry (a NaN or $+\\infty$, or no mass) is row n, whose correction is then -1.
+        The checks then read no row the verification does not."""
+        return (
+            level == "read"
+            and verifier.ratio_test.reads == "argmax"
+            and verifier.residual_sampler.draws == "argmax"
+        )
+
     def problems(
         self,
         verifier: AbstractVerifier,
         outputs: dict,
         report: RowReport,
         more_inputs: tuple = (),
+        *,
+        argmax_only: bool = False,
     ) -> list:
         """The run-time problems, in the order they are reported: the inputs (whole
         arrays, or the values the stages read when the report has them; then
         `more_inputs`, the caller's own input problems), then the stages' outputs (an
         invalid input explains a stage's odd output, never the reverse). Batched
-        operations on per-row values, after the row loop."""
+        operations on per-row values, after the row loop. `argmax_only`: the rows
+        are checked through the sampler's token alone (`argmax_in_rows`)."""
         names = self.names
         vocab = self.target.shape[-1]
         problems = token_problems(self.draft_tokens, vocab, names.draft_tokens)
@@ -97,6 +114,10 @@ class PreparedInputs(eqx.Module):
             (0, names.target, self.target),
         ):
             if array is None:
+                continue
+            if argmax_only and report.correction is not None:
+                if index == 0:
+                    problems += _argmax_problems(name, report, self.log_space)
                 continue
             if self.log_space:
                 problems += logit_problems(name, array)
@@ -110,6 +131,24 @@ class PreparedInputs(eqx.Module):
             problems += uniform_problems(names.sample, self.sample)
         problems += list(more_inputs)
         return problems + stage_problems(verifier, outputs, report, vocab)
+
+
+def _argmax_problems(name, report: RowReport, log_space: bool) -> list:
+    """The problem of the one row greedy verification reads that can lack a most
+    likely entry, row n: its correction is then -1."""
+    if log_space:
+        what, fix = "a NaN or +inf logit, or only -inf", "Mask a token with -inf."
+    else:
+        what = "a NaN or infinite value, or no positive entry"
+        fix = "Pass finite probabilities >= 0 with some mass."
+    return [
+        Problem(
+            report.correction == -1,
+            RESULTS.invalid_logit if log_space else RESULTS.invalid_probability,
+            f"`{name}` has no most likely token in row {{row}} (the first such row) at "
+            f"the position where the verification stopped: {what}. {fix}",
+        )
+    ]
 
 
 def _read_problems(name, dtype, report: RowReport, index: int, outputs: dict) -> list:

@@ -182,7 +182,10 @@ def logits_step(
         more += token_problems(
             history, vocab, "history", valid=jnp.asarray(history) >= 0
         )
-    problems = inputs.problems(verifier, outputs, report, tuple(more))
+    argmax_only = inputs.argmax_in_rows(verifier, level)
+    problems = inputs.problems(
+        verifier, outputs, report, tuple(more), argmax_only=argmax_only
+    )
     if allowed is not None:
         problems = mask_problems(mask, target_log_probs, log_space=True) + problems
     return outputs, problems

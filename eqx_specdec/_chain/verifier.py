@@ -217,7 +217,9 @@ class Verifier(AbstractVerifier):
         returns): each row's are evaluated inside its own iteration.
         """
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        verification = _verification(RowContext(log_space=log_space), values=False)
+        verification = _verification(
+            self, RowContext(log_space=log_space), values=False
+        )
         row = functools.partial(verify_row, context=verification.context)
         return self._map(row, inputs + (sample_uniforms,), verification)
 
@@ -236,7 +238,7 @@ class Verifier(AbstractVerifier):
         checked inside its row, and rows n of `p` and `q` summarised where the sampler
         reads them."""
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        verification = _verification(RowContext(log_space=log_space), values)
+        verification = _verification(self, RowContext(log_space=log_space), values)
         row = functools.partial(
             verify_row, context=verification.context, report=True, values=values
         )
@@ -309,10 +311,16 @@ class Verifier(AbstractVerifier):
         return mapping(self, row, values, inputs, verification)
 
 
-def _verification(context: RowContext, values: bool) -> RowVerification:
-    """What a mapping is told of a verification's rows: see `RowVerification`."""
+def _verification(
+    verifier: AbstractVerifier, context: RowContext, values: bool
+) -> RowVerification:
+    """What a mapping is told of `verifier`'s verification of rows: see
+    `RowVerification`."""
     decide = functools.partial(decide_row, context=context)
-    return RowVerification(context, values, decide)
+    fit = not stage_mismatches(
+        verifier.ratio_test, verifier.prefix_counter, verifier.residual_sampler
+    )
+    return RowVerification(context, values, decide, fit)
 
 
 def _class_stage(ratio_test: AbstractRatioTest, name: str, role: str):
@@ -376,7 +384,8 @@ def probability_step(
         return with_requested(verifier(*arrays)), []
     values = inputs.values_in_rows(verifier, level)
     outputs, report = verifier.checked_call(*arrays, values=values)
-    problems = inputs.problems(verifier, outputs, report)
+    argmax_only = inputs.argmax_in_rows(verifier, level)
+    problems = inputs.problems(verifier, outputs, report, argmax_only=argmax_only)
     if allowed is not None:  # first: a bad mask explains the masked rows' problems
         problems = mask_problems(mask, arrays[2], log_space=False) + problems
     return with_requested(outputs), problems

@@ -15,6 +15,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from .._misc import given_as_arrays
 from .._search import block_size
+from .._warps.warp import NormalisedRows
 
 
 # Sequences one program reads: one per sublane of the TPU's (8, 128) float32 tiles.
@@ -22,17 +23,48 @@ _ROWS = 8
 _LANES = 128
 
 
-def fits(draft_probs, target_probs) -> bool:
-    """Whether the kernel reads these rows: float32 arrays whose vocabulary and search
-    blocks fill whole 128-lane tiles."""
-    if not given_as_arrays(draft_probs, target_probs):
-        return False
-    if any(
-        a is not None and a.dtype != jnp.float32 for a in (draft_probs, target_probs)
-    ):
-        return False
-    vocab = target_probs.shape[-1]
+def fits(draft_probs, target_probs, log_space: bool = False) -> bool:
+    """Whether the kernel reads these rows: float32 arrays of probabilities, or in log
+    space normalised warped rows of float32 logits without greedy rows
+    (`NormalisedRows`, evaluated in the kernel), whose vocabulary and search blocks
+    fill whole 128-lane tiles."""
+    rows = [a for a in (draft_probs, target_probs) if a is not None]
+    for a in rows:
+        if log_space:
+            if not isinstance(a, NormalisedRows) or a.greedy is not None:
+                return False
+            a = a.x
+        elif not given_as_arrays(a):
+            return False
+        if a.dtype != jnp.float32:
+            return False
+    target = target_probs.x if log_space else target_probs
+    vocab = target.shape[-1]
     return vocab % _LANES == 0 and block_size(vocab) % _LANES == 0
+
+
+def _columns(rows, at):
+    """The array the kernel copies rows of, and for normalised rows the `(B,)` columns
+    of row `at[b]` of each sequence's `(threshold, scale, shift, log_sum)` (the
+    threshold -inf where nothing was removed); `None` for plain probabilities."""
+    if not isinstance(rows, NormalisedRows):
+        return rows, None
+    threshold, scale, shift, log_sum = rows.parameters()[:4]
+    if threshold is None:
+        threshold = jnp.full_like(scale, -jnp.inf)
+    index = (jnp.arange(at.shape[0]), at, 0)
+    return rows.x, tuple(
+        a[index].astype(jnp.float32) for a in (threshold, scale, shift, log_sum)
+    )
+
+
+def _as_probabilities(x, parameters):
+    """Entries `x` of a normalised row as the probabilities its evaluation gives:
+    `exp(NormalisedRows.log_probs())`, with the row's `(threshold, scale, shift,
+    log_sum)` columns."""
+    threshold, scale, shift, log_sum = parameters
+    log_probs = (x / scale - shift) - log_sum
+    return jnp.exp(jnp.where(x < threshold, -jnp.inf, log_probs))
 
 
 def residual_block_totals(
@@ -50,17 +82,27 @@ def residual_block_totals(
 
     **Arguments:** `num_accepted` `(B,)`; `residual_scale` `(B, G)`, the verdicts' $c$;
     `draft_tokens` `(B, G)`; `draft_probs` `(B, G, V)` or `None` for one-hot drafts;
-    `target_probs` `(B, G + 1, V)`; `acceptance`, a threshold rule's acceptance
-    `(p, q) -> t` on probabilities (elementwise, closing over no arrays), or `None` for
-    the residual $(c p_n - q_n)_+$; `checked`: negative entries count as NaN in the
+    `target_probs` `(B, G + 1, V)` (each rows of probabilities, or normalised warped
+    rows of logits, whose rows n are evaluated in the kernel); `acceptance`, a
+    threshold rule's acceptance `(p, q) -> t` on probabilities (elementwise, closing
+    over no arrays), or `None` for the residual $(c p_n - q_n)_+$; `checked`: negative entries count as NaN in the
     totals of $p_n$, and the sum of $q_n$ so counted is returned.
 
     **Returns:** `(totals, p_totals, q_total)`: the block totals `(B, blocks)` of the
     weights (the residual where a draft token was rejected, else $p_n$) and of $p_n$,
     and `q_total` `(B,)` (`None` for one-hot drafts or without `checked`).
     """
-    batch, rows, vocab = target_probs.shape
-    gamma = rows - 1
+    n = num_accepted.astype(jnp.int32)
+    gamma = draft_tokens.shape[1]
+    rejected_at = jnp.minimum(n, gamma - 1)
+    one_hot = draft_probs is None
+    target_probs, p_parameters = _columns(target_probs, n)
+    q_parameters = None
+    if not one_hot:
+        draft_probs, q_parameters = _columns(draft_probs, rejected_at)
+    normalised = [x is not None for x in (p_parameters, q_parameters)]
+    extra = [c for x in (p_parameters, q_parameters) if x is not None for c in x]
+    batch, _, vocab = target_probs.shape
     size = block_size(vocab)
     blocks = -(-vocab // size)
     width = -(-blocks // _LANES) * _LANES
@@ -69,8 +111,6 @@ def residual_block_totals(
     one_hot = draft_probs is None
     with_rule = acceptance is not None
 
-    n = num_accepted.astype(jnp.int32)
-    rejected_at = jnp.minimum(n, gamma - 1)
     at = (jnp.arange(batch), rejected_at)
     scale = residual_scale[at].astype(jnp.float32)
     token = draft_tokens[at].astype(jnp.int32)
@@ -80,6 +120,11 @@ def residual_block_totals(
         return jnp.pad(x, (0, padded - batch))[:, None]
 
     def kernel(n_ref, r_ref, scale_ref, token_ref, rejected_ref, *refs):
+        p_columns = q_columns = None
+        if normalised[0]:
+            p_columns, refs = refs[:4], refs[4:]
+        if normalised[1]:
+            q_columns, refs = refs[:4], refs[4:]
         if one_hot:
             p_hbm, totals_out, p_totals_out, p_buf, sem = refs
             q_hbm = q_buf = q_total_out = None
@@ -130,13 +175,20 @@ def residual_block_totals(
         token_col = token_ref[...]
         lane = jax.lax.broadcasted_iota(jnp.int32, (_ROWS, width), 1)
 
+        p_read = None if p_columns is None else [c[...] for c in p_columns]
+        q_read = None if q_columns is None else [c[...] for c in q_columns]
+
         def block(start, length):
             p = p_buf[slot, :, pl.ds(start, length)]
+            if p_read is not None:
+                p = _as_probabilities(p, p_read)
             if one_hot:
                 ids = start + jax.lax.broadcasted_iota(jnp.int32, (_ROWS, length), 1)
                 q = (ids == token_col).astype(jnp.float32)
             else:
                 q = q_buf[slot, :, pl.ds(start, length)]
+                if q_read is not None:
+                    q = _as_probabilities(q, q_read)
             if with_rule:  # the rule's min(q, t); q's +inf kept
                 taken = jnp.minimum(q, acceptance(p, q).astype(jnp.float32))
                 if not checked:
@@ -188,7 +240,7 @@ def residual_block_totals(
     totals_shape = jax.ShapeDtypeStruct((padded, width), jnp.float32)
     out_shape = [totals_shape, totals_shape]
     out_specs = [out_spec, out_spec]
-    in_specs = [column_spec] * 3 + [in_hbm]
+    in_specs = [column_spec] * (3 + len(extra)) + [in_hbm]
     scratch = [buffer]
     operands = [target_probs]
     if not one_hot:
@@ -222,6 +274,7 @@ def residual_block_totals(
         column(scale),
         column(token),
         column(rejected),
+        *(column(c) for c in extra),
         *operands,
     )
     totals, p_totals = (x[:batch, :blocks] for x in outputs[:2])

@@ -16,6 +16,8 @@ from .._custom_types import (
     SampleRandomness,
     TargetProbsRow,
 )
+from .._kernels.leading_argmax import fits, leading_argmax
+from .._platform import on_tpu
 from .ratio_test import AbstractRatioTest
 from .residual_sampler import AbstractResidualSampler, Randomness, Reads
 from .row_context import ONE_DEVICE, RowContext
@@ -93,6 +95,22 @@ class GreedyRatioTest(AbstractRatioTest):
         # Every row's, as the argmax sampler reads them: one pass, shared.
         best = context.argmax(target_probs)[:-1]
         return Verdict(best == draft_tokens.astype(jnp.int32))
+
+    def argmax_pass(
+        self, draft_tokens, target_probs, context=ONE_DEVICE, *, kernel=False
+    ):
+        """With `kernel`, where it fits (float32 rows given as an array, over the whole
+        vocabulary), by the Pallas kernel that reads each sequence's rows one position
+        after another and none after its first rejection: at the acceptance of real
+        drafts, a fraction of the rows XLA's argmax of every row reads."""
+        if not kernel or context.shard is not None or not fits(target_probs):
+            return None
+        return leading_argmax(
+            draft_tokens,
+            target_probs,
+            log_space=context.log_space,
+            interpret=not on_tpu(),
+        )
 
     def pass_probabilities(self, draft_law, target_probs):
         vocab = target_probs.shape[-1]

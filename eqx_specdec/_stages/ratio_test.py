@@ -205,6 +205,32 @@ class AbstractRatioTest(eqx.Module):
         return jnp.take_along_axis(probs, draft_tokens[:, None], axis=1)[:, 0]
 
     @capability
+    def argmax_pass(
+        self,
+        draft_tokens: Int[Array, "B G"],
+        target_probs,
+        context: RowContext = ONE_DEVICE,
+        *,
+        kernel: bool = False,
+    ) -> Int[Array, "B G+1"] | None:
+        """Capability, for a test that reads the rows through `context.argmax` alone
+        and passes $x_i$ exactly when it is row $i$'s argmax (greedy verification):
+        the argmaxes of the whole batch, found before the rows are verified, which each
+        row's `context.argmax` of its `target_probs` then returns (so does the argmax
+        sampler's). A backend calls it only when the verifier's counter and sampler fit
+        the test (a counter up to the first failure).
+
+        **Arguments:** `draft_tokens` `(B, G)`; `target_probs` `(B, G + 1, V)` as the
+        rows are given (an array, or warped rows); `context`; `kernel`: in the
+        backend's kernel form where there is one (a Pallas kernel, on the TPU).
+
+        **Returns:** `None` where each row is left to take its own, else int32
+        `(B, G + 1)`: row $i$'s argmax, as `context.argmax` gives it, for $i$ up to
+        the first position whose argmax is not its draft token (the bonus row $G$
+        when there is none), and $V$ (no token) after it, for rows never read.
+        """
+
+    @capability
     def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
         """Capability for exact quadrature
         ([`eqx_specdec.evaluation.emission_by_quadrature`][], [`eqx_specdec.evaluation.evaluate_verifier`][]):

@@ -33,6 +33,7 @@ from .._search import (
     two_level_search,
     window_start,
 )
+from .._warps.warp import as_logits, NormalisedRows
 from .row_context import ONE_DEVICE, RowContext
 from .row_sums import row_sums, RowsN, RowSums, summed
 from .verdict import Verdict
@@ -52,12 +53,15 @@ def residual_parts(
     *,
     checked: bool = False,
     windows: bool = False,
+    sources: tuple | None = None,
 ):
     """What every residual-based sampler needs for one row. `checked`: the caller
     validates rows n in the same pass (the entry points' checks), so an invalid entry of
     $q_n$ need not show in the residual. `windows`: only short slices will be asked for,
     each read from the rows given (under `vmap`, a gather of the slice alone, not of the
-    whole row n).
+    whole row n); `sources`: with `windows`, `(q, p)` to slice them from instead of
+    the rows given, each `None` or the same rows as `NormalisedRows` (`RowsN`), whose
+    slices are evaluated alone.
 
     Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
     `(start, length)` giving that slice of $p_n$ and of the residual
@@ -75,6 +79,9 @@ def residual_parts(
     n = num_accepted.astype(jnp.int32)
     rejected_at = jnp.minimum(n, gamma - 1)
     p, q = target_probs, draft_probs
+    if windows and sources is not None:
+        q = q if sources[0] is None else sources[0]
+        p = p if sources[1] is None else sources[1]
     if not windows:
         p = target_probs[n]
         q = None if draft_probs is None else draft_probs[rejected_at]
@@ -82,6 +89,8 @@ def residual_parts(
         p, q = jax.lax.optimization_barrier((p, q))
 
     def row_slice(rows, i, start, length):
+        if isinstance(rows, NormalisedRows):
+            return rows.window(i, start, length)
         if windows:
             return jax.lax.dynamic_slice(rows, (i, start), (1, length))[0]
         return jax.lax.dynamic_slice_in_dim(rows, start, length)
@@ -373,6 +382,7 @@ class ResidualSampler(AbstractResidualSampler):
             context,
             checked=with_sums,
             windows=read is not None,
+            sources=None if read is None else (read.q_rows, read.p_rows),
         )
         size = block_size(vocab)
         rejected = num_accepted < gamma
@@ -422,25 +432,27 @@ class ResidualSampler(AbstractResidualSampler):
         kernel=False,
     ):
         """The one pass of `_draw` over rows n, for the batch: with `kernel`, by the
-        Pallas kernel reading rows n by DMA (where it fits: float32 probabilities, a
-        rule without arrays); else one sequence after another (`jax.lax.scan`), each
+        Pallas kernel reading rows n by DMA (where it fits: float32 probabilities, or
+        normalised warped rows of float32 logits, evaluated in the kernel; a rule
+        without arrays); else one sequence after another (`jax.lax.scan`), each
         reading its rows n as contiguous slices (on XLA CPU, at (64, 5, 128256) and
         (256, 8, 32000), 1.25x to 1.33x faster a call than the whole verification
         mapped row by row)."""
-        if not given_as_arrays(draft_probs, target_probs) or context.shard is not None:
-            return None  # warped rows are evaluated inside each row
-        vocab = target_probs.shape[-1]
-        if vocab <= FLAT_SEARCH_MAX_VOCAB:
+        if context.shard is not None:
             return None
         rule = verdict.rule
         if kernel:
             arrays = jax.tree_util.tree_leaves(eqx.filter(rule, eqx.is_array))
-            if context.log_space or arrays or not fits(draft_probs, target_probs):
+            if arrays or not fits(draft_probs, target_probs, context.log_space):
+                return None
+            vocab = as_logits(target_probs).shape[-1]
+            if vocab <= FLAT_SEARCH_MAX_VOCAB:
                 return None
             probabilities = RowContext()
             acceptance = None
             if rule is not None:
                 acceptance = functools.partial(rule.acceptance, context=probabilities)
+            rows = (target_probs, draft_probs)
             totals, p_totals, q_total = residual_block_totals(
                 num_accepted,
                 verdict.residual_scale,
@@ -451,7 +463,13 @@ class ResidualSampler(AbstractResidualSampler):
                 checked=checked,
                 interpret=not on_tpu(),
             )
-            return RowsN(totals, p_totals, q_total)
+            normalised = [a if context.log_space else None for a in rows]
+            return RowsN(totals, p_totals, q_total, *normalised)
+        if not given_as_arrays(draft_probs, target_probs):
+            return None  # warped rows are evaluated inside each row
+        vocab = target_probs.shape[-1]
+        if vocab <= FLAT_SEARCH_MAX_VOCAB:
+            return None
         gamma = target_probs.shape[1] - 1
         inputs = (num_accepted, verdict, draft_tokens, draft_probs, target_probs)
         dynamic, static = eqx.partition(inputs, eqx.is_array)

@@ -44,18 +44,28 @@ class RowContext(eqx.Module):
     # What the sampler's pass over rows n gave for this row (`RowsN`), run with the
     # whole batch's, and the arrays it read them from, likewise.
     _rows_n: tuple | None = None
+    # This row's argmaxes from the ratio test's `argmax_pass` over the batch, and the
+    # target rows they were found in, likewise.
+    _argmax: tuple | None = None
 
     def with_taken(self, draft_tokens, draft_probs, target_probs, values):
         """This context with `values`, `(p_x, q_x)` (`q_x` `None` for one-hot drafts),
         the draft tokens' values of this row, read from the arrays given."""
         taken = (draft_tokens, draft_probs, target_probs, values)
-        return RowContext(self.log_space, self.shard, taken, self._rows_n)
+        return eqx.tree_at(lambda c: c._taken, self, taken, is_leaf=_none)
 
     def with_rows_n(self, draft_tokens, draft_probs, target_probs, rows_n):
         """This context with `rows_n`, what the sampler's pass over rows n gave for this
         row, read from the arrays given."""
         read = (draft_tokens, draft_probs, target_probs, rows_n)
-        return RowContext(self.log_space, self.shard, self._taken, read)
+        return eqx.tree_at(lambda c: c._rows_n, self, read, is_leaf=_none)
+
+    def with_argmax(self, target_probs, argmaxes):
+        """This context with `argmaxes`, `(G + 1,)`, what the ratio test's
+        `argmax_pass` gave for this row's `target_probs`: `argmax` returns them when
+        asked for exactly those rows."""
+        read = (target_probs, argmaxes)
+        return eqx.tree_at(lambda c: c._argmax, self, read, is_leaf=_none)
 
     def rows_n(self, draft_tokens, draft_probs, target_probs):
         """What the sampler's `rows_n_pass` gave for this row, run with the whole
@@ -82,7 +92,11 @@ class RowContext(eqx.Module):
         """The global argmax over the vocabulary (lowest id on ties), int32. Over the
         whole vocabulary, a row without a finite most likely entry (one holding a NaN or
         $+\\infty$, or without mass: every entry $-\\infty$ in log space, none
-        positive in probabilities) gives `width`, no token id."""
+        positive in probabilities) gives `width`, no token id. Under a ratio test's
+        `argmax_pass` (greedy verification on a TPU), the rows after the first whose
+        argmax is not its draft token are never read and give `width` too."""
+        if self._argmax is not None and self._argmax[0] is values:
+            return self._argmax[1]
         if self.shard is None:
             return first_argmax(values, self.log_space)
         return self.shard.argmax(values)
@@ -138,6 +152,10 @@ class RowContext(eqx.Module):
             return self.shard.take(rows, tokens, dtype)
         index = tokens.astype(jnp.int32)[:, None]
         return jnp.take_along_axis(rows, index, axis=1)[:, 0].astype(dtype)
+
+
+def _none(x) -> bool:
+    return x is None
 
 
 def _read_from(read, arrays):

@@ -33,12 +33,17 @@ class RowsN(eqx.Module):
     residual where a draft token was rejected, else $p_n$), those of $p_n$ (its
     zero-mass fallback; with the checks' sums asked for, negative entries counted as
     NaN), and the sum of $q_n$ so counted (`None` for one-hot drafts, or when the sums
-    were not asked for).
+    were not asked for); and where the rows are normalised warped rows of logits
+    (`NormalisedRows`), those rows (`p_rows`, `q_rows`, else `None`), from which the
+    draw evaluates the one block it reads again (rather than slicing it from rows
+    evaluated whole, which under `vmap` XLA writes out in full).
     """
 
     totals: Float[Array, "*batch blocks"]
     p_totals: Float[Array, "*batch blocks"]
     q_total: Float[Array, "*batch"] | None
+    p_rows: object = None
+    q_rows: object = None
 
 
 def summed(p_row, q_row) -> tuple:

@@ -301,16 +301,52 @@ class NormalisedRows(eqx.Module):
 
     def log_probs(self) -> Float[Array, "*rows V"]:
         """The log-probabilities, `-inf` for the tokens the warp removed."""
-        x = self.x.astype(compute_dtype(self.x.dtype))
-        log_probs = (x / self.scale - self.shift) - self.log_sum
-        if self.threshold is not None:
-            log_probs = jnp.where(x < self.threshold, -jnp.inf, log_probs)
-        if self.greedy is None:
-            return log_probs
-        # A greedy row is one-hot at its first most likely token.
-        ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-        one_hot = jnp.where(ids == self.best, 0.0, -jnp.inf).astype(x.dtype)
-        return jnp.where(self.greedy, one_hot, log_probs)
+        ids = jax.lax.broadcasted_iota(jnp.int32, self.x.shape, self.x.ndim - 1)
+        return _evaluated(self.x, ids, self.parameters())
+
+    def parameters(self) -> tuple:
+        """The per-row fields `log_probs` applies, `(threshold, scale, shift, log_sum,
+        greedy, best)`, each `(..., 1)` or `None`."""
+        return (
+            self.threshold,
+            self.scale,
+            self.shift,
+            self.log_sum,
+            self.greedy,
+            self.best,
+        )
+
+    def window(self, row, start, length: int) -> Float[Array, " length"]:
+        """`log_probs()[row, start : start + length]` of one sequence's rows (no batch
+        axis), computed as `log_probs` computes it, without evaluating the rows."""
+        x = jax.lax.dynamic_slice(self.x, (row, start), (1, length))[0]
+        ids = start + jnp.arange(length, dtype=jnp.int32)
+        parameters = tuple(None if a is None else a[row] for a in self.parameters())
+        return _evaluated(x, ids, parameters)
+
+    def take(self, index: tuple) -> Float[Array, "..."]:
+        """The log-probabilities at the points `index` (a tuple of integer arrays
+        indexing `x`, the last one the token ids), each computed as `log_probs`
+        computes it, without evaluating the rows; NaN at a token id out of range."""
+        x = self.x.at[index].get(mode="fill", fill_value=jnp.nan)
+        rows = index[:-1] + (0,)
+        parameters = tuple(None if a is None else a[rows] for a in self.parameters())
+        return _evaluated(x, index[-1], parameters)
+
+
+def _evaluated(x, ids, parameters):
+    """`NormalisedRows.log_probs` at the entries `x` of token ids `ids`, with the rows'
+    `parameters` (`NormalisedRows.parameters`) broadcast against them."""
+    threshold, scale, shift, log_sum, greedy, best = parameters
+    x = x.astype(compute_dtype(x.dtype))
+    log_probs = (x / scale - shift) - log_sum
+    if threshold is not None:
+        log_probs = jnp.where(x < threshold, -jnp.inf, log_probs)
+    if greedy is None:
+        return log_probs
+    # A greedy row is one-hot at its first most likely token.
+    one_hot = jnp.where(ids == best, 0.0, -jnp.inf).astype(x.dtype)
+    return jnp.where(greedy, one_hot, log_probs)
 
 
 def as_log_probs(rows):

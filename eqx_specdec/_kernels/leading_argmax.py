@@ -1,0 +1,181 @@
+"""Greedy verification's argmaxes read by one Pallas kernel: each sequence's target rows
+copied from HBM by DMA one position after another, and no row read after the first
+whose argmax is not the draft token there.
+
+Greedy verification needs the argmax of rows $0, \\ldots, n$ only: the rows up to and
+including the first rejection (or the bonus row). XLA's argmax of every row reads all
+$G + 1$; at the acceptance rates of real drafts (a mean $n$ well under $G / 2$) most of
+those bytes are never needed. Off the TPU it runs in Pallas's interpret mode (slow; for
+tests)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .._misc import given_as_arrays
+
+
+# Sequences one program reads: one per sublane of the TPU's (8, 128) float32 tiles.
+_ROWS = 8
+_LANES = 128
+
+
+def fits(target_probs) -> bool:
+    """Whether the kernel reads these rows: a float32 array (not warped rows) whose
+    vocabulary fills whole 128-lane tiles."""
+    return (
+        given_as_arrays(target_probs)
+        and target_probs.dtype == jnp.float32
+        and target_probs.shape[-1] % _LANES == 0
+    )
+
+
+def _chunk(vocab: int) -> int:
+    """The lanes a step of the argmax reads: up to eight 128-lane tiles, dividing the
+    vocabulary (so that no step is short)."""
+    tiles = vocab // _LANES
+    return _LANES * next(k for k in (8, 4, 2, 1) if tiles % k == 0)
+
+
+def _first_argmax(buf, vocab: int, log_space: bool):
+    """`(8, 1)` int32: each sublane's first most likely entry of the `(8, vocab)` rows in
+    `buf`, or `vocab` for a row without one (a NaN or $+\\infty$, or no mass), as
+    [`eqx_specdec.RowContext.argmax`][] gives it."""
+    chunk = _chunk(vocab)
+    lane = jax.lax.broadcasted_iota(jnp.int32, (_ROWS, chunk), 1)
+
+    def step(j, carry):
+        best, where, nan = carry
+        start = pl.multiple_of(j * chunk, chunk)
+        x = buf[:, pl.ds(start, chunk)]
+        larger = x > best  # strict: each lane keeps its first maximum
+        return (
+            jnp.where(larger, x, best),
+            jnp.where(larger, start + lane, where),
+            nan | jnp.isnan(x).astype(jnp.int32),  # no boolean loop carries
+        )
+
+    steps = vocab // chunk
+    carry = (
+        jnp.full((_ROWS, chunk), -jnp.inf, jnp.float32),
+        jnp.full((_ROWS, chunk), vocab, jnp.int32),
+        jnp.zeros((_ROWS, chunk), jnp.int32),
+    )
+    best, where, nan = jax.lax.fori_loop(0, steps, step, carry, unroll=min(4, steps))
+    largest = jnp.max(best, axis=1, keepdims=True)
+    first = jnp.min(jnp.where(best == largest, where, vocab), axis=1, keepdims=True)
+    usable = (jnp.max(nan, axis=1, keepdims=True) == 0) & (largest < jnp.inf)
+    usable = usable & (largest > (-jnp.inf if log_space else 0.0))
+    return jnp.where(usable, first, vocab)
+
+
+def leading_argmax(
+    draft_tokens, target_probs, *, log_space: bool, interpret: bool, scalars="extract"
+):
+    """Each sequence's target argmaxes up to its first rejection (`fits` must hold).
+
+    **Arguments:** `draft_tokens` `(B, G)`; `target_probs` `(B, G + 1, V)`, float32
+    probabilities or logits (`log_space`); `interpret`: run in Pallas's interpret mode.
+
+    **Returns:** `(B, G + 1)` int32: row $i$'s argmax (as
+    [`eqx_specdec.RowContext.argmax`][] gives it) for $i \\le n$, where $n$ is the
+    first position whose argmax is not its draft token ($G$ when there is none), and
+    `V` (no token) after it: rows never read.
+    """
+    batch, rows, vocab = target_probs.shape
+    gamma = rows - 1
+    groups = -(-batch // _ROWS)
+    padded = groups * _ROWS
+    tokens = jnp.pad(draft_tokens.astype(jnp.int32), ((0, padded - batch), (0, 0)))
+
+    def kernel(tokens_ref, p_hbm, best_out, buf, sem, alive_vmem, alive_smem, flag_sem):
+        group = pl.program_id(0)
+        slot = group % 2
+
+        def copy(g, j, i, slot):
+            b = jnp.minimum(g * _ROWS + j, batch - 1)
+            return pltpu.make_async_copy(
+                p_hbm.at[b, pl.ds(i, 1), :], buf.at[slot, pl.ds(j, 1), :], sem.at[slot]
+            )
+
+        # Row 0 of every sequence is read: the next group's arrives while this group's
+        # rows are examined (two slots).
+        @pl.when(group == 0)
+        def _():
+            for j in range(_ROWS):
+                copy(group, j, 0, 0).start()
+
+        @pl.when(group + 1 < groups)
+        def _():
+            for j in range(_ROWS):
+                copy(group + 1, j, 0, 1 - slot).start()
+
+        for j in range(_ROWS):
+            copy(group, j, 0, slot).wait()
+
+        def flags():  # the alive sequences, as eight scalars the DMAs branch on
+            if scalars == "extract":
+                alive = alive_vmem[...]
+                return [alive[j, 0] > 0 for j in range(_ROWS)]
+            move = pltpu.make_async_copy(alive_vmem, alive_smem, flag_sem.at[0])
+            move.start()
+            move.wait()
+            return [alive_smem[j, 0] > 0 for j in range(_ROWS)]
+
+        best_out[...] = jnp.full((_ROWS, rows), vocab, jnp.int32)
+        alive_vmem[...] = jnp.ones((_ROWS, _LANES), jnp.int32)
+        for i in range(rows):
+
+            def position(i=i, reading=None):
+                if reading is not None:
+                    for j in range(_ROWS):
+                        pl.when(reading[j])(lambda j=j: copy(group, j, i, slot).start())
+                    for j in range(_ROWS):
+                        pl.when(reading[j])(lambda j=j: copy(group, j, i, slot).wait())
+                best = _first_argmax(buf.at[slot], vocab, log_space)
+                alive = alive_vmem[:, :1] > 0
+                here = jax.lax.broadcasted_iota(jnp.int32, (_ROWS, rows), 1) == i
+                best_out[...] = jnp.where(here & alive, best, best_out[...])
+                if i < gamma:
+                    alive = alive & (best == tokens_ref[:, pl.ds(i, 1)])
+                    alive_vmem[...] = jnp.broadcast_to(
+                        alive.astype(jnp.int32), (_ROWS, _LANES)
+                    )
+
+            if i == 0:
+                position()
+            else:
+                reading = flags()
+                pl.when(functools.reduce(jnp.logical_or, reading))(
+                    functools.partial(position, reading=reading)
+                )
+
+    in_specs = [
+        pl.BlockSpec((_ROWS, gamma), lambda g: (g, 0)),
+        pl.BlockSpec(memory_space=pl.ANY),
+    ]
+    scratch = [
+        pltpu.VMEM((2, _ROWS, vocab), jnp.float32),
+        pltpu.SemaphoreType.DMA((2,)),
+        pltpu.VMEM((_ROWS, _LANES), jnp.int32),
+        pltpu.SMEM((_ROWS, _LANES), jnp.int32),
+        pltpu.SemaphoreType.DMA((1,)),
+    ]
+    best = pl.pallas_call(
+        kernel,
+        grid=(groups,),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((_ROWS, rows), lambda g: (g, 0)),
+        out_shape=jax.ShapeDtypeStruct((padded, rows), jnp.int32),
+        scratch_shapes=scratch,
+        compiler_params=pltpu.CompilerParams(
+            # Sequential: each program starts the next one's copies.
+            dimension_semantics=("arbitrary",),
+            vmem_limit_bytes=int(2 * _ROWS * vocab * 4 + (16 << 20)),
+        ),
+        interpret=pltpu.InterpretParams() if interpret else False,
+    )(tokens, target_probs)
+    return best[:batch]
