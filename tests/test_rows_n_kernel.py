@@ -132,3 +132,38 @@ def test_rows_the_kernel_does_not_fit_are_read_in_each_row(vocab, dtype):
 
     assert "pallas_call" not in str(jax.make_jaxpr(lambda: verify("pallas"))())
     np.testing.assert_array_equal(verify("pallas"), verify("vmap"))
+
+
+WARPS = [
+    # (warp, one-hot drafts, whether the kernel runs)
+    (es.Warp(temperature=0.7), False, True),
+    (es.Warp(min_p=0.05), True, True),  # a threshold the kernel applies
+    # Greedy rows (temperature 0 in some rows) are one-hot: evaluated in each row.
+    (es.Warp(temperature=jnp.asarray([0.0] + [1.0] * (BATCH - 1))), False, False),
+]
+
+
+@pytest.mark.parametrize("warp, one_hot, runs", WARPS)
+def test_warped_logits_rows_n_by_the_kernel_give_vmap_s_tokens(warp, one_hot, runs):
+    """Warped logits: the kernel evaluates rows n from the logits and each row's
+    normalisers, the draft tokens' values are taken from the normalised rows, and the
+    draw evaluates the block it reads again from the logits."""
+    rng = np.random.default_rng(2)
+    target = 2 * rng.normal(size=(BATCH, GAMMA + 1, VOCAB)).astype(np.float32)
+    draft = target[:, :GAMMA] + 0.7 * rng.normal(size=(BATCH, GAMMA, VOCAB))
+    draft = draft.astype(np.float32)
+    tokens = jax.random.categorical(jax.random.key(1), draft).astype(jnp.int32)
+    drafted = es.Draft(tokens) if one_hot else es.Draft(tokens, es.Logits(draft, warp))
+
+    def verify(batching):
+        verifier = es.Verifier(batching=batching)
+        return es.verify(
+            es.Logits(target, warp), drafted, jax.random.key(3), verifier=verifier
+        )
+
+    assert ("pallas_call" in str(jax.make_jaxpr(lambda: verify("pallas"))())) == runs
+    vmap, pallas = verify("vmap"), verify("pallas")
+    np.testing.assert_array_equal(pallas.tokens, vmap.tokens)
+    np.testing.assert_array_equal(pallas.num_accepted, vmap.num_accepted)
+    if not one_hot:
+        assert 0 < int(jnp.sum(vmap.num_accepted)) < BATCH * GAMMA
