@@ -80,15 +80,17 @@ class Verifier(AbstractVerifier):
         [`eqx_specdec.TokenAssembler`][].
     - `batching`: how `__call__` maps `row` over the batch: `"vmap"` (`jax.vmap`),
         `"map"` (`jax.lax.map`, one row after another), `"pallas"` (`jax.vmap`, with
-        rows $n$ of the batch read by one Pallas kernel where it computes what the
-        sampler would: the standard [`eqx_specdec.ResidualSampler`][] on float32
-        probabilities whose vocabulary fills whole 128-lane tiles; elsewhere `"vmap"`;
-        off the TPU the kernel runs in Pallas's interpret mode, for tests) or `"auto"`
-        (the default: on the CPU, `"vmap"` with the sampler's pass over rows $n$ run
-        one sequence after another where the rows are given as arrays and the batch's
-        rows $n$ hold $2^{21}$ entries or more, else `"map"`, and `"vmap"` for greedy
-        verification, which reads no row $n$; on a TPU, `"pallas"` from 65,536 entries
-        and `"vmap"` below; elsewhere `"vmap"`). All give the same tokens (tested). On XLA CPU, `vmap` turns the
+        the rows read by Pallas kernels where they compute what the stages would: rows
+        $n$ of the batch for the standard [`eqx_specdec.ResidualSampler`][] on float32
+        probabilities, or normalised warped float32 logits, whose vocabulary fills whole
+        128-lane tiles; greedy verification's argmaxes, each sequence's rows read up to
+        its first rejection; elsewhere `"vmap"`; off the TPU the kernels run in Pallas's
+        interpret mode, for tests) or `"auto"` (the default: on the CPU, `"vmap"` with
+        the sampler's pass over rows $n$ run one sequence after another where the rows
+        are given as arrays and the batch's rows $n$ hold $2^{21}$ entries or more,
+        else `"map"`, and `"vmap"` for greedy verification, which reads no row $n$; on
+        a TPU, `"pallas"` from 65,536 entries and `"vmap"` below, and for greedy
+        verification from $2^{21}$ entries a position; elsewhere `"vmap"`). All give the same tokens (tested). On XLA CPU, `vmap` turns the
         read of row $n$ of each sequence into a gather that runs 4x slower than the
         contiguous slice each iteration of `lax.map` reads; on a TPU v5e, the kernel
         reads rows $n$ of 128,256 entries five times faster than `vmap`'s gather.
