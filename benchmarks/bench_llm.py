@@ -134,6 +134,12 @@ def main(argv=None):
         "--min-ngram", type=int, default=2, help="the lookup's shortest n-gram"
     )
     parser.add_argument(
+        "--draft",
+        choices=("lookup", "suffix"),
+        default="lookup",
+        help="prompt lookup, or suffix decoding as a chain (models.SuffixDraft)",
+    )
+    parser.add_argument(
         "--drafting",
         choices=("propose", "sample"),
         default="propose",
@@ -149,11 +155,20 @@ def main(argv=None):
         for c in args.categories
     }
     width = max(len(r) for rows in encoded.values() for r in rows)
-    draft = es.models.PromptLookupDraft(
-        model.config.vocab_size,
-        max_ngram=max(3, args.min_ngram),
-        min_ngram=args.min_ngram,
-    )
+    if args.draft == "suffix":
+        draft = es.models.SuffixDraft(model.config.vocab_size, min_match=args.min_ngram)
+        described = (
+            f"suffix decoding (suffixes of {draft.min_match} to {draft.max_match} "
+            f"tokens, {draft.occurrences} occurrences, paths of probability >= "
+            f"{draft.min_probability}"
+        )
+    else:
+        draft = es.models.PromptLookupDraft(
+            model.config.vocab_size,
+            max_ngram=max(3, args.min_ngram),
+            min_ngram=args.min_ngram,
+        )
+        described = f"prompt lookup (n-grams of {draft.min_ngram} to {draft.max_ngram}"
     if args.drafting == "propose":
         chain = es.Chain(args.gamma, drafting="propose", trim=True)
     else:
@@ -162,8 +177,8 @@ def main(argv=None):
         )
     print(
         f"SmolLM2-135M-Instruct, float32, JAX {jax.__version__} on "
-        f"{jax.default_backend()}; greedy; prompt lookup (n-grams of "
-        f"{draft.min_ngram} to {draft.max_ngram}, drafting {args.drafting!r}), "
+        f"{jax.default_backend()}; greedy; {described}, drafting "
+        f"{args.drafting!r}), "
         f"G = {args.gamma} "
         f"(target widths {es._proposal.chain.trimmed_widths(args.gamma)}); at most "
         f"{args.tokens} tokens per answer; prompts padded to {width} tokens; "

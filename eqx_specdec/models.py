@@ -4,6 +4,7 @@ token by token, or verified at the string level)."""
 
 from ._models.cached import AbstractCachedModel as AbstractCachedModel
 from ._models.prompt_lookup import PromptLookupDraft as PromptLookupDraft
+from ._models.suffix import SuffixDraft as SuffixDraft
 from ._models.tempered import Tempered as Tempered
 from ._models.warped import Warped as Warped
 from ._vocabularies.draft_vocabulary import (

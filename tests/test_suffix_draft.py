@@ -1,0 +1,153 @@
+"""Suffix decoding as a chain (`eqx_specdec.models.SuffixDraft`): its proposal against a
+Python reference on a table of sequences and settings (the longest repeated suffix,
+the latest occurrences, the continuations' votes and the path's probability, the
+periodic read at the context's end), and the decoding loop with it: greedy decoding's
+tokens exactly, and the sampled loop's law (chi-square over every sequence, with rows
+that draft nothing, some and all) with a lossy control caught."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_cached_models import _small_transformer, _transformer_sequence_probabilities
+
+import eqx_specdec as es
+
+
+def _reference(tokens, length, count, draft):
+    """The proposal, in Python: see `SuffixDraft`."""
+    context = list(tokens[:length])
+
+    def matched(end):
+        m = 0
+        while (
+            m < draft.max_match
+            and end - m >= 0
+            and context[end - m] == context[length - 1 - m]
+        ):
+            m += 1
+        return m
+
+    ends = list(range(length - 2, -1, -1))  # latest first
+    lengths = {end: matched(end) for end in ends}
+    longest = max(lengths.values(), default=0)
+    if longest < draft.min_match:
+        return [0] * count, 0
+    found = [end for end in ends if lengths[end] == longest][: draft.occurrences]
+    continuations = [
+        [context[end + 1 + d % (length - 1 - end)] for d in range(count)]
+        for end in found
+    ]
+    agreeing = list(range(len(found)))
+    probability = np.float32(1)
+    proposed = []
+    for d in range(count):
+        votes = [
+            sum(continuations[o][d] == continuations[a][d] for a in agreeing)
+            for o in agreeing
+        ]
+        best = agreeing[int(np.argmax(votes))]  # the first maximum: the latest
+        probability = probability * np.float32(max(votes) / len(agreeing))
+        if probability < np.float32(draft.min_probability):
+            break
+        proposed.append(continuations[best][d])
+        agreeing = [a for a in agreeing if continuations[a][d] == proposed[-1]]
+    return proposed + [0] * (count - len(proposed)), len(proposed)
+
+
+RANDOM = [int(t) for t in np.random.default_rng(0).integers(0, 3, 48)]
+
+
+@pytest.mark.parametrize(
+    "tokens, settings",
+    [
+        # (1, 2, 3) twice before: both continue with 4, then 9 against 8.
+        ([1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 1, 2, 3], dict(min_probability=0.5)),
+        ([1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 1, 2, 3], dict(min_probability=0.6)),
+        ([5, 6, 7, 8, 9, 5, 6, 7, 1, 6, 7], dict(min_match=3)),  # no trigram repeats
+        ([3, 4, 5, 6, 7, 8], dict()),  # nothing repeats
+        ([1, 1, 1, 1, 1, 1], dict()),  # overlapping occurrences, read periodically
+        (RANDOM, dict(occurrences=4, min_probability=0.3)),
+        (RANDOM, dict(max_match=3, min_match=1, min_probability=0.9)),
+    ],
+)
+def test_the_proposal_is_the_reference_s(tokens, settings):
+    draft = es.models.SuffixDraft(3 + max(tokens), **settings)
+    buffer = jnp.asarray(tokens + [0] * 8, jnp.int32)  # entries past the context
+    propose = jax.jit(draft.propose, static_argnums=2)
+    for length in range(1, len(tokens) + 1):
+        proposed, drafted = propose(buffer, jnp.int32(length), 4)
+        want, count = _reference(tokens, length, 4, draft)
+        assert int(drafted) == count, length
+        np.testing.assert_array_equal(proposed, want)
+    # The example: 4 agreed on, then 8 (the latest) with probability 1/2, then its own.
+    if tokens[:3] == [1, 2, 3]:
+        expected = 4 if settings["min_probability"] == 0.5 else 1
+        assert int(propose(buffer, jnp.int32(13), 4)[1]) == expected
+
+
+def test_bad_settings_name_the_argument():
+    with pytest.raises(ValueError, match=r"SuffixDraft\(`min_probability`"):
+        es.models.SuffixDraft(8, min_probability=0)
+    with pytest.raises(ValueError, match=r"SuffixDraft\(`min_match`"):
+        es.models.SuffixDraft(8, max_match=2, min_match=3)
+
+
+def test_greedy_decoding_s_tokens_exactly():
+    """The greedy rule with suffix drafts emits plain greedy decoding's tokens."""
+    vocab = 5
+    target = _small_transformer(vocab)
+    prompt = jnp.asarray([[0, 1, 2, 0, 1, 2], [4, 3, 4, 3, 4, 1]])
+    greedy = es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler())
+    result = es.speculative_decode(
+        es.models.SuffixDraft(vocab),
+        target,
+        prompt,
+        None,
+        6,
+        jax.random.key(0),
+        verifier=greedy,
+        proposal=es.Chain(3, drafting="propose", trim=True),
+        outputs=("probs", "logits"),
+    )
+    plain = es.autoregressive_decode(target, prompt, None, 6, outputs="logits")
+    np.testing.assert_array_equal(result.tokens, plain)
+    assert int(jnp.sum(result.accepted_histogram[:, 1:])) > 0  # drafts were accepted
+
+
+@pytest.mark.parametrize("lossy", [False, True])
+def test_the_sampled_loop_follows_the_target(lossy):
+    """Every sequence of 3 tokens after the prompt, 12,000 rows (chi-square), the
+    standard rule on the proposed chains (one-hot drafts; rows drafting 0 to 2 tokens);
+    the lossy control, a sampler that does not fit the rule (row n's argmax rather
+    than a draw from the residual), is caught."""
+    vocab, length, rows = 3, 3, 12_000
+    target = _small_transformer(vocab)
+    prompt = jnp.tile(jnp.asarray([[0, 1, 2, 0, 1]], jnp.int32), (rows, 1))
+    verifier = es.Verifier()
+    if lossy:
+        verifier = es.Verifier(residual_sampler=es.ArgmaxSampler(), allow_mismatch=True)
+    result = es.speculative_decode(
+        es.models.SuffixDraft(vocab, min_match=1, min_probability=0.4),
+        target,
+        prompt,
+        None,
+        length,
+        jax.random.key(0),
+        verifier=verifier,
+        proposal=es.Chain(2, drafting="propose", trim=True),
+        outputs=("probs", "logits"),
+    )
+    tokens = np.asarray(result.tokens)
+    codes = (tokens * vocab ** np.arange(length)[::-1]).sum(-1)
+    counts = np.bincount(codes, minlength=vocab**length).astype(np.float64)
+    expected = _transformer_sequence_probabilities(
+        target, [0, 1, 2, 0, 1], length, vocab
+    )
+    estimate = es.evaluation.EmissionEstimate(
+        counts[None], np.array([float(rows)]), rows
+    )
+    chi = estimate.chi_square(expected[None])
+    caught = float(chi["statistic"][0]) >= float(chi["threshold"][0])
+    assert caught == lossy
+    assert np.asarray(result.accepted_histogram)[:, 1:].sum() > 0
