@@ -72,9 +72,7 @@ def _first_argmax(buf, vocab: int, log_space: bool):
     return jnp.where(usable, first, vocab)
 
 
-def leading_argmax(
-    draft_tokens, target_probs, *, log_space: bool, interpret: bool, scalars="extract"
-):
+def leading_argmax(draft_tokens, target_probs, *, log_space: bool, interpret: bool):
     """Each sequence's target argmaxes up to its first rejection (`fits` must hold).
 
     **Arguments:** `draft_tokens` `(B, G)`; `target_probs` `(B, G + 1, V)`, float32
@@ -91,7 +89,7 @@ def leading_argmax(
     padded = groups * _ROWS
     tokens = jnp.pad(draft_tokens.astype(jnp.int32), ((0, padded - batch), (0, 0)))
 
-    def kernel(tokens_ref, p_hbm, best_out, buf, sem, alive_vmem, alive_smem, flag_sem):
+    def kernel(tokens_ref, p_hbm, best_out, buf, sem, alive_vmem):
         group = pl.program_id(0)
         slot = group % 2
 
@@ -116,14 +114,10 @@ def leading_argmax(
         for j in range(_ROWS):
             copy(group, j, 0, slot).wait()
 
-        def flags():  # the alive sequences, as eight scalars the DMAs branch on
-            if scalars == "extract":
-                alive = alive_vmem[...]
-                return [alive[j, 0] > 0 for j in range(_ROWS)]
-            move = pltpu.make_async_copy(alive_vmem, alive_smem, flag_sem.at[0])
-            move.start()
-            move.wait()
-            return [alive_smem[j, 0] > 0 for j in range(_ROWS)]
+        def flags():  # the alive sequences, as eight scalars the copies branch on
+            # (Copying the flags to SMEM by DMA instead measured 5% to 25% slower.)
+            alive = alive_vmem[...]
+            return [alive[j, 0] > 0 for j in range(_ROWS)]
 
         best_out[...] = jnp.full((_ROWS, rows), vocab, jnp.int32)
         alive_vmem[...] = jnp.ones((_ROWS, _LANES), jnp.int32)
@@ -161,8 +155,6 @@ def leading_argmax(
         pltpu.VMEM((2, _ROWS, vocab), jnp.float32),
         pltpu.SemaphoreType.DMA((2,)),
         pltpu.VMEM((_ROWS, _LANES), jnp.int32),
-        pltpu.SMEM((_ROWS, _LANES), jnp.int32),
-        pltpu.SemaphoreType.DMA((1,)),
     ]
     best = pl.pallas_call(
         kernel,
