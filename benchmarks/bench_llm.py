@@ -8,8 +8,10 @@ continue, open question), greedily (temperature 0), by
 - **speculative decoding**: a prompt-lookup draft (`eqx_specdec.models.PromptLookupDraft`,
   n-grams of 3 down to 2) proposing each row's chain of G tokens in one call
   (`Chain(drafting="propose")`: the match's continuation; a row with no match drafts
-  nothing), or with `--drafting sample` one token a draft call, stopping before the
-  first position without a match (`StopWhenUnlikely(keep_crossing=False)`); the
+  nothing; with `--draft suffix`, `eqx_specdec.models.SuffixDraft`, suffix decoding's
+  chain over the row's context, 0 to G tokens), or with `--drafting sample` one token a
+  draft call, stopping before the first position without a match
+  (`StopWhenUnlikely(keep_crossing=False)`); the
   target called on one position when no row drafted and on G + 1 otherwise
   (`Chain(trim=True)`), the greedy rule, stopping at the chat's end-of-turn token;
 - **plain decoding** of the same model (`eqx_specdec.autoregressive_decode`) for exactly
