@@ -152,6 +152,22 @@ def _transformer_sequence_probabilities(model, prompt, length, vocab, warp=None)
     return np.exp(picked[..., 0].sum(-1))
 
 
+def _sequence_chi_square(tokens, target, prompt, vocab, warp=None):
+    """The chi-square of the emitted sequences (the rows of `tokens`) against the cached
+    transformer's law after `prompt` (see `_transformer_sequence_probabilities`):
+    `(statistic, threshold, expected)`."""
+    tokens = np.asarray(tokens)
+    rows, length = tokens.shape
+    codes = (tokens * vocab ** np.arange(length)[::-1]).sum(-1)
+    counts = np.bincount(codes, minlength=vocab**length).astype(np.float64)
+    expected = _transformer_sequence_probabilities(target, prompt, length, vocab, warp)
+    estimate = es.evaluation.EmissionEstimate(
+        counts[None], np.array([float(rows)]), rows
+    )
+    chi = estimate.chi_square(expected[None])
+    return float(chi["statistic"][0]), float(chi["threshold"][0]), expected
+
+
 @pytest.mark.parametrize(
     "verifier, lossless, warp",
     [
@@ -184,17 +200,11 @@ def test_the_whole_loop_is_lossless_with_a_cached_transformer_target(
         proposal=es.Chain(2),
         outputs=("probs", "logits"),
     )
-    tokens = np.asarray(result.tokens)
-    codes = (tokens * vocab ** np.arange(length)[::-1]).sum(-1)
-    counts = np.bincount(codes, minlength=vocab**length).astype(np.float64)
-    expected = _transformer_sequence_probabilities(target, 1, length, vocab, warp)
+    statistic, threshold, expected = _sequence_chi_square(
+        result.tokens, target, 1, vocab, warp
+    )
     if warp is not None:  # the warp removes a token of every row
         assert np.sum(expected == 0) >= vocab**length - 2**length
-    estimate = es.evaluation.EmissionEstimate(
-        counts[None], np.array([float(rows)]), rows
-    )
-    chi = estimate.chi_square(expected[None])
-    statistic, threshold = float(chi["statistic"][0]), float(chi["threshold"][0])
     if lossless:
         assert statistic < threshold
         assert np.asarray(result.accepted_histogram)[:, 1:].sum() > 0
