@@ -381,7 +381,8 @@ def speculative_accept(
             `[0, 1]` at every position, the whole rows $n$ of `p` and `q` finite,
             non-negative and summing to 1 within `1e-3` (`1e-2` for float16 and
             bfloat16), and what each stage returned. Stages that read whole rows (their
-            `reads` attribute) get every row checked.
+            `reads` attribute) get every row checked; greedy verification, which reads
+            rows 0 to n through their argmax, gets row n's checked for one.
         - `"all"`: every row of every distribution as well.
         - `"off"`: nothing; the program is the verifier's own. The outputs are still
             int32 arrays of the right shapes, their values unspecified for invalid
