@@ -1,10 +1,12 @@
 """Suffix decoding as a chain (`eqx_specdec.models.SuffixDraft`): its proposal against a
 Python reference on a table of sequences and settings (the longest repeated suffix,
 the latest occurrences, the continuations' votes and the path's probability, the
-periodic read at the context's end), and the decoding loop with it: greedy decoding's
+periodic read at the context's end, a corpus of earlier texts ranked after the
+context), and the decoding loop with it: greedy decoding's
 tokens exactly, and the sampled loop's law (chi-square over every sequence, with rows
 that draft nothing, some and all) with a lossy control caught."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,28 +19,41 @@ import eqx_specdec as es
 def _reference(tokens, length, count, draft):
     """The proposal, in Python: see `SuffixDraft`."""
     context = list(tokens[:length])
+    corpus = [] if draft.corpus is None else [int(t) for t in draft.corpus]
 
-    def matched(end):
+    def matched(text, end):
         m = 0
         while (
             m < draft.max_match
             and end - m >= 0
-            and context[end - m] == context[length - 1 - m]
+            and length - 1 - m >= 0
+            and text[end - m] >= 0
+            and text[end - m] == context[length - 1 - m]
         ):
             m += 1
         return m
 
-    ends = list(range(length - 2, -1, -1))  # latest first
-    lengths = {end: matched(end) for end in ends}
-    longest = max(lengths.values(), default=0)
+    own = {end: matched(context, end) for end in range(length - 2, -1, -1)}
+    other = {
+        end: matched(corpus, end)
+        for end in range(len(corpus) - 2, -1, -1)
+        if corpus[end + 1] >= 0
+    }
+    longest = max([*own.values(), *other.values()], default=0)
     if longest < draft.min_match:
         return [0] * count, 0
-    found = [end for end in ends if lengths[end] == longest][: draft.occurrences]
-    continuations = [
+    continuations = [  # the context's occurrences first, each the latest first
         [context[end + 1 + d % (length - 1 - end)] for d in range(count)]
-        for end in found
+        for end in own
+        if own[end] == longest
     ]
-    agreeing = list(range(len(found)))
+    continuations += [
+        [corpus[end + 1 + d] if end + 1 + d < len(corpus) else -1 for d in range(count)]
+        for end in other
+        if other[end] == longest
+    ]
+    continuations = continuations[: draft.occurrences]
+    agreeing = list(range(len(continuations)))
     probability = np.float32(1)
     proposed = []
     for d in range(count):
@@ -48,7 +63,10 @@ def _reference(tokens, length, count, draft):
         ]
         best = agreeing[int(np.argmax(votes))]  # the first maximum: the latest
         probability = probability * np.float32(max(votes) / len(agreeing))
-        if probability < np.float32(draft.min_probability):
+        if (
+            probability < np.float32(draft.min_probability)
+            or continuations[best][d] < 0
+        ):
             break
         proposed.append(continuations[best][d])
         agreeing = [a for a in agreeing if continuations[a][d] == proposed[-1]]
@@ -69,17 +87,26 @@ RANDOM = [int(t) for t in np.random.default_rng(0).integers(0, 3, 48)]
         ([1, 1, 1, 1, 1, 1], dict()),  # overlapping occurrences, read periodically
         (RANDOM, dict(occurrences=4, min_probability=0.3)),
         (RANDOM, dict(max_match=3, min_match=1, min_probability=0.9)),
+        # Earlier answers: (6, 7) ends the first with 8 and runs into the second's -1.
+        ([1, 6, 7, 2, 6, 7], dict(corpus=[3, 6, 7, 8, -1, 6, 7, -1, 6, 7, 9])),
+        (RANDOM, dict(corpus=RANDOM[5:30] + [-1] + RANDOM[::-1], occurrences=8)),
     ],
 )
 def test_the_proposal_is_the_reference_s(tokens, settings):
-    draft = es.models.SuffixDraft(3 + max(tokens), **settings)
+    if "corpus" in settings:
+        settings = dict(settings, corpus=jnp.asarray(settings["corpus"], jnp.int32))
+    draft = es.models.SuffixDraft(10, **settings)
     buffer = jnp.asarray(tokens + [0] * 8, jnp.int32)  # entries past the context
-    propose = jax.jit(draft.propose, static_argnums=2)
+    propose = eqx.filter_jit(lambda b, n, count: draft.propose(b, n, count))
     for length in range(1, len(tokens) + 1):
         proposed, drafted = propose(buffer, jnp.int32(length), 4)
         want, count = _reference(tokens, length, 4, draft)
         assert int(drafted) == count, length
         np.testing.assert_array_equal(proposed, want)
+    # The corpus's latest text proposes 9, and its end stops the chain there.
+    if tokens[:3] == [1, 6, 7]:
+        proposed, drafted = propose(buffer, jnp.int32(3), 4)
+        assert (int(drafted), int(proposed[0])) == (1, 9)
     # The example: 4 agreed on, then 8 (the latest) with probability 1/2, then its own.
     if tokens[:3] == [1, 2, 3]:
         expected = 4 if settings["min_probability"] == 0.5 else 1
@@ -87,6 +114,8 @@ def test_the_proposal_is_the_reference_s(tokens, settings):
 
 
 def test_bad_settings_name_the_argument():
+    with pytest.raises(ValueError, match=r"SuffixDraft\(`corpus`"):
+        es.models.SuffixDraft(8, corpus=[1, 2, 3])
     with pytest.raises(ValueError, match=r"SuffixDraft\(`min_probability`"):
         es.models.SuffixDraft(8, min_probability=0)
     with pytest.raises(ValueError, match=r"SuffixDraft\(`min_match`"):

@@ -41,6 +41,10 @@ class SuffixDraft(eqx.Module):
         are counted (default 16).
     - `min_probability`: the least empirical probability of the proposed path (default
         0.5): lower drafts deeper where the continuations disagree.
+    - `corpus`: `None` (the default), or earlier text to search as well, int `(C,)`:
+        earlier answers, say, each followed by -1 (a continuation stops at a -1).
+        Occurrences in the row's own context come first, the latest first, then the
+        corpus's, the latest first.
     """
 
     vocab_size: int = eqx.field(static=True)
@@ -48,6 +52,7 @@ class SuffixDraft(eqx.Module):
     min_match: int = eqx.field(static=True, default=2)
     occurrences: int = eqx.field(static=True, default=16)
     min_probability: float = eqx.field(static=True, default=0.5)
+    corpus: Int[Array, " C"] | None = None
 
     def __check_init__(self):
         for name in ("vocab_size", "max_match", "min_match", "occurrences"):
@@ -69,33 +74,75 @@ class SuffixDraft(eqx.Module):
                 "SuffixDraft(`min_probability`=...) must be a Python float in (0, 1], "
                 f"got {self.min_probability!r}."
             )
+        corpus = self.corpus
+        if corpus is not None and (
+            getattr(corpus, "ndim", None) != 1
+            or not jnp.issubdtype(corpus.dtype, jnp.integer)
+            or corpus.shape[0] < 1
+        ):
+            raise ValueError(
+                "SuffixDraft(`corpus`=...) must be None or a non-empty 1-D integer array "
+                "of token ids (-1 between texts), got "
+                f"{getattr(corpus, 'dtype', type(corpus).__name__)}"
+                f"{list(getattr(corpus, 'shape', []))}."
+            )
 
-    def _matches(
-        self, tokens: Int[Array, " T"], length: Int[Array, ""]
-    ) -> tuple[Int[Array, " M"], Int[Array, ""]]:
-        """`(ends, match)`: the last positions of the `occurrences` latest earlier
-        occurrences of the context's longest repeated suffix (-1 past those found),
-        latest first, and its length (0 when none of at least `min_match` repeats)."""
-        width = tokens.shape[0]
+    def _matched(self, haystack, reads, context, length):
+        """Each end position of `haystack`'s match with the context's suffix (the
+        tokens agreeing backwards, up to `max_match`; a -1 agrees with nothing), where
+        `reads` (an end with a continuation to read), else 0."""
+        width = haystack.shape[0]
         ends = jnp.arange(width, dtype=jnp.int32)
-
-        def at(i):
-            return tokens[jnp.clip(i, 0, width - 1)]
-
-        # Each earlier end's match with the context's suffix, token by token backwards.
         agree = jnp.ones((width,), bool)
         matched = jnp.zeros((width,), jnp.int32)
         for k in range(self.max_match):
             inside = (ends - k >= 0) & (length - 1 - k >= 0)
-            agree = agree & inside & (at(ends - k) == at(length - 1 - k))
+            here = haystack[jnp.clip(ends - k, 0, width - 1)]
+            suffix = context[jnp.clip(length - 1 - k, 0, context.shape[0] - 1)]
+            agree = agree & inside & (here >= 0) & (here == suffix)
             matched = matched + agree.astype(jnp.int32)
-        matched = jnp.where(ends < length - 1, matched, 0)
-        longest = jnp.max(matched)
+        return jnp.where(reads, matched, 0)
+
+    def _continuations(
+        self, tokens: Int[Array, " T"], length: Int[Array, ""], count: int
+    ) -> tuple[Int[Array, "M count"], Int[Array, ""]]:
+        """The continuations, `count` tokens each, of the `occurrences` latest earlier
+        occurrences of the context's longest repeated suffix (the context's first,
+        read on periodically at its end; then the corpus's, -1 past a text's end), -1
+        rows past those found; and the suffix's length (0 when none of at least
+        `min_match` tokens repeats)."""
+        width = tokens.shape[0]
+        ends = jnp.arange(width, dtype=jnp.int32)
+        offsets = jnp.arange(count, dtype=jnp.int32)
+        own = self._matched(tokens, ends < length - 1, tokens, length)
+        found = [own]
+        if self.corpus is not None:
+            corpus = self.corpus.astype(jnp.int32)
+            size = corpus.shape[0]
+            after = corpus[jnp.clip(jnp.arange(size) + 1, 0, size - 1)]
+            reads = (jnp.arange(size) < size - 1) & (after >= 0)
+            found.append(self._matched(corpus, reads, tokens, length))
+        longest = jnp.max(jnp.stack([jnp.max(m) for m in found]))
         longest = jnp.where(longest >= self.min_match, longest, 0)
-        found = (matched == longest) & (longest > 0)
-        count = min(self.occurrences, width)
-        latest, _ = jax.lax.top_k(jnp.where(found, ends, -1), count)
-        return latest, longest
+        # One ranking: the context's ends above every corpus end, the latest first.
+        shift = 0 if self.corpus is None else self.corpus.shape[0]
+        keys = [jnp.where((own == longest) & (longest > 0), shift + ends, -1)]
+        if self.corpus is not None:
+            at_corpus = jnp.arange(shift, dtype=jnp.int32)
+            keys.append(jnp.where((found[1] == longest) & (longest > 0), at_corpus, -1))
+        keys = jnp.concatenate(keys)
+        ranked, _ = jax.lax.top_k(keys, min(self.occurrences, keys.shape[0]))
+        in_context = ranked >= shift
+        end = jnp.where(in_context, ranked - shift, ranked)
+        period = jnp.maximum(length - 1 - end, 1)
+        index = end[:, None] + 1 + offsets[None] % period[:, None]
+        rows = tokens[jnp.clip(index, 0, width - 1)]
+        if self.corpus is not None:
+            index = end[:, None] + 1 + offsets[None]
+            inside = index < shift
+            text = jnp.where(inside, corpus[jnp.clip(index, 0, shift - 1)], -1)
+            rows = jnp.where(in_context[:, None], rows, text)
+        return jnp.where((ranked >= 0)[:, None], rows, -1), longest
 
     def propose(
         self, tokens: Int[Array, " T"], length: Int[Array, ""], count: int
@@ -115,12 +162,9 @@ class SuffixDraft(eqx.Module):
         from 0 (no repeated suffix, or no continuation as likely as
         `min_probability`) to `count`.
         """
-        ends, match = self._matches(tokens, length)
-        valid = ends >= 0
-        period = jnp.maximum(length - 1 - ends, 1)
+        continuations, match = self._continuations(tokens, length, count)
+        valid = continuations[:, 0] >= 0
         offsets = jnp.arange(count, dtype=jnp.int32)
-        index = ends[:, None] + 1 + offsets[None] % period[:, None]
-        continuations = tokens[jnp.clip(index, 0, tokens.shape[0] - 1)]  # (M, count)
 
         def depth(carry, d):
             agreeing, probability, going = carry
@@ -131,7 +175,8 @@ class SuffixDraft(eqx.Module):
             best = jnp.argmax(votes)  # the latest occurrence on ties
             share = votes[best] / jnp.maximum(jnp.sum(agreeing), 1)
             probability = probability * share
-            going = going & (probability >= self.min_probability)
+            # A -1 (past a corpus text's end, or no occurrence) is never proposed.
+            going = going & (probability >= self.min_probability) & (column[best] >= 0)
             agreeing = agreeing & (column == column[best])
             return (agreeing, probability, going), (column[best], going)
 
