@@ -438,15 +438,13 @@ class ResidualSampler(AbstractResidualSampler):
         reading its rows n as contiguous slices (on XLA CPU, at (64, 5, 128256) and
         (256, 8, 32000), 1.25x to 1.33x faster a call than the whole verification
         mapped row by row)."""
-        if context.shard is not None:
+        vocab = as_logits(target_probs).shape[-1]
+        if context.shard is not None or vocab <= FLAT_SEARCH_MAX_VOCAB:
             return None
         rule = verdict.rule
         if kernel:
             arrays = jax.tree_util.tree_leaves(eqx.filter(rule, eqx.is_array))
             if arrays or not fits(draft_probs, target_probs, context.log_space):
-                return None
-            vocab = as_logits(target_probs).shape[-1]
-            if vocab <= FLAT_SEARCH_MAX_VOCAB:
                 return None
             probabilities = RowContext()
             acceptance = None
@@ -467,9 +465,6 @@ class ResidualSampler(AbstractResidualSampler):
             return RowsN(totals, p_totals, q_total, *normalised)
         if not given_as_arrays(draft_probs, target_probs):
             return None  # warped rows are evaluated inside each row
-        vocab = target_probs.shape[-1]
-        if vocab <= FLAT_SEARCH_MAX_VOCAB:
-            return None
         gamma = target_probs.shape[1] - 1
         inputs = (num_accepted, verdict, draft_tokens, draft_probs, target_probs)
         dynamic, static = eqx.partition(inputs, eqx.is_array)

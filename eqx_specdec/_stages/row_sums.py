@@ -8,6 +8,7 @@ from jaxtyping import Array, Float
 from .._custom_types import IntScalar
 from .._misc import compute_dtype
 from .._search import block_size, block_sums
+from .._warps.warp import NormalisedRows
 
 
 class RowSums(eqx.Module):
@@ -42,8 +43,8 @@ class RowsN(eqx.Module):
     totals: Float[Array, "*batch blocks"]
     p_totals: Float[Array, "*batch blocks"]
     q_total: Float[Array, "*batch"] | None
-    p_rows: object = None
-    q_rows: object = None
+    p_rows: NormalisedRows | None = None
+    q_rows: NormalisedRows | None = None
 
 
 def summed(p_row, q_row) -> tuple:
