@@ -15,7 +15,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from .._misc import given_as_arrays
 from .._search import block_size
-from .._warps.warp import NormalisedRows
+from .._warps.warp import evaluated_at, NormalisedRows
 
 
 # Sequences one program reads: one per sublane of the TPU's (8, 128) float32 tiles.
@@ -61,10 +61,8 @@ def _columns(rows, at):
 def _as_probabilities(x, parameters):
     """Entries `x` of a normalised row as the probabilities its evaluation gives:
     `exp(NormalisedRows.log_probs())`, with the row's `(threshold, scale, shift,
-    log_sum)` columns."""
-    threshold, scale, shift, log_sum = parameters
-    log_probs = (x / scale - shift) - log_sum
-    return jnp.exp(jnp.where(x < threshold, -jnp.inf, log_probs))
+    log_sum)` columns (no greedy rows: `fits`)."""
+    return jnp.exp(evaluated_at(x, None, (*parameters, None, None)))
 
 
 def residual_block_totals(

@@ -265,7 +265,9 @@ class AbstractResidualSampler(eqx.Module):
         with a leading batch axis (the module beside `RowSums`): `totals`, the
         block totals of the weights drawn from; `p_totals`, those of $p_n$ (with
         `checked`, negative entries as NaN); `q_total`, the sum of $q_n$ so counted
-        (`None` for one-hot drafts or without `checked`).
+        (`None` for one-hot drafts or without `checked`); `p_rows`, `q_rows`, the rows
+        themselves where they are normalised warped rows (else `None`), from which the
+        draw evaluates the one block it reads again.
         """
 
     def draw_and_sum(

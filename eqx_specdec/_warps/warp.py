@@ -302,7 +302,7 @@ class NormalisedRows(eqx.Module):
     def log_probs(self) -> Float[Array, "*rows V"]:
         """The log-probabilities, `-inf` for the tokens the warp removed."""
         ids = jax.lax.broadcasted_iota(jnp.int32, self.x.shape, self.x.ndim - 1)
-        return _evaluated(self.x, ids, self.parameters())
+        return evaluated_at(self.x, ids, self.parameters())
 
     def parameters(self) -> tuple:
         """The per-row fields `log_probs` applies, `(threshold, scale, shift, log_sum,
@@ -322,7 +322,7 @@ class NormalisedRows(eqx.Module):
         x = jax.lax.dynamic_slice(self.x, (row, start), (1, length))[0]
         ids = start + jnp.arange(length, dtype=jnp.int32)
         parameters = tuple(None if a is None else a[row] for a in self.parameters())
-        return _evaluated(x, ids, parameters)
+        return evaluated_at(x, ids, parameters)
 
     def take(self, index: tuple) -> Float[Array, "..."]:
         """The log-probabilities at the points `index` (a tuple of integer arrays
@@ -331,12 +331,14 @@ class NormalisedRows(eqx.Module):
         x = self.x.at[index].get(mode="fill", fill_value=jnp.nan)
         rows = index[:-1] + (0,)
         parameters = tuple(None if a is None else a[rows] for a in self.parameters())
-        return _evaluated(x, index[-1], parameters)
+        return evaluated_at(x, index[-1], parameters)
 
 
-def _evaluated(x, ids, parameters):
+def evaluated_at(x, ids, parameters):
     """`NormalisedRows.log_probs` at the entries `x` of token ids `ids`, with the rows'
-    `parameters` (`NormalisedRows.parameters`) broadcast against them."""
+    `parameters` (`NormalisedRows.parameters`) broadcast against them: the one formula
+    every evaluation of normalised rows uses (whole rows, windows, points, and the
+    rows-n kernel's blocks)."""
     threshold, scale, shift, log_sum, greedy, best = parameters
     x = x.astype(compute_dtype(x.dtype))
     log_probs = (x / scale - shift) - log_sum
