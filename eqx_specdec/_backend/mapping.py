@@ -31,8 +31,9 @@ def row_mapping(
         each iteration reads); a verifier reading each row's argmax alone
         (`argmax_only`: greedy verification) reads no row n and is vectorised (15 ms
         against 22 ms row by row);
-    - on a TPU, vectorised, with rows n read by the kernel from `KERNEL_MIN_VOCAB`
-        entries up (`rows_n_by_kernel`), and greedy verification's argmaxes by the
+    - on a TPU, vectorised, with rows n read by the kernel (`rows_n_by_kernel`: for
+        probabilities from `KERNEL_MIN_VOCAB` entries up; warped logits always, their
+        top-k and top-p cut-offs then found by the warp's kernel), and greedy verification's argmaxes by the
         kernel from `ARGMAX_KERNEL_MIN_ENTRIES` entries a position
         (`argmax_by_kernel`);
     - elsewhere vectorised."""
@@ -51,5 +52,5 @@ def row_mapping(
     if argmax_only:
         kernel = argmax_by_kernel(*shape)
     else:
-        kernel = rows_n_by_kernel(shape[1])
+        kernel = rows_n_by_kernel(shape[1], rows_given)
     return Vectorised(passes="kernel" if kernel else "in each row")

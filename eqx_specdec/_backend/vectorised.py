@@ -39,7 +39,7 @@ class Vectorised(AbstractRowMapping):
     )
 
     def __call__(self, verifier, row, values, inputs, verification):
-        inputs = tuple(as_normalised(a) for a in inputs)
+        inputs = tuple(as_normalised(a, self.passes == "kernel") for a in inputs)
         inputs = jax.lax.optimization_barrier(inputs)
         taken = None
         if verification is not None:

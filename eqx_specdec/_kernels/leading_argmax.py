@@ -16,11 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .._misc import given_as_arrays
-
-
-# Sequences one program reads: one per sublane of the TPU's (8, 128) float32 tiles.
-_ROWS = 8
-_LANES = 128
+from .tiles import LANES as _LANES, lanes_per_step, ROWS as _ROWS
 
 
 def fits(target_probs) -> bool:
@@ -33,18 +29,11 @@ def fits(target_probs) -> bool:
     )
 
 
-def _chunk(vocab: int) -> int:
-    """The lanes a step of the argmax reads: up to eight 128-lane tiles, dividing the
-    vocabulary (so that no step is short)."""
-    tiles = vocab // _LANES
-    return _LANES * next(k for k in (8, 4, 2, 1) if tiles % k == 0)
-
-
 def _first_argmax(buf, vocab: int, log_space: bool):
     """`(8, 1)` int32: each sublane's first most likely entry of the `(8, vocab)` rows in
     `buf`, or `vocab` for a row without one (a NaN or $+\\infty$, or no mass), as
     [`eqx_specdec.RowContext.argmax`][] gives it."""
-    chunk = _chunk(vocab)
+    chunk = lanes_per_step(vocab)
     lane = jax.lax.broadcasted_iota(jnp.int32, (_ROWS, chunk), 1)
 
     def step(j, carry):

@@ -16,11 +16,7 @@ from jax.experimental.pallas import tpu as pltpu
 from .._misc import given_as_arrays
 from .._search import block_size
 from .._warps.warp import evaluated_at, NormalisedRows
-
-
-# Sequences one program reads: one per sublane of the TPU's (8, 128) float32 tiles.
-_ROWS = 8
-_LANES = 128
+from .tiles import LANES as _LANES, ROWS as _ROWS
 
 
 def fits(draft_probs, target_probs, log_space: bool = False) -> bool:
