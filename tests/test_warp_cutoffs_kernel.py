@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import eqx_specdec as es
+from eqx_specdec._kernels.warp_cutoffs import by_kernel
 from eqx_specdec._warps.warp import _warp_rows
 
 
@@ -50,8 +51,8 @@ def test_the_kernel_finds_the_warps_cutoffs_and_normalisers(names):
     @jax.jit
     def normalised(x):
         return (
-            _warp_rows(x, params, False, kernel=False),
-            _warp_rows(x, params, False, kernel=True),
+            _warp_rows(x, params, False),
+            _warp_rows(x, params, False, searches=by_kernel),
         )
 
     assert "pallas_call" in str(jax.make_jaxpr(normalised)(x))

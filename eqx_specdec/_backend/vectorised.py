@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 
 from .._capabilities import has_capability
+from .._kernels import warp_cutoffs
 from .._stages.row_fields import with_row_values
 from .._warps.warp import as_log_probs, as_normalised
 from .abstract_row_mapping import (
@@ -39,7 +40,8 @@ class Vectorised(AbstractRowMapping):
     )
 
     def __call__(self, verifier, row, values, inputs, verification):
-        inputs = tuple(as_normalised(a, self.passes == "kernel") for a in inputs)
+        searches = warp_cutoffs.by_kernel if self.passes == "kernel" else None
+        inputs = tuple(as_normalised(a, searches) for a in inputs)
         inputs = jax.lax.optimization_barrier(inputs)
         taken = None
         if verification is not None:

@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .._kernels import warp_cutoffs
 from .._misc import check_hyperparameter, compute_dtype
-from .._platform import on_tpu, upcast_once
+from .._platform import upcast_once
 from .cutoffs import log_normaliser, row_max, top_k_cut, top_p_cutoff
 
 
@@ -260,18 +259,18 @@ class WarpedRows(eqx.Module):
     greedy_rows: bool = eqx.field(static=True)
     static_k: int | None = eqx.field(static=True)
 
-    def normalised(self, kernel: bool = False) -> "NormalisedRows":
+    def normalised(self, searches=None) -> "NormalisedRows":
         """The rows' cut-offs and normalisers found (every row's at once): the same
-        log-probabilities, as an `NormalisedRows`. With `kernel`, top-k's and top-p's
-        found by the Pallas kernel where it applies (float32 logits whose vocabulary
-        fills whole 128-lane tiles: `eqx_specdec._kernels.warp_cutoffs`), the same
-        cut-offs and normalisers up to the order of the sums."""
+        log-probabilities, as an `NormalisedRows`. `searches`: another form of top-k's
+        and top-p's searches, as `eqx_specdec._kernels.warp_cutoffs.by_kernel` is
+        (the backend's to pass), giving the same cut-offs and normalisers up to the
+        order of the sums."""
         params = {
             name: getattr(self, name)
             for name in ("temperature", "top_k", "top_p", "min_p")
             if getattr(self, name) is not None
         }
-        return _warp_rows(self.x, params, self.greedy_rows, self.static_k, kernel)
+        return _warp_rows(self.x, params, self.greedy_rows, self.static_k, searches)
 
     def log_probs(self) -> Float[Array, "*rows V"]:
         """The log-probabilities, `-inf` for the tokens the warp removed."""
@@ -378,15 +377,15 @@ def as_logits(rows):
     return rows
 
 
-def as_normalised(rows, kernel: bool = False):
+def as_normalised(rows, searches=None):
     """`rows` with every row's cut-offs and normalisers found: a
-    [`WarpedRows`][eqx_specdec._warps.warp.WarpedRows] normalised (by the kernel, with
-    `kernel`, where it applies), anything else as it is."""
-    return rows.normalised(kernel) if isinstance(rows, WarpedRows) else rows
+    [`WarpedRows`][eqx_specdec._warps.warp.WarpedRows] normalised (top-k's and top-p's
+    by `searches` where given), anything else as it is."""
+    return rows.normalised(searches) if isinstance(rows, WarpedRows) else rows
 
 
 def _warp_rows(
-    x, params, greedy_rows: bool, static_k: int | None = None, kernel: bool = False
+    x, params, greedy_rows: bool, static_k: int | None = None, searches=None
 ) -> NormalisedRows:
     """Temperature, top-k, top-p and min-p on rows `(..., V)` of biased logits, with the
     parameters shaped `(..., 1)` (see `Warp`). Without `greedy_rows` (a temperature
@@ -402,10 +401,11 @@ def _warp_rows(
     number is monotone: the largest entries of `x / T` are those of `x`). A token is
     removed where `x` is below any of the thresholds, that is below their largest.
 
-    With `kernel`, float32 rows whose vocabulary fills whole 128-lane tiles and whose
-    warp searches for a cut-off (top-k, top-p) are searched and normalised by
-    `eqx_specdec._kernels.warp_cutoffs`, eight rows at a time in VMEM, in the same
-    order and by the same comparisons."""
+    `searches`: where the warp searches for a cut-off (top-k, top-p), a function
+    finding every cut-off and normaliser of the rows `(R, V)` from the per-row columns
+    `(R, 1)` of the scale, top-k, top-p and min-p (`None` where not applied), as
+    `(threshold, shift, log_sum)`, or `None` where it does not apply to the rows
+    (`eqx_specdec._kernels.warp_cutoffs.by_kernel`, which the backend passes)."""
     logits = x  # as stored: half-precision logits stay so (see `upcast_once`)
     x = x.astype(compute_dtype(x.dtype))
     temperature = params["temperature"].astype(x.dtype)
@@ -426,21 +426,17 @@ def _warp_rows(
         at_best = jnp.take_along_axis(x, best, axis=-1)
         return jnp.where(at_best == largest, best, vocab)
 
-    # The kernel where the warp searches for a cut-off: on a TPU v5e over (320, 128256)
-    # float32 logits, 2.7 ms against XLA's 12.4 for top-k 50, 2.9 against 47.1 for
-    # top-p 0.9; temperature's and min-p's normalisers alone took 1.34 ms by the
-    # kernel and 0.68 by XLA.
-    searched = "top_k" in params or "top_p" in params
-    if kernel and searched and warp_cutoffs.fits(x):
+    found = None
+    if searches is not None and ("top_k" in params or "top_p" in params):
         top_k = params.get("top_k")
         if top_k is not None:
             top_k = jnp.clip(top_k.astype(jnp.int32), 0, vocab)
         columns = (scale, top_k, params.get("top_p"), params.get("min_p"))
-        found = warp_cutoffs.cutoffs(
+        found = searches(
             x.reshape(-1, vocab),
             *(None if a is None else per_row(a).reshape(-1, 1) for a in columns),
-            interpret=not on_tpu(),
         )
+    if found is not None:
         threshold, shift, log_sum = (a.reshape(rows) for a in found)
         return NormalisedRows(
             logits,
