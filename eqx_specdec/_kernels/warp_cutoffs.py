@@ -23,7 +23,7 @@ from .tiles import LANES, ROWS
 
 _INT_MIN = -(2**31)
 _STEP = 8 * LANES
-_UNROLL = 4
+_UNROLL = 8
 
 
 def fits(x) -> bool:
