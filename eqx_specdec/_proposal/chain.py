@@ -487,9 +487,10 @@ def score_chain(models: Models, buffer, lengths, width: int, vocab: int, target_
 
 def trimmed_widths(gamma: int) -> tuple[int, ...]:
     """The target widths a trimmed chain of `gamma` tokens compiles: 1 (no row drafted)
-    and `gamma + 1`. (Intermediate widths were tried: on the CPU a call's cost is flat
-    from 2 to 5 positions and jumps from 1 to 2, and each width compiles the target
-    once more.)"""
+    and `gamma + 1`. (Every width between, the narrowest holding the step's chains
+    taken at run time, was tried with SmolLM2 on the CPU: each width compiles the
+    target once more, and the speed-up did not move, since the drafts' chains were
+    nearly always full; `benchmarks/results-cpu.md`.)"""
     return (1, gamma + 1)
 
 
