@@ -2,8 +2,8 @@
 TPU's default for warped logits; here in Pallas's interpret mode): the cut-offs and
 normalisers the warp finds by XLA, over a table of warps with per-row parameters (k of
 0, 1 and V, ties at the cut-off, masked tokens, top-p 1, min-p 0), rows that are not a
-multiple of eight and a vocabulary with a short last step; and the verification's tokens
-with it equal to `vmap`'s."""
+multiple of eight and a vocabulary with a short last step; the verification's tokens
+with it equal to `vmap`'s; and a NaN logit caught through it as under `vmap`."""
 
 import jax
 import jax.numpy as jnp
@@ -105,3 +105,28 @@ def test_verification_with_the_kernel_gives_vmap_s_tokens(warp):
     np.testing.assert_array_equal(pallas.tokens, vmap.tokens)
     np.testing.assert_array_equal(pallas.num_accepted, vmap.num_accepted)
     assert 0 < int(jnp.sum(vmap.num_accepted))
+
+
+def test_a_nan_logit_is_caught_through_the_kernel():
+    batch, gamma = 3, 2
+    rng = np.random.default_rng(7)
+    target = rng.normal(size=(batch, gamma + 1, VOCAB)).astype(np.float32)
+    draft = rng.normal(size=(batch, gamma, VOCAB)).astype(np.float32)
+    target[1, 0, 7] = np.nan
+    tokens = jnp.argmax(draft, axis=-1).astype(jnp.int32)
+    warp = es.Warp(top_k=20)
+    outs = [
+        es.verify(
+            es.Logits(target, warp),
+            es.Draft(tokens, es.Logits(draft, warp)),
+            jax.random.key(8),
+            verifier=es.Verifier(batching=batching),
+            throw=False,
+        )
+        for batching in ("vmap", "pallas")
+    ]
+    for out in outs:
+        assert bool(out.result != es.RESULTS.successful)
+        assert int(out.failed_row) == 1
+        assert bool(jnp.all(out.tokens[1] == -1))
+    assert bool(outs[0].result == outs[1].result)
