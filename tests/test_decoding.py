@@ -102,6 +102,15 @@ LOOP_VERIFIERS = {
         es.TreeVerifier(es.DeterministicCandidates()),
         dict(proposal=es.DynamicTree(nodes=4, layers=2, branching=2)),
     ),
+    # SuffixDecoding's tree: a draft with no model whose rows are the shares of the
+    # continuations seen after the context's longest repeated suffix.
+    "dynamic tree of suffix continuations": (
+        es.TreeVerifier(es.DeterministicCandidates()),
+        dict(
+            proposal=es.DynamicTree(nodes=4, layers=2, branching=2),
+            draft=es.models.SuffixDraft(3, min_match=1),
+        ),
+    ),
     "standard, stop on the draft's confidence": (
         es.Verifier(),
         dict(proposal=es.Chain(2, draft_length=es.StopWhenUnlikely(0.5))),
@@ -126,6 +135,8 @@ LENGTH = 3
 
 def _chi_square_of_loop(verifier, options, seed=0):
     draft, target = _tiny_models()
+    options = dict(options)
+    draft = options.pop("draft", draft)
     vocab = target.vocab_size
     prompt = jnp.full((NUM_ROWS, 1), 1, jnp.int32)
     models = (draft, target)

@@ -1,4 +1,5 @@
-"""Suffix decoding as a chain (`eqx_specdec.models.SuffixDraft`): its proposal against a
+"""Suffix decoding as a chain (`eqx_specdec.models.SuffixDraft`): its proposal and its
+rows as a model (the continuations' shares, from which a dynamic tree grows) against a
 Python reference on a table of sequences and settings (the longest repeated suffix,
 the latest occurrences, the continuations' votes and the path's probability, the
 periodic read at the context's end, a corpus of earlier texts ranked after the
@@ -16,8 +17,9 @@ from test_cached_models import _sequence_chi_square, _small_transformer
 import eqx_specdec as es
 
 
-def _reference(tokens, length, count, draft):
-    """The proposal, in Python: see `SuffixDraft`."""
+def _continuations(tokens, length, count, draft):
+    """The continuations of the latest occurrences of the context's longest repeated
+    suffix, in Python (`[]` when no suffix of `min_match` tokens repeats)."""
     context = list(tokens[:length])
     corpus = [] if draft.corpus is None else [int(t) for t in draft.corpus]
 
@@ -41,7 +43,7 @@ def _reference(tokens, length, count, draft):
     }
     longest = max([*own.values(), *other.values()], default=0)
     if longest < draft.min_match:
-        return [0] * count, 0
+        return []
     continuations = [  # the context's occurrences first, each the latest first
         [context[end + 1 + d % (length - 1 - end)] for d in range(count)]
         for end in own
@@ -52,7 +54,14 @@ def _reference(tokens, length, count, draft):
         for end in other
         if other[end] == longest
     ]
-    continuations = continuations[: draft.occurrences]
+    return continuations[: draft.occurrences]
+
+
+def _reference(tokens, length, count, draft):
+    """The proposal, in Python: see `SuffixDraft`."""
+    continuations = _continuations(tokens, length, count, draft)
+    if not continuations:
+        return [0] * count, 0
     agreeing = list(range(len(continuations)))
     probability = np.float32(1)
     proposed = []
@@ -92,7 +101,7 @@ RANDOM = [int(t) for t in np.random.default_rng(0).integers(0, 3, 48)]
         (RANDOM, dict(corpus=RANDOM[5:30] + [-1] + RANDOM[::-1], occurrences=8)),
     ],
 )
-def test_the_proposal_is_the_reference_s(tokens, settings):
+def test_the_proposal_and_rows_are_the_reference_s(tokens, settings):
     if "corpus" in settings:
         settings = dict(settings, corpus=jnp.asarray(settings["corpus"], jnp.int32))
     draft = es.models.SuffixDraft(10, **settings)
@@ -103,6 +112,13 @@ def test_the_proposal_is_the_reference_s(tokens, settings):
         want, count = _reference(tokens, length, 4, draft)
         assert int(drafted) == count, length
         np.testing.assert_array_equal(proposed, want)
+    # As a model: each row the shares of the tokens that followed the occurrences.
+    rows = eqx.filter_jit(draft)(buffer, jnp.arange(len(tokens), dtype=jnp.int32))
+    for position in range(len(tokens)):
+        seen = [c[0] for c in _continuations(tokens, position + 1, 1, draft)]
+        seen = [t for t in seen if t >= 0]
+        want = np.bincount(seen, minlength=10) / max(len(seen), 1) if seen else 0.1
+        np.testing.assert_allclose(rows[position], np.broadcast_to(want, (10,)))
     # The corpus's latest text proposes 9, and its end stops the chain there.
     if tokens[:3] == [1, 6, 7]:
         proposed, drafted = propose(buffer, jnp.int32(3), 4)

@@ -31,6 +31,8 @@ class SuffixDraft(eqx.Module):
 
     Use it with `Chain(drafting="propose", trim=True)`: `propose` returns each row's
     chain and its length (0 where no suffix repeats, and the row takes a plain step).
+    As a model (`__call__`) it gives the continuations' shares, from which a
+    [`eqx_specdec.DynamicTree`][] grows a tree of them.
 
     **Arguments:**
 
@@ -189,13 +191,28 @@ class SuffixDraft(eqx.Module):
     def __call__(
         self, tokens: Int[Array, " T"], positions: Int[Array, " K"]
     ) -> Float[Array, "K V"]:
-        """The draft's rows after `tokens[: positions[k] + 1]`: one-hot at the first
-        proposed token where one is proposed, uniform elsewhere. Shape `(K, V)`."""
+        """The draft's rows after `tokens[: positions[k] + 1]`: how often each token
+        followed the `occurrences` latest earlier occurrences of that context's longest
+        repeated suffix (the first depth of the counts `propose` walks), uniform where
+        no suffix repeats. Shape `(K, V)`.
+
+        As the draft of a [`eqx_specdec.DynamicTree`][] proposal (verified with
+        [`eqx_specdec.DeterministicCandidates`][]) these rows grow SuffixDecoding's
+        tree: each node's children are the continuations seen most often after its
+        path, and the tree keeps the paths whose product of those shares is highest,
+        within the proposal's node budget."""
 
         def row(position):
-            proposed, drafted = self.propose(tokens, position + 1, 1)
-            one_hot = jax.nn.one_hot(proposed[0], self.vocab_size, dtype=jnp.float32)
+            continuations, match = self._continuations(tokens, position + 1, 1)
+            first = continuations[:, 0]
+            seen = (first >= 0) & (match > 0)
+            counts = (
+                jnp.zeros((self.vocab_size,), jnp.float32)
+                .at[jnp.where(seen, first, 0)]
+                .add(seen.astype(jnp.float32))
+            )
+            total = jnp.sum(counts)
             uniform = jnp.full((self.vocab_size,), 1 / self.vocab_size, jnp.float32)
-            return jnp.where(drafted > 0, one_hot, uniform)
+            return jnp.where(total > 0, counts / jnp.maximum(total, 1), uniform)
 
         return jax.vmap(row)(positions)
