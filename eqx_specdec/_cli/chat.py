@@ -1,6 +1,7 @@
 """`python -m eqx_specdec chat`: a real model (SmolLM2-135M-Instruct) answers a chat
-prompt by speculative decoding with a prompt-lookup draft, its text printed as it is
-accepted, then the run's table against plain decoding of the same model."""
+prompt by speculative decoding with a prompt-lookup (or suffix-decoding) draft, its text
+printed as it is accepted, then the run's table against plain decoding of the same
+model."""
 
 import sys
 import time
@@ -13,6 +14,7 @@ from .._chain.verifier import Verifier
 from .._decoding.autoregressive import autoregressive_decode
 from .._decoding.loop import speculative_decode
 from .._models.prompt_lookup import PromptLookupDraft
+from .._models.suffix import SuffixDraft
 from .._models.tempered import Tempered
 from .._proposal.chain import Chain
 from .._stages.greedy import ArgmaxSampler, GreedyRatioTest
@@ -123,13 +125,16 @@ def run_chat(args) -> dict:
     else:
         verifier, key = Verifier(), jax.random.key(args.seed)
         model = Tempered(model, args.temperature)
-    draft = PromptLookupDraft(model.config.vocab_size)
-    # The lookup proposes each row's whole chain in one call: no draft loop, no
+    vocab = model.config.vocab_size
+    suffix = args.draft == "suffix"
+    draft = SuffixDraft(vocab) if suffix else PromptLookupDraft(vocab)
+    # Either draft proposes each row's whole chain in one call: no draft loop, no
     # draft rows over the vocabulary.
     chain = Chain(args.gamma, drafting="propose", trim=True)
     print(
         f"SmolLM2-135M-Instruct (loaded in {loaded:.1f} s), temperature "
-        f"{args.temperature:g}, prompt-lookup draft, G = {args.gamma}"
+        f"{args.temperature:g}, {'suffix-decoding' if suffix else 'prompt-lookup'} "
+        f"draft, G = {args.gamma}"
     )
     print(f"\nuser: {args.prompt}\n")
     say(

