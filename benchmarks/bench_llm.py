@@ -223,14 +223,21 @@ def main(argv=None):
     summary = []
     for batch in args.batches:
         # The cost model's per-call times, once per batch size: plain decoding's
-        # program with every call on `w` tokens (and the draft's), over 32 tokens.
+        # program with every call on `w` tokens (and the draft's), over as many tokens
+        # as an answer may hold, so that the caches and contexts are the speculative
+        # runs' (timed over 32 tokens, the model left out 11 to 15 ms of their steps at
+        # B = 4; over 128, 0.3 to 6.1 ms: `results-cpu.md`). Plain decoding's own runs
+        # size their caches to the answer, and their calls cost less than these.
+        count = args.tokens
         prompts, lengths = pad(encoded[args.categories[0]][:1] * batch, width)
         cost_runs = {
-            "draft": lambda: calls(draft, prompts, lengths, 32, 1, "probs"),
+            "draft": lambda: calls(draft, prompts, lengths, count, 1, "probs"),
             "prefill": lambda: calls(model, prompts, lengths, 1, 1, "logits"),
         }
         for w in widths:
-            cost_runs[w] = lambda w=w: calls(model, prompts, lengths, 32, w, "logits")
+            cost_runs[w] = lambda w=w: calls(
+                model, prompts, lengths, count, w, "logits"
+            )
         for run in cost_runs.values():
             jax.block_until_ready(run())
         total = {k: [] for k in cost_runs}
@@ -239,17 +246,17 @@ def main(argv=None):
                 total[k].append(timed(run))
         total = {k: statistics.median(v) for k, v in total.items()}
         # Each run holds the prefill (padded prompts, the same width for every prompt)
-        # and its calls: the prefill's run has one call, the others 32. A call on one
+        # and its calls: the prefill's run has one call, the others `count`. A call on one
         # position from the two runs on one, then the prefill alone, then each width's
         # call with the prefill taken out (the draft's prefill is one of its calls).
-        one = (total[1] - total["prefill"]) / 31
+        one = (total[1] - total["prefill"]) / (count - 1)
         prefill = total["prefill"] - one
-        per_call = {w: (total[w] - prefill) / 32 for w in widths}
-        per_call["draft"] = total["draft"] / 32
+        per_call = {w: (total[w] - prefill) / count for w in widths}
+        per_call["draft"] = total["draft"] / count
         print(f"### B = {batch}\n")
         print(
-            "Per-call times (ms, from 32 calls in plain decoding's program, its prefill "
-            "taken out): draft "
+            f"Per-call times (ms, from {count} calls in plain decoding's program, its "
+            "prefill taken out): draft "
             f"{1e3 * per_call['draft']:.1f}; target on "
             + ", ".join(f"{w}: {1e3 * per_call[w]:.1f}" for w in widths)
             + f" tokens per row; the prefill of {width} positions {1e3 * prefill:.0f}\n"
