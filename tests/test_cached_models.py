@@ -168,6 +168,27 @@ def _sequence_chi_square(tokens, target, prompt, vocab, warp=None):
     return float(chi["statistic"][0]), float(chi["threshold"][0]), expected
 
 
+def _model_free_chi_square(draft, prompt, verifier, proposal, vocab=3, rows=12_000):
+    """A model-free `draft` (`outputs="probs"`) before the small cached transformer
+    (`_small_transformer(vocab)`, logits), every row the same `prompt`, 3 tokens each:
+    `_sequence_chi_square` of the emitted sequences, and the run's result."""
+    target = _small_transformer(vocab)
+    prompts = jnp.tile(jnp.asarray([prompt], jnp.int32), (rows, 1))
+    result = es.speculative_decode(
+        draft,
+        target,
+        prompts,
+        None,
+        3,
+        jax.random.key(0),
+        verifier=verifier,
+        proposal=proposal,
+        outputs=("probs", "logits"),
+    )
+    statistic, threshold, _ = _sequence_chi_square(result.tokens, target, prompt, vocab)
+    return statistic, threshold, result
+
+
 @pytest.mark.parametrize(
     "verifier, lossless, warp",
     [
