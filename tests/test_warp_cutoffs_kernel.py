@@ -35,7 +35,7 @@ def _column(values, dtype=jnp.float32):
 
 
 PARAMS = {
-    "temperature": _column([0.5, 1.0, 1.7]),
+    "temperature": _column([0.5, 1.0, 0.0, 1.7]),  # 0: a greedy row
     "top_k": _column([0, 1, 5, 50, VOCAB, 7, 200], jnp.int32),
     "top_p": _column([0.05, 0.5, 0.9, 0.99, 1.0, 0.7]),
     "min_p": _column([0.0, 0.02, 0.1, 0.3]),
@@ -51,8 +51,8 @@ def test_the_kernel_finds_the_warps_cutoffs_and_normalisers(names):
     @jax.jit
     def normalised(x):
         return (
-            _warp_rows(x, params, False),
-            _warp_rows(x, params, False, searches=by_kernel),
+            _warp_rows(x, params, True),
+            _warp_rows(x, params, True, searches=by_kernel),
         )
 
     assert "pallas_call" in str(jax.make_jaxpr(normalised)(x))
@@ -69,6 +69,10 @@ def test_the_kernel_finds_the_warps_cutoffs_and_normalisers(names):
     np.testing.assert_array_max_ulp(kernel.shift, xla.shift, maxulp=1)
     np.testing.assert_allclose(kernel.log_sum, xla.log_sum, rtol=1e-6, atol=1e-6)
     assert bool(jnp.any(jnp.isfinite(xla.threshold)))
+    # The greedy rows' tokens, from the kernel's maxima.
+    np.testing.assert_array_equal(kernel.greedy, xla.greedy)
+    np.testing.assert_array_equal(kernel.best, xla.best)
+    assert bool(jnp.any(xla.greedy))
 
 
 @pytest.mark.parametrize(

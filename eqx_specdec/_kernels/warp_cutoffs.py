@@ -84,9 +84,9 @@ def cutoffs(
 
     **Returns:**
 
-    `(threshold, shift, log_sum)`, float32 `(R, 1)` each: the logit below which a token
-    is removed (`-inf` where none is), and the normaliser `shift + log_sum` of
-    `x / scale` over the tokens kept.
+    `(threshold, shift, log_sum, largest)`, float32 `(R, 1)` each: the logit below
+    which a token is removed (`-inf` where none is), the normaliser `shift + log_sum`
+    of `x / scale` over the tokens kept, and each row's largest logit.
     """
     rows, vocab = x.shape
     # Eight tiles a step, each with an accumulator of its own, and the tiles left over
@@ -221,8 +221,8 @@ def cutoffs(
             log_sum = normaliser(threshold)
         if threshold is None:
             threshold = jnp.full((ROWS, 1), -jnp.inf, jnp.float32)
-        out = jnp.concatenate([threshold, shift, log_sum], axis=1)
-        out_ref[...] = jnp.pad(out, ((0, 0), (0, LANES - 3)))
+        out = jnp.concatenate([threshold, shift, log_sum, largest], axis=1)
+        out_ref[...] = jnp.pad(out, ((0, 0), (0, LANES - 4)))
 
     block = ROWS * vocab * 4
     out = pl.pallas_call(
@@ -244,4 +244,4 @@ def cutoffs(
         ),
         interpret=pltpu.InterpretParams() if interpret else False,
     )(x, params)
-    return out[:, 0:1], out[:, 1:2], out[:, 2:3]
+    return out[:, 0:1], out[:, 1:2], out[:, 2:3], out[:, 3:4]

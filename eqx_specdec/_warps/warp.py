@@ -404,8 +404,8 @@ def _warp_rows(
     `searches`: where the warp searches for a cut-off (top-k, top-p), a function
     finding every cut-off and normaliser of the rows `(R, V)` from the per-row columns
     `(R, 1)` of the scale, top-k, top-p and min-p (`None` where not applied), as
-    `(threshold, shift, log_sum)`, or `None` where it does not apply to the rows
-    (`eqx_specdec._kernels.warp_cutoffs.by_kernel`, which the backend passes)."""
+    `(threshold, shift, log_sum, largest)`, or `None` where it does not apply to the
+    rows (`eqx_specdec._kernels.warp_cutoffs.by_kernel`, which the backend passes)."""
     logits = x  # as stored: half-precision logits stay so (see `upcast_once`)
     x = x.astype(compute_dtype(x.dtype))
     temperature = params["temperature"].astype(x.dtype)
@@ -437,7 +437,7 @@ def _warp_rows(
             *(None if a is None else per_row(a).reshape(-1, 1) for a in columns),
         )
     if found is not None:
-        threshold, shift, log_sum = (a.reshape(rows) for a in found)
+        threshold, shift, log_sum, largest = (a.reshape(rows) for a in found)
         return NormalisedRows(
             logits,
             threshold,
@@ -445,7 +445,7 @@ def _warp_rows(
             shift,
             log_sum,
             per_row(greedy) if greedy_rows else None,
-            best_of(row_max(x)) if greedy_rows else None,
+            best_of(largest) if greedy_rows else None,
         )
     largest = row_max(x)  # every warp keeps the most likely token
     highest = largest / scale
