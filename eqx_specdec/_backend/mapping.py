@@ -33,9 +33,9 @@ def row_mapping(
         against 22 ms row by row);
     - on a TPU, vectorised, with rows n read by the kernel (`rows_n_by_kernel`: for
         probabilities from `KERNEL_MIN_VOCAB` entries up; warped logits always, their
-        top-k and top-p cut-offs then found by the warp's kernel), and greedy verification's argmaxes by the
-        kernel from `ARGMAX_KERNEL_MIN_ENTRIES` entries a position
-        (`argmax_by_kernel`);
+        top-k and top-p cut-offs then found by the cut-off kernel), and greedy
+        verification's argmaxes by the kernel from `ARGMAX_KERNEL_MIN_ENTRIES`
+        entries a position (`argmax_by_kernel`);
     - elsewhere vectorised."""
     if batching == "map":
         return RowByRow()

@@ -1,6 +1,6 @@
-"""Top-k's and top-p's cut-offs and the normalisers of what they keep, for a batch of rows
-of logits, by one Pallas kernel: eight rows at a time in VMEM, each pass over them a loop
-over tiles in vector registers.
+"""Top-k's and top-p's cut-offs and the normalisers of what they keep, for a batch of
+rows of logits, by one Pallas kernel: eight rows at a time in VMEM, each pass over them
+a loop over tiles in vector registers.
 
 XLA runs the warps' searches (`eqx_specdec._warps.cutoffs`) as programs whose every pass
 reads the rows from HBM again. Here each block of eight rows is read from HBM once and
