@@ -227,7 +227,7 @@ def main(argv=None):
         # as an answer may hold, so that the caches and contexts are the speculative
         # runs' (timed over 32 tokens, the model left out 11 to 15 ms of their steps at
         # B = 4; over 128, 0.3 to 6.1 ms: `results-cpu.md`). Plain decoding's own runs
-        # size their caches to the answer, and their calls cost less than these.
+        # size their caches to the answer; their calls were not timed at that size.
         count = args.tokens
         prompts, lengths = pad(encoded[args.categories[0]][:1] * batch, width)
         cost_runs = {
