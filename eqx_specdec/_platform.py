@@ -32,20 +32,25 @@ def rows_n_by_kernel(vocab: int, rows_given: bool) -> bool:
     return on_tpu() and (not rows_given or vocab >= KERNEL_MIN_VOCAB)
 
 
-# From this many entries in a batch's rows of one position, `batching="auto"` finds
-# greedy verification's argmaxes by the kernel on a TPU.
-ARGMAX_KERNEL_MIN_ENTRIES = 1 << 21
+# From this many entries in a batch's rows of one position, `batching="auto"` runs the
+# kernels that read each sequence's rows up to its first failure on a TPU.
+LEADING_KERNEL_MIN_ENTRIES = 1 << 21
 
 
-def argmax_by_kernel(batch: int, vocab: int) -> bool:
-    """Whether `batching="auto"` finds greedy verification's argmaxes through the
-    Pallas kernel that stops each sequence at its first rejection
-    (`eqx_specdec._kernels.leading_argmax`): on a TPU, from `ARGMAX_KERNEL_MIN_ENTRIES`
-    entries a position (batch times vocabulary). On a TPU v5e, a step at
-    (64, 5, 128256) took 0.158 ms with the kernel against 0.301 ms with XLA's argmax
-    of every row, at (256, 8, 32000) 0.232 against 0.465 ms; at (16, 5, 32000), two
-    groups of eight sequences read one after another, 0.029 against 0.026 ms."""
-    return on_tpu() and batch * vocab >= ARGMAX_KERNEL_MIN_ENTRIES
+def leading_by_kernel(batch: int, vocab: int) -> bool:
+    """Whether `batching="auto"` runs the Pallas kernels that read each sequence's rows
+    one position after another and none after its first failure: greedy verification's
+    argmaxes (`eqx_specdec._kernels.leading_argmax`) and warped logits' cut-offs and
+    normalisers (`eqx_specdec._kernels.leading_cutoffs`). On a TPU, from
+    `LEADING_KERNEL_MIN_ENTRIES` entries a position (batch times vocabulary): below it
+    the positions of a few groups of eight sequences, read one after another, cost
+    more than the rows they skip. On a TPU v5e, greedy at (64, 5, 128256) took 0.158 ms
+    with the kernel against 0.301 ms with XLA's argmax of every row, at
+    (256, 8, 32000) 0.232 against 0.465 ms; at (16, 5, 32000), 0.029 against
+    0.026 ms. A temperature-1 step took 1.160 against 2.016 ms at (64, 5, 128256) and
+    2.397 against 3.619 ms at (256, 8, 32000); at (16, 5, 32000), 0.207 against
+    0.201 ms."""
+    return on_tpu() and batch * vocab >= LEADING_KERNEL_MIN_ENTRIES
 
 
 # From this many entries in the batch's rows n, `batching="auto"` on the CPU reads them

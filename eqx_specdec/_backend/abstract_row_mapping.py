@@ -81,3 +81,16 @@ def draft_token_values(verifier, tokens, draft, target):
         return array.at[index].get(mode="fill", fill_value=jnp.nan)
 
     return take(target), None if draft is None else take(draft)
+
+
+def stops_at_failure(verifier) -> bool:
+    """Whether warped rows may be normalised only up to the first position whose
+    test fails: nothing after it changes the outputs (the test is `causal`, the
+    counter counts up to the first failure), and calling the test once per position
+    costs little (it reads only the draft tokens' values)."""
+    test = verifier.ratio_test
+    return (
+        test.causal
+        and test.reads == "draft tokens"
+        and verifier.prefix_counter.counts == "first failure"
+    )

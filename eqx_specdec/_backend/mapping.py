@@ -1,7 +1,7 @@
 """The backend's mapping of a row's verification over the batch."""
 
 from .._platform import (
-    argmax_by_kernel,
+    leading_by_kernel,
     on_cpu,
     rows_n_by_kernel,
     rows_n_by_scan,
@@ -33,9 +33,11 @@ def row_mapping(
         against 22 ms row by row);
     - on a TPU, vectorised, with rows n read by the kernel (`rows_n_by_kernel`: for
         probabilities from `KERNEL_MIN_VOCAB` entries up; warped logits always, their
-        top-k and top-p cut-offs then found by the cut-off kernel), and greedy
-        verification's argmaxes by the kernel from `ARGMAX_KERNEL_MIN_ENTRIES`
-        entries a position (`argmax_by_kernel`);
+        top-k and top-p cut-offs then found by the cut-off kernel), and from
+        `LEADING_KERNEL_MIN_ENTRIES` entries a position (`leading_by_kernel`) the
+        kernels that read each sequence's rows up to its first failure: greedy
+        verification's argmaxes, and warped logits' cut-offs and normalisers under a
+        threshold rule;
     - elsewhere vectorised."""
     if batching == "map":
         return RowByRow()
@@ -49,8 +51,8 @@ def row_mapping(
         if rows_given and rows_n_by_scan(*shape):
             return Vectorised(passes="scan")
         return RowByRow()
+    leading = leading_by_kernel(*shape)
     if argmax_only:
-        kernel = argmax_by_kernel(*shape)
-    else:
-        kernel = rows_n_by_kernel(shape[1], rows_given)
-    return Vectorised(passes="kernel" if kernel else "in each row")
+        return Vectorised(passes="kernel" if leading else "in each row")
+    kernel = rows_n_by_kernel(shape[1], rows_given)
+    return Vectorised(passes="kernel" if kernel else "in each row", leading=leading)

@@ -14,6 +14,7 @@ from .._warps.warp import as_log_probs, NormalisedRows, WarpedRows
 from .abstract_row_mapping import (
     AbstractRowMapping,
     draft_token_values,
+    stops_at_failure,
     with_test,
 )
 
@@ -29,7 +30,7 @@ class RowByRow(AbstractRowMapping):
     (`draft_token_values`)."""
 
     def __call__(self, verifier, row, values, inputs, verification):
-        early = verification and _stops_at_failure(verifier) and _long_rows(inputs[2])
+        early = verification and stops_at_failure(verifier) and _long_rows(inputs[2])
         if early:
             inputs = _until_first_failure(verifier.ratio_test, values, *inputs)
         taken = draft_token_values(verifier, *inputs[:3]) if verification else None
@@ -57,19 +58,6 @@ class RowByRow(AbstractRowMapping):
         batch = inputs[0].shape[0]
         steps = jnp.arange(batch, dtype=jnp.int32)
         return jax.lax.scan(at, (values, inputs, taken), steps)[1]
-
-
-def _stops_at_failure(verifier) -> bool:
-    """Whether warped rows may be normalised only up to the first position whose
-    test fails: nothing after it changes the outputs (the test is `causal`, the
-    counter counts up to the first failure), and calling the test once per position
-    costs little (it reads only the draft tokens' values)."""
-    test = verifier.ratio_test
-    return (
-        test.causal
-        and test.reads == "draft tokens"
-        and verifier.prefix_counter.counts == "first failure"
-    )
 
 
 # From this many entries a row, normalising rows only up to the first rejection pays for

@@ -13,6 +13,7 @@ from .._warps.warp import as_log_probs, as_normalised
 from .abstract_row_mapping import (
     AbstractRowMapping,
     draft_token_values,
+    stops_at_failure,
     with_test,
 )
 
@@ -29,18 +30,40 @@ class Vectorised(AbstractRowMapping):
     for the whole batch, `"kernel"` (in their kernel form: Pallas kernels reading rows
     by DMA) or `"scan"` (one sequence after another). The passes are the ratio test's
     `argmax_pass` (greedy verification: the argmaxes up to each sequence's first
-    rejection; in kernel form only, with stages that fit the test) and the sampler's
-    `rows_n_pass`; with the latter the verification runs in three phases: the ratio
-    test and counter of every row (`RowVerification.decide`), then the pass, then the
-    draw and assembly of every row.
+    rejection) and `normalise_pass` (warped rows normalised up to each sequence's first
+    failure), each in kernel form only, with stages that fit the test, and the
+    sampler's `rows_n_pass`; with the latter the verification runs in three phases: the
+    ratio test and counter of every row (`RowVerification.decide`), then the pass, then
+    the draw and assembly of every row.
+
+    `leading`: whether, with `passes="kernel"`, the ratio test's passes that stop at
+    each sequence's first failure (`argmax_pass`, `normalise_pass`) run.
     """
 
     passes: Literal["in each row", "kernel", "scan"] = eqx.field(
         static=True, default="in each row"
     )
+    leading: bool = eqx.field(static=True, default=True)
 
     def __call__(self, verifier, row, values, inputs, verification):
-        searches = warp_cutoffs.by_kernel if self.passes == "kernel" else None
+        kernel = self.passes == "kernel"
+        test = verifier.ratio_test
+        if (
+            kernel
+            and self.leading
+            and verification is not None
+            and verification.stages_fit
+            and not values
+            and stops_at_failure(verifier)
+            and has_capability(test, "normalise_pass")
+        ):
+            tokens, draft, target, accept = inputs[:4]
+            found = test.normalise_pass(
+                tokens, draft, target, accept, verification.context, kernel=True
+            )
+            if found is not None:
+                inputs = (tokens, *found, *inputs[3:])
+        searches = warp_cutoffs.by_kernel if kernel else None
         inputs = tuple(as_normalised(a, searches) for a in inputs)
         inputs = jax.lax.optimization_barrier(inputs)
         taken = None
@@ -58,7 +81,8 @@ class Vectorised(AbstractRowMapping):
         if verification is not None and self.passes != "in each row":
             test, sampler = verifier.ratio_test, verifier.residual_sampler
             if (
-                self.passes == "kernel"
+                kernel
+                and self.leading
                 and verification.stages_fit
                 and has_capability(test, "argmax_pass")
             ):

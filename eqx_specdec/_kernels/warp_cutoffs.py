@@ -62,6 +62,140 @@ def _shift(highest):
     return jnp.where(jnp.isfinite(highest), highest, 0.0)
 
 
+def block_cutoffs(x_ref, param, keys_ref, weights_ref, *, warps):
+    """The cut-offs and normalisers of the eight rows in `x_ref` `(8, V)` (VMEM), as
+    `cutoffs` returns them: `param` `(8, C)` holds each row's scale, then top-k, top-p
+    and log(min-p) where applied (`warps`: whether each of the three is), and
+    `keys_ref` and `weights_ref` are `(8, V)` int32 and float32 scratch (read only
+    where top-k or top-p is applied)."""
+    has_k, has_p, has_min_p = warps
+    vocab = x_ref.shape[-1]
+    # Eight tiles a step, each with an accumulator of its own, and the tiles left over
+    # in a last short step.
+    step = min(_STEP, vocab)
+    steps, tail = divmod(vocab, step)
+
+    def each(body):
+        """`body(start, width)` over the rows' lanes, a step at a time."""
+
+        def loop_body(j, _):
+            body(pl.multiple_of(j * step, step), step)
+
+        jax.lax.fori_loop(0, steps, loop_body, None, unroll=min(_UNROLL, steps))
+        if tail:
+            body(steps * step, tail)
+
+    def total(term, init=0.0, combine=jnp.add, dtype=jnp.float32):
+        """Each row's reduction `(8, 1)` of `term(start, width)` `(8, width)` over
+        the steps."""
+        reduce = jnp.sum if combine is jnp.add else jnp.max
+
+        def body(j, acc):
+            return combine(acc, term(pl.multiple_of(j * step, step), step))
+
+        acc = jnp.full((ROWS, step), init, dtype)
+        acc = jax.lax.fori_loop(0, steps, body, acc, unroll=min(_UNROLL, steps))
+        found = reduce(acc, axis=1, keepdims=True)
+        if tail:
+            found = combine(
+                found, reduce(term(steps * step, tail), axis=1, keepdims=True)
+            )
+        return found
+
+    def chunk(ref, start, width):
+        return ref[:, pl.ds(start, width)]
+
+    def search(goal, weighted: bool):
+        """Per row, the largest key $t$ with the weight (or count) of the keys
+        $\\ge t$ reaching `goal`, built bit by bit from the top: 32 passes."""
+
+        def bit(i, carry):
+            prefix, value = carry
+            candidate = prefix + value  # wraps from the smallest int32 to 0
+            wide = jnp.broadcast_to(candidate, (ROWS, step))
+
+            def term(start, width):
+                bound = wide if width == step else candidate
+                above = chunk(keys_ref, start, width) >= bound
+                if weighted:
+                    return jnp.where(above, chunk(weights_ref, start, width), 0.0)
+                return above.astype(jnp.int32)
+
+            if weighted:
+                reached = total(term) >= goal
+            else:
+                reached = total(term, 0, jnp.add, jnp.int32) >= goal
+            prefix = jnp.where(reached, candidate, prefix)
+            return prefix, jax.lax.shift_right_logical(value, 1)
+
+        start = jnp.full((ROWS, 1), _INT_MIN, jnp.int32)
+        value = jnp.full((ROWS, 1), _INT_MIN, jnp.int32)  # the top bit
+        return jax.lax.fori_loop(0, 32, bit, (start, value))[0]
+
+    def normaliser(threshold):
+        def term(start, width):
+            x = chunk(x_ref, start, width)
+            terms = jnp.exp(x / divisor - shift)
+            return terms if threshold is None else jnp.where(x < threshold, 0.0, terms)
+
+        return jnp.log(total(term))
+
+    divisor = param[:, 0:1]
+    largest = total(lambda s, w: chunk(x_ref, s, w), -jnp.inf, jnp.maximum)
+    shift = _shift(largest / divisor)
+    column = 1
+    threshold, log_sum = None, None
+
+    def store_keys(start, width):
+        keys_ref[:, pl.ds(start, width)] = _keys(chunk(x_ref, start, width))
+
+    if has_k or has_p:
+        each(store_keys)
+    if has_k:
+        k = param[:, column : column + 1]
+        column += 1
+        goal = jnp.maximum(k, 1.0).astype(jnp.int32)
+        kth = _values(search(goal, weighted=False))
+        threshold = jnp.where(k > 0, kth, -jnp.inf)
+        log_sum = normaliser(threshold)
+    if has_p:
+        top_p = param[:, column : column + 1]
+        column += 1
+        if log_sum is None:
+            log_sum = normaliser(threshold)
+
+        def store_weights(start, width):
+            x = chunk(x_ref, start, width)
+            w = jnp.exp((x / divisor - shift) - log_sum)
+            if threshold is not None:
+                w = jnp.where(x < threshold, 0.0, w)
+            weights_ref[:, pl.ds(start, width)] = w
+
+        each(store_weights)
+        key = search(top_p, weighted=True)
+
+        def kept(start, width):
+            above = chunk(keys_ref, start, width) >= key
+            return jnp.where(above, chunk(weights_ref, start, width), 0.0)
+
+        mass = total(kept)
+        # Where the row's mass does not reach top_p, every token is kept.
+        cutoff = jnp.where(key == _INT_MIN, -jnp.inf, _values(key))
+        cutoff = jnp.where(top_p < 1, cutoff, -jnp.inf)
+        threshold = cutoff if threshold is None else jnp.maximum(threshold, cutoff)
+        log_sum = log_sum + jnp.log(jnp.where(top_p < 1, mass, 1.0))
+    if has_min_p:
+        log_min_p = param[:, column : column + 1]
+        bound = largest + divisor * log_min_p
+        threshold = bound if threshold is None else jnp.maximum(threshold, bound)
+        log_sum = None
+    if log_sum is None:
+        log_sum = normaliser(threshold)
+    if threshold is None:
+        threshold = jnp.full((ROWS, 1), -jnp.inf, jnp.float32)
+    return threshold, shift, log_sum, largest
+
+
 def cutoffs(
     x,
     scale,
@@ -89,10 +223,6 @@ def cutoffs(
     of `x / scale` over the tokens kept, and each row's largest logit.
     """
     rows, vocab = x.shape
-    # Eight tiles a step, each with an accumulator of its own, and the tiles left over
-    # in a last short step.
-    step = min(_STEP, vocab)
-    steps, tail = divmod(vocab, step)
     # min-p's log taken by XLA, as the warp's own path takes it.
     log_min_p = None if min_p is None else jnp.log(min_p.astype(jnp.float32))
     columns = [scale] + [a for a in (top_k, top_p, log_min_p) if a is not None]
@@ -100,128 +230,14 @@ def cutoffs(
     has_k, has_p, has_min_p = (a is not None for a in (top_k, top_p, min_p))
 
     def kernel(x_ref, param_ref, out_ref, keys_ref, weights_ref):
-        def each(body):
-            """`body(start, width)` over the rows' lanes, a step at a time."""
-
-            def loop_body(j, _):
-                body(pl.multiple_of(j * step, step), step)
-
-            jax.lax.fori_loop(0, steps, loop_body, None, unroll=min(_UNROLL, steps))
-            if tail:
-                body(steps * step, tail)
-
-        def total(term, init=0.0, combine=jnp.add, dtype=jnp.float32):
-            """Each row's reduction `(8, 1)` of `term(start, width)` `(8, width)` over
-            the steps."""
-            reduce = jnp.sum if combine is jnp.add else jnp.max
-
-            def body(j, acc):
-                return combine(acc, term(pl.multiple_of(j * step, step), step))
-
-            acc = jnp.full((ROWS, step), init, dtype)
-            acc = jax.lax.fori_loop(0, steps, body, acc, unroll=min(_UNROLL, steps))
-            found = reduce(acc, axis=1, keepdims=True)
-            if tail:
-                found = combine(
-                    found, reduce(term(steps * step, tail), axis=1, keepdims=True)
-                )
-            return found
-
-        def chunk(ref, start, width):
-            return ref[:, pl.ds(start, width)]
-
-        def search(goal, weighted: bool):
-            """Per row, the largest key $t$ with the weight (or count) of the keys
-            $\\ge t$ reaching `goal`, built bit by bit from the top: 32 passes."""
-
-            def bit(i, carry):
-                prefix, value = carry
-                candidate = prefix + value  # wraps from the smallest int32 to 0
-                wide = jnp.broadcast_to(candidate, (ROWS, step))
-
-                def term(start, width):
-                    bound = wide if width == step else candidate
-                    above = chunk(keys_ref, start, width) >= bound
-                    if weighted:
-                        return jnp.where(above, chunk(weights_ref, start, width), 0.0)
-                    return above.astype(jnp.int32)
-
-                if weighted:
-                    reached = total(term) >= goal
-                else:
-                    reached = total(term, 0, jnp.add, jnp.int32) >= goal
-                prefix = jnp.where(reached, candidate, prefix)
-                return prefix, jax.lax.shift_right_logical(value, 1)
-
-            start = jnp.full((ROWS, 1), _INT_MIN, jnp.int32)
-            value = jnp.full((ROWS, 1), _INT_MIN, jnp.int32)  # the top bit
-            return jax.lax.fori_loop(0, 32, bit, (start, value))[0]
-
-        def normaliser(threshold):
-            def term(start, width):
-                x = chunk(x_ref, start, width)
-                terms = jnp.exp(x / divisor - shift)
-                return (
-                    terms if threshold is None else jnp.where(x < threshold, 0.0, terms)
-                )
-
-            return jnp.log(total(term))
-
-        param = param_ref[...]
-        divisor = param[:, 0:1]
-        largest = total(lambda s, w: chunk(x_ref, s, w), -jnp.inf, jnp.maximum)
-        shift = _shift(largest / divisor)
-        column = 1
-        threshold, log_sum = None, None
-
-        def store_keys(start, width):
-            keys_ref[:, pl.ds(start, width)] = _keys(chunk(x_ref, start, width))
-
-        if has_k or has_p:
-            each(store_keys)
-        if has_k:
-            k = param[:, column : column + 1]
-            column += 1
-            goal = jnp.maximum(k, 1.0).astype(jnp.int32)
-            kth = _values(search(goal, weighted=False))
-            threshold = jnp.where(k > 0, kth, -jnp.inf)
-            log_sum = normaliser(threshold)
-        if has_p:
-            top_p = param[:, column : column + 1]
-            column += 1
-            if log_sum is None:
-                log_sum = normaliser(threshold)
-
-            def store_weights(start, width):
-                x = chunk(x_ref, start, width)
-                w = jnp.exp((x / divisor - shift) - log_sum)
-                if threshold is not None:
-                    w = jnp.where(x < threshold, 0.0, w)
-                weights_ref[:, pl.ds(start, width)] = w
-
-            each(store_weights)
-            key = search(top_p, weighted=True)
-
-            def kept(start, width):
-                above = chunk(keys_ref, start, width) >= key
-                return jnp.where(above, chunk(weights_ref, start, width), 0.0)
-
-            mass = total(kept)
-            # Where the row's mass does not reach top_p, every token is kept.
-            cutoff = jnp.where(key == _INT_MIN, -jnp.inf, _values(key))
-            cutoff = jnp.where(top_p < 1, cutoff, -jnp.inf)
-            threshold = cutoff if threshold is None else jnp.maximum(threshold, cutoff)
-            log_sum = log_sum + jnp.log(jnp.where(top_p < 1, mass, 1.0))
-        if has_min_p:
-            log_min_p = param[:, column : column + 1]
-            bound = largest + divisor * log_min_p
-            threshold = bound if threshold is None else jnp.maximum(threshold, bound)
-            log_sum = None
-        if log_sum is None:
-            log_sum = normaliser(threshold)
-        if threshold is None:
-            threshold = jnp.full((ROWS, 1), -jnp.inf, jnp.float32)
-        out = jnp.concatenate([threshold, shift, log_sum, largest], axis=1)
+        found = block_cutoffs(
+            x_ref,
+            param_ref[...],
+            keys_ref,
+            weights_ref,
+            warps=(has_k, has_p, has_min_p),
+        )
+        out = jnp.concatenate(found, axis=1)
         out_ref[...] = jnp.pad(out, ((0, 0), (0, LANES - 4)))
 
     block = ROWS * vocab * 4

@@ -231,6 +231,35 @@ class AbstractRatioTest(eqx.Module):
         """
 
     @capability
+    def normalise_pass(
+        self,
+        draft_tokens: Int[Array, "B G"],
+        draft_rows,
+        target_rows,
+        accept_uniforms: Float[Array, "B G"],
+        context: RowContext = ONE_DEVICE,
+        *,
+        kernel: bool = False,
+    ) -> tuple | None:
+        """Capability, for a `causal` test reading the draft tokens' values alone, on
+        warped rows: the batch's rows normalised before they are verified, only up to
+        each sequence's first position where the test fails (the rows after it stay
+        unread, every log-probability `-inf`). A backend calls it only when the
+        verifier's counter and sampler fit the test (a counter up to the first
+        failure), so that the rows left unread never change the outputs.
+
+        **Arguments:** `draft_tokens` `(B, G)`; `draft_rows` (`(B, G, V)`, or `None`
+        for one-hot drafts) and `target_rows` (`(B, G + 1, V)`) as the rows are given
+        (warped rows, `eqx_specdec._warps.warp.WarpedRows`, or arrays);
+        `accept_uniforms` `(B, G)`; `context`; `kernel`: in the backend's kernel form
+        where there is one (a Pallas kernel, on the TPU).
+
+        **Returns:** `None` where the backend normalises every row itself, else
+        `(draft_rows, target_rows)` normalised
+        (`eqx_specdec._warps.warp.NormalisedRows`; `None` for one-hot drafts).
+        """
+
+    @capability
     def quadrature_breakpoints(self, draft_probs, target_probs) -> dict:
         """Capability for exact quadrature
         ([`eqx_specdec.evaluation.emission_by_quadrature`][], [`eqx_specdec.evaluation.evaluate_verifier`][]):

@@ -6,6 +6,8 @@ standard and lenient tests as such rules."""
 import abc
 from typing import ClassVar, Literal
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from beartype import beartype
@@ -17,7 +19,9 @@ from .._custom_types import (
     DraftTokensRow,
     TargetProbsRow,
 )
+from .._kernels import leading_cutoffs
 from .._misc import check_hyperparameter
+from .._platform import on_tpu
 from .acceptance import accepted_mass, passes, threshold, Values
 from .ratio_test import AbstractRatioTest
 from .row_context import ONE_DEVICE, RowContext
@@ -131,6 +135,41 @@ class AbstractThresholdRule(AbstractRatioTest):
         over = self.accepted(target, draft) - target
         tolerance = 16 * jnp.finfo(target.dtype).eps * jnp.maximum(target, 1e-30)
         return jnp.any(over > tolerance, axis=-1)
+
+    def normalise_pass(
+        self,
+        draft_tokens,
+        draft_rows,
+        target_rows,
+        accept_uniforms,
+        context=ONE_DEVICE,
+        *,
+        kernel=False,
+    ):
+        """With `kernel`, where it fits (warped float32 logits without greedy rows,
+        over the whole vocabulary, a rule holding no array), by the Pallas kernel that
+        reads each sequence's rows one position after another, decides the rule there
+        from its `acceptance`, and reads no row after the first failure."""
+        if (
+            not kernel
+            or context.shard is not None
+            or not context.log_space
+            or jax.tree.leaves(eqx.filter(self, eqx.is_array))
+            or not leading_cutoffs.fits(draft_rows, target_rows)
+        ):
+            return None
+
+        def acceptance(log_p, log_q):
+            return self.acceptance(log_p, log_q, context)
+
+        return leading_cutoffs.normalised_until_failure(
+            draft_tokens,
+            draft_rows,
+            target_rows,
+            accept_uniforms,
+            acceptance,
+            interpret=not on_tpu(),
+        )
 
     def pass_probabilities(self, draft_law, target_probs):
         t = self.acceptance(target_probs, draft_law, ONE_DEVICE)
