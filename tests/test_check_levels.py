@@ -277,3 +277,100 @@ def test_logits_and_tree_entry_points_take_the_levels():
             tree_accept(x, parents, draft, bad, u, s, check_inputs=level)
     out = tree_accept(x, parents, draft, bad, u, s, check_inputs="off")
     assert out["tokens"].shape == (B, G + 1)
+
+
+# Warped logits: the default level checks the rows the verification read (target rows
+# 0 to n, draft rows 0 to n), through the maxima the warp found there, on every
+# backend: the row-by-row early exit, `vmap`, and the TPU's kernel (interpreted here;
+# 256 entries fill whole 128-lane tiles).
+LOGIT_V = 256
+
+
+def _logit_case(seed):
+    x, q, p, u, s = random_case(seed, B, G, LOGIT_V)
+    return [np.array(a) for a in (x, np.log(q), np.log(p), u, s)]
+
+
+def _verify_logits(batching, x, q, p, u, s, level):
+    return es.verify(
+        es.Logits(p, es.Warp(temperature=0.9)),
+        es.Draft(x, es.Logits(q, es.Warp(temperature=0.9))),
+        es.Uniforms(u, s),
+        verifier=es.Verifier(batching=batching),
+        check_inputs=level,
+    )
+
+
+@pytest.mark.parametrize("batching", ["map", "vmap", "pallas"])
+def test_default_level_checks_the_logit_rows_read(batching):
+    """Corrupt random logits (NaN, +inf, or a whole row -inf): either the default
+    level reports it, naming the argument, or the outputs (checks off) are those of
+    the clean inputs and the complete level reports it; a corruption of a row read is
+    always reported."""
+    rng = np.random.default_rng(3)
+    x, q, p, u, s = _logit_case(3)
+    clean = _verify_logits(batching, x, q, p, u, s, "off")
+    n = np.asarray(clean.num_accepted)
+    assert n.min() < G  # rows after a first failure, never read
+    reported = unreported = 0
+    for trial in range(12):
+        q2, p2 = q.copy(), p.copy()
+        target = trial % 2 == 0
+        array, name = (p2, "target_logits") if target else (q2, "draft_logits")
+        b, i = int(rng.integers(B)), int(rng.integers(array.shape[1]))
+        if trial % 3 == 2:
+            array[b, i] = -np.inf
+            message = (
+                f"`{name}` has a distribution whose logits are all -inf in row {b}"
+            )
+        else:
+            array[b, i, rng.integers(LOGIT_V)] = rng.choice([np.nan, np.inf])
+            message = f"`{name}` holds a NaN or \\+inf logit in row {b}"
+        if i <= n[b]:  # a row the verification read
+            with pytest.raises(RuntimeError, match=message):
+                _verify_logits(batching, x, q2, p2, u, s, "read")
+            reported += 1
+            continue
+        out = _verify_logits(batching, x, q2, p2, u, s, "read")
+        unreported += 1
+        np.testing.assert_array_equal(out.num_accepted, clean.num_accepted)
+        np.testing.assert_array_equal(out.tokens, clean.tokens)
+        with pytest.raises(RuntimeError, match=message):
+            _verify_logits(batching, x, q2, p2, u, s, "all")
+    assert reported and unreported  # both cases exercised
+
+
+@pytest.mark.parametrize("batching", ["map", "vmap", "pallas"])
+@pytest.mark.parametrize(
+    "warp",
+    [es.Warp(top_k=5), es.Warp(top_k=jnp.asarray(5)), es.Warp(top_p=0.8)]
+    + [es.Warp(min_p=0.1)],
+    ids=str,
+)
+def test_every_warp_s_normalisers_report_a_bad_logit_in_a_row_read(warp, batching):
+    x, q, p, u, s = _logit_case(3)
+    corruptions = [
+        ("target_logits", 1, np.nan, "holds a NaN or \\+inf logit in row 1"),
+        ("target_logits", 1, np.inf, "holds a NaN or \\+inf logit in row 1"),
+        (
+            "target_logits",
+            2,
+            None,
+            "has a distribution whose logits are all -inf in row 2",
+        ),
+        ("draft_logits", 2, np.nan, "holds a NaN or \\+inf logit in row 2"),
+    ]
+    for name, b, value, message in corruptions:
+        q2, p2 = q.copy(), p.copy()
+        array = p2 if name == "target_logits" else q2
+        if value is None:
+            array[b, 0] = -np.inf
+        else:
+            array[b, 0, 17] = value  # row 0: read by every verification
+        with pytest.raises(RuntimeError, match=f"`{name}` {message}"):
+            es.verify(
+                es.Logits(p2, warp),
+                es.Draft(x, es.Logits(q2, warp)),
+                es.Uniforms(u, s),
+                verifier=es.Verifier(batching=batching),
+            )

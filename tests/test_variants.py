@@ -325,7 +325,7 @@ def test_one_verifier_serves_probabilities_and_logits():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda t: t.at[1, 2, 3].set(jnp.nan), "`target_logits` holds a NaN or +inf logit in row 1 (the first such row)"),
+        (lambda t: t.at[1, 0, 3].set(jnp.nan), "`target_logits` holds a NaN or +inf logit in row 1 (the first such row)"),
         (lambda t: t.at[0, 1].set(-jnp.inf), "`target_logits` has a distribution whose logits are all -inf in row 0 (the first such row)"),
     ],
 )  # fmt: skip

@@ -94,3 +94,20 @@ def stops_at_failure(verifier) -> bool:
         and test.reads == "draft tokens"
         and verifier.prefix_counter.counts == "first failure"
     )
+
+
+def row_normalisers(arrays) -> tuple | None:
+    """One row's `(target, draft)` log-normalisers `(G + 1,)` and `(G,)` (or `None` for
+    one-hot drafts), as the warp found them, from its verification arrays `(tokens,
+    draft, target, ...)` where both are normalised warped rows; else `None`. A row's is
+    NaN where one of its logits is NaN, $+\\infty$ where one is $+\\infty$ (or where
+    the row was never read), $-\\infty$ where every logit is $-\\infty$, and finite
+    otherwise: what the default checks read of the rows the verification read."""
+    draft, target = arrays[1], arrays[2]
+
+    def of(rows):
+        return rows.log_sum[..., 0] if isinstance(rows, NormalisedRows) else None
+
+    if of(target) is None or (draft is not None and of(draft) is None):
+        return None
+    return of(target), None if draft is None else of(draft)

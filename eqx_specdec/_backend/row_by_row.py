@@ -10,10 +10,11 @@ import jax.numpy as jnp
 
 from .._stages.row_context import RowContext
 from .._stages.row_fields import with_row_values
-from .._warps.warp import as_log_probs, NormalisedRows, WarpedRows
+from .._warps.warp import as_log_probs, as_normalised, NormalisedRows, WarpedRows
 from .abstract_row_mapping import (
     AbstractRowMapping,
     draft_token_values,
+    row_normalisers,
     stops_at_failure,
     with_test,
 )
@@ -39,6 +40,11 @@ class RowByRow(AbstractRowMapping):
             test = with_row_values(verifier.ratio_test, row_values)
             one = with_test(verifier, row_values, test)
             more = {} if taken is None else dict(taken=taken)
+            # The normalisers the warp finds (the rows' own normalisation finds them
+            # again, and XLA shares the two); unread in an unchecked verification.
+            normalisers = row_normalisers(tuple(as_normalised(a) for a in arrays))
+            if verification and normalisers is not None:
+                more["normalisers"] = normalisers
             if not verification or not any(
                 isinstance(a, NormalisedRows) for a in arrays[1:3]
             ):

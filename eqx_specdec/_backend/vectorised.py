@@ -13,6 +13,7 @@ from .._warps.warp import as_log_probs, as_normalised
 from .abstract_row_mapping import (
     AbstractRowMapping,
     draft_token_values,
+    row_normalisers,
     stops_at_failure,
     with_test,
 )
@@ -72,6 +73,8 @@ class Vectorised(AbstractRowMapping):
 
         def one(row_values, arrays, **more):
             test = with_row_values(verifier.ratio_test, row_values)
+            if verification is not None and row_normalisers(arrays) is not None:
+                more["normalisers"] = row_normalisers(arrays)
             return row(
                 with_test(verifier, row_values, test),
                 *(as_log_probs(a) for a in arrays),

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from equinox import AbstractVar
 from jaxtyping import Array, Bool, Float, Int
 
+from .._backend.abstract_row_mapping import stops_at_failure
 from .._custom_types import (
     AcceptUniforms,
     DraftProbs,
@@ -44,13 +45,16 @@ class RowReport(NamedTuple):
     the verifier does not expose them), and with value checks in the rows, the
     [`eqx_specdec.RowSums`][] of rows n and the gathered
     $p_i(x_i)$, $q_i(x_i)$; for a threshold rule that declares itself exact without
-    proof, whether it accepted more than the target holds on row n (`excess`)."""
+    proof, whether it accepted more than the target holds on row n (`excess`); on warped
+    logits, the log-normalisers of the target's and the draft's rows the verification
+    read (`normalisers`, 0 for a row whose logits cannot change the outputs)."""
 
     residual_scale: Float[Array, "*B G"] | None = None
     correction: Int[Array, "*B"] | None = None
     sums: RowSums | None = None
     gathered: tuple | None = None
     excess: Bool[Array, "*B"] | None = None
+    normalisers: tuple | None = None
 
 
 def malformed_tokens(tokens, num_accepted, vocab: int):
@@ -306,6 +310,7 @@ def verify_row(
     decided=None,
     rows_n=None,
     argmaxes=None,
+    normalisers=None,
 ):
     """Runs the four stages on one row, checking at trace time what each returns; the
     ratio test and sampler get `context` (the rows' space, and the vocabulary shard
@@ -319,6 +324,10 @@ def verify_row(
     `decided`: `(verdict, n)`, this row's from `decide_row`, run before with the
     batch's; `rows_n`: this row's part of the sampler's `rows_n_pass` over the batch
     (`RowsN`), which the sampler reads through `context.rows_n`.
+
+    `normalisers`: `(target, draft)`, the log-normalisers `(G + 1,)` and `(G,)` (or
+    `None`) of this row's warped logits, as the warp found them
+    (`row_normalisers`), which the report keeps for the rows the verification read.
 
     `sampled`: `(draft_probs, target_probs)` for the sampler (and the sums of rows n)
     to read instead of the test's: the same values, computed apart, where they are
@@ -372,7 +381,25 @@ def verify_row(
     rule = verdict.rule
     if rule is not None and rule.exact and not rule.proven:
         excess = _excess(rule, n, draft_tokens, draft_probs, target_probs, context)
-    return outputs, RowReport(verdict.residual_scale, y, sums, gathered, excess)
+    if normalisers is not None:
+        normalisers = _of_rows_read(verifier, n, normalisers)
+    report = RowReport(verdict.residual_scale, y, sums, gathered, excess, normalisers)
+    return outputs, report
+
+
+def _of_rows_read(verifier, n, normalisers):
+    """`normalisers` `(target, draft)` of the rows the verification read: rows 0 to n
+    where nothing after the first failure changes the outputs (`stops_at_failure`),
+    every row otherwise; 0 (nothing to report) for the others."""
+    if not stops_at_failure(verifier):
+        return normalisers
+
+    def read(rows):
+        position = jnp.arange(rows.shape[0], dtype=jnp.int32)
+        return jnp.where(position <= n, rows, jnp.zeros_like(rows))
+
+    target, draft = normalisers
+    return read(target), None if draft is None else read(draft)
 
 
 def decide_row(

@@ -99,13 +99,17 @@ class PreparedInputs(eqx.Module):
         more_inputs: tuple = (),
         *,
         argmax_only: bool = False,
+        rows_read: bool = False,
     ) -> list:
         """The run-time problems, in the order they are reported: the inputs (whole
         arrays, or the values the stages read when the report has them; then
         `more_inputs`, the caller's own input problems), then the stages' outputs (an
         invalid input explains a stage's odd output, never the reverse). Batched
         operations on per-row values, after the row loop. `argmax_only`: the rows
-        are checked through the sampler's token alone (`argmax_in_rows`)."""
+        are checked through the sampler's token alone (`argmax_in_rows`); `rows_read`:
+        warped logits are checked in the rows the verification read alone, through
+        their log-normalisers as the warp found them (`RowReport.normalisers`), where
+        the report has them."""
         names = self.names
         vocab = self.target.shape[-1]
         problems = token_problems(self.draft_tokens, vocab, names.draft_tokens)
@@ -119,7 +123,10 @@ class PreparedInputs(eqx.Module):
                 if index == 0:
                     problems += _argmax_problems(name, report, self.log_space)
                 continue
-            if self.log_space:
+            if self.log_space and rows_read and report.normalisers is not None:
+                normalisers = report.normalisers[0 if index == 0 else 1]
+                problems += logit_problems(name, normalisers=normalisers)
+            elif self.log_space:
                 problems += logit_problems(name, array)
             elif report.sums is not None:
                 problems += _read_problems(name, array.dtype, report, index, outputs)

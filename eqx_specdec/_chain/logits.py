@@ -183,8 +183,22 @@ def logits_step(
             history, vocab, "history", valid=jnp.asarray(history) >= 0
         )
     argmax_only = inputs.argmax_in_rows(verifier, level)
+    # At the default level, the logits of the rows the verification read, through the
+    # normalisers the warp found there (no pass of its own over the rows), where the
+    # rows the warp read are the logits as given: no mask, no logit bias.
+    rows_read = (
+        level == "read"
+        and allowed is None
+        and target_warp.logit_bias is None
+        and draft_warp.logit_bias is None
+    )
     problems = inputs.problems(
-        verifier, outputs, report, tuple(more), argmax_only=argmax_only
+        verifier,
+        outputs,
+        report,
+        tuple(more),
+        argmax_only=argmax_only,
+        rows_read=rows_read,
     )
     if allowed is not None:
         problems = mask_problems(mask, target_log_probs, log_space=True) + problems

@@ -238,10 +238,13 @@ def verify(
         position $i$ (a tree's context) the history is this and the draft tokens
         before it: each position is penalised as its true prefix says.
     - `check_inputs`: the run-time check level, `"read"` (the default), `"all"` or
-        `"off"`, as for [`eqx_specdec.speculative_accept`][]. On logits, and for
-        trees, both `"read"` and `"all"` check every row (the warp, and the walk,
-        read them all): no NaN or $+\\infty$ logit, no distribution with every logit
-        $-\\infty$, warp parameters in range.
+        `"off"`, as for [`eqx_specdec.speculative_accept`][]. On logits: no NaN or
+        $+\\infty$ logit, no distribution with every logit $-\\infty$, warp
+        parameters in range; `"read"` checks the rows the verification read (rows 0
+        to n where the test reads the draft tokens' values and the counter stops at
+        the first failure; every row with a mask or a logit bias), through the
+        normalisers the warp found there, and `"all"` every row. For trees both levels
+        check every row (the walk reads them all).
     - `throw`: `True` (the default) to raise the first problem found, inside the
         program (see **Raises**); `False` to return it instead, in
         `Verification.result` (an [`eqx_specdec.RESULTS`][] member) and

@@ -116,11 +116,16 @@ def _per_row(flags):
     return jnp.any(flags, axis=tuple(range(1, flags.ndim))) if flags.ndim > 1 else flags
 
 
-def logit_problems(name, logits):
+def logit_problems(name, logits=None, *, normalisers=None):
     """Per-row flags (B,) for a logit array: NaN or +inf anywhere, or a distribution
     with no finite logit (every token masked). One reduction: the maximum (the warp
-    computes the same one)."""
-    highest = jnp.max(logits, axis=-1).astype(compute_dtype(logits.dtype))
+    computes the same one); or, from `normalisers`, the rows' log-normalisers
+    `(B, ...)` as the warp found them (0 for a row the checks skip), which are NaN,
+    +inf and -inf exactly where the maximum is."""
+    if normalisers is not None:
+        highest = normalisers
+    else:
+        highest = jnp.max(logits, axis=-1).astype(compute_dtype(logits.dtype))
     bad = jnp.isnan(highest) | (highest == jnp.inf)
     empty = highest == -jnp.inf
     return [

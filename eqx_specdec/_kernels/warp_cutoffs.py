@@ -95,11 +95,11 @@ def block_cutoffs(x_ref, param, keys_ref, weights_ref, *, warps):
 
         acc = jnp.full((ROWS, step), init, dtype)
         acc = jax.lax.fori_loop(0, steps, body, acc, unroll=min(_UNROLL, steps))
-        found = reduce(acc, axis=1, keepdims=True)
+        # In the accumulator's dtype (a sum of int32 is int64 with 64-bit JAX).
+        found = reduce(acc, axis=1, keepdims=True).astype(dtype)
         if tail:
-            found = combine(
-                found, reduce(term(steps * step, tail), axis=1, keepdims=True)
-            )
+            last = reduce(term(steps * step, tail), axis=1, keepdims=True)
+            found = combine(found, last.astype(dtype))
         return found
 
     def chunk(ref, start, width):
@@ -126,7 +126,7 @@ def block_cutoffs(x_ref, param, keys_ref, weights_ref, *, warps):
             else:
                 reached = total(term, 0, jnp.add, jnp.int32) >= goal
             prefix = jnp.where(reached, candidate, prefix)
-            return prefix, jax.lax.shift_right_logical(value, 1)
+            return prefix, jax.lax.shift_right_logical(value, jnp.int32(1))
 
         start = jnp.full((ROWS, 1), _INT_MIN, jnp.int32)
         value = jnp.full((ROWS, 1), _INT_MIN, jnp.int32)  # the top bit
@@ -183,7 +183,9 @@ def block_cutoffs(x_ref, param, keys_ref, weights_ref, *, warps):
         cutoff = jnp.where(key == _INT_MIN, -jnp.inf, _values(key))
         cutoff = jnp.where(top_p < 1, cutoff, -jnp.inf)
         threshold = cutoff if threshold is None else jnp.maximum(threshold, cutoff)
-        log_sum = log_sum + jnp.log(jnp.where(top_p < 1, mass, 1.0))
+        # A row without mass keeps its -inf normaliser, as the warp's own path does.
+        renormalised = log_sum + jnp.log(jnp.where(top_p < 1, mass, 1.0))
+        log_sum = jnp.where(log_sum == -jnp.inf, log_sum, renormalised)
     if has_min_p:
         log_min_p = param[:, column : column + 1]
         bound = largest + divisor * log_min_p

@@ -475,7 +475,12 @@ def _warp_rows(
         threshold = removing(jnp.where(top_p < 1, cutoff, -jnp.inf))
         # Renormalised by the mass kept: no second pass of exponentials.
         mass = jnp.where(top_p < 1, mass, 1)
-        normaliser = (shift, log_sum + jnp.log(mass))
+        # A row without mass (every logit -inf) keeps its -inf normaliser, which the
+        # default checks read as such.
+        normaliser = (
+            shift,
+            jnp.where(log_sum == -jnp.inf, log_sum, log_sum + jnp.log(mass)),
+        )
     if "min_p" in params:
         min_p = params["min_p"].astype(x.dtype)
         # p(v) < min_p max p  <=>  x(v) / T < log(min_p) + max x / T
