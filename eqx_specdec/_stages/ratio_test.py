@@ -250,13 +250,13 @@ class AbstractRatioTest(eqx.Module):
 
         **Arguments:** `draft_tokens` `(B, G)`; `draft_rows` (`(B, G, V)`, or `None`
         for one-hot drafts) and `target_rows` (`(B, G + 1, V)`) as the rows are given
-        (warped rows, `eqx_specdec._warps.warp.WarpedRows`, or arrays);
-        `accept_uniforms` `(B, G)`; `context`; `kernel`: in the backend's kernel form
-        where there is one (a Pallas kernel, on the TPU).
+        (warped rows, as `Warp.rows` returns them, or arrays); `accept_uniforms`
+        `(B, G)`; `context`; `kernel`: in the backend's kernel form where there is one
+        (a Pallas kernel, on the TPU).
 
         **Returns:** `None` where the backend normalises every row itself, else
-        `(draft_rows, target_rows)` normalised
-        (`eqx_specdec._warps.warp.NormalisedRows`; `None` for one-hot drafts).
+        `(draft_rows, target_rows)` with their cut-offs and normalisers found (`None`
+        for one-hot drafts).
         """
 
     @capability
