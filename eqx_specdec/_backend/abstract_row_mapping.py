@@ -19,12 +19,15 @@ class RowVerification(NamedTuple):
     `decide(verifier, tokens, draft, target, accept)` runs its first phase alone (the
     ratio test and counter: `(verdict, n)`), which `row` then takes as
     `decided=`; `stages_fit`: whether the verifier's counter and sampler fit its ratio
-    test (what a test's batch pass, such as `argmax_pass`, assumes)."""
+    test (what a test's batch pass, such as `argmax_pass`, assumes); `checked`: whether
+    `row` reports for the run-time checks (and takes `normalisers=`, from
+    `row_normalisers`)."""
 
     context: RowContext
     values: bool
     decide: Callable
     stages_fit: bool = False
+    checked: bool = False
 
 
 class AbstractRowMapping(eqx.Module):

@@ -40,11 +40,12 @@ class RowByRow(AbstractRowMapping):
             test = with_row_values(verifier.ratio_test, row_values)
             one = with_test(verifier, row_values, test)
             more = {} if taken is None else dict(taken=taken)
-            # The normalisers the warp finds (the rows' own normalisation finds them
-            # again, and XLA shares the two); unread in an unchecked verification.
-            normalisers = row_normalisers(tuple(as_normalised(a) for a in arrays))
-            if verification and normalisers is not None:
-                more["normalisers"] = normalisers
+            if verification and verification.checked:
+                # The normalisers the warp finds (the rows' own normalisation finds
+                # them again, and XLA shares the two).
+                normalisers = row_normalisers(tuple(as_normalised(a) for a in arrays))
+                if normalisers is not None:
+                    more["normalisers"] = normalisers
             if not verification or not any(
                 isinstance(a, NormalisedRows) for a in arrays[1:3]
             ):

@@ -73,8 +73,9 @@ class Vectorised(AbstractRowMapping):
 
         def one(row_values, arrays, **more):
             test = with_row_values(verifier.ratio_test, row_values)
-            if verification is not None and row_normalisers(arrays) is not None:
-                more["normalisers"] = row_normalisers(arrays)
+            normalisers = row_normalisers(arrays)
+            if verification and verification.checked and normalisers is not None:
+                more["normalisers"] = normalisers
             return row(
                 with_test(verifier, row_values, test),
                 *(as_log_probs(a) for a in arrays),

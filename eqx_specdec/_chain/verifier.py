@@ -220,7 +220,7 @@ class Verifier(AbstractVerifier):
         """
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
         verification = _verification(
-            self, RowContext(log_space=log_space), values=False
+            self, RowContext(log_space=log_space), values=False, checked=False
         )
         row = functools.partial(verify_row, context=verification.context)
         return self._map(row, inputs + (sample_uniforms,), verification)
@@ -240,7 +240,9 @@ class Verifier(AbstractVerifier):
         checked inside its row, and rows n of `p` and `q` summarised where the sampler
         reads them."""
         inputs = (draft_tokens, draft_probs, target_probs, accept_uniforms)
-        verification = _verification(self, RowContext(log_space=log_space), values)
+        verification = _verification(
+            self, RowContext(log_space=log_space), values, checked=True
+        )
         row = functools.partial(
             verify_row, context=verification.context, report=True, values=values
         )
@@ -314,7 +316,7 @@ class Verifier(AbstractVerifier):
 
 
 def _verification(
-    verifier: AbstractVerifier, context: RowContext, values: bool
+    verifier: AbstractVerifier, context: RowContext, values: bool, checked: bool
 ) -> RowVerification:
     """What a mapping is told of `verifier`'s verification of rows: see
     `RowVerification`."""
@@ -322,7 +324,7 @@ def _verification(
     fit = not stage_mismatches(
         verifier.ratio_test, verifier.prefix_counter, verifier.residual_sampler
     )
-    return RowVerification(context, values, decide, fit)
+    return RowVerification(context, values, decide, fit, checked)
 
 
 def _class_stage(ratio_test: AbstractRatioTest, name: str, role: str):

@@ -8,14 +8,13 @@ $G + 1$; at the acceptance rates of real drafts (a mean $n$ well under $G / 2$) 
 those bytes are never needed. Off the TPU it runs in Pallas's interpret mode (slow; for
 tests)."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .._misc import given_as_arrays
+from .positions import each_position
 from .tiles import LANES as _LANES, lanes_per_step, ROWS as _ROWS
 
 
@@ -79,62 +78,26 @@ def leading_argmax(draft_tokens, target_probs, *, log_space: bool, interpret: bo
     tokens = jnp.pad(draft_tokens.astype(jnp.int32), ((0, padded - batch), (0, 0)))
 
     def kernel(tokens_ref, p_hbm, best_out, buf, sem, alive_vmem):
-        group = pl.program_id(0)
-        slot = group % 2
-
-        def copy(g, j, i, slot):
+        def copies(g, j, i, slot):
             b = jnp.minimum(g * _ROWS + j, batch - 1)
-            return pltpu.make_async_copy(
-                p_hbm.at[b, pl.ds(i, 1), :], buf.at[slot, pl.ds(j, 1), :], sem.at[slot]
-            )
+            return [
+                pltpu.make_async_copy(
+                    p_hbm.at[b, pl.ds(i, 1), :],
+                    buf.at[slot, pl.ds(j, 1), :],
+                    sem.at[slot],
+                )
+            ]
 
-        # Row 0 of every sequence is read: the next group's arrives while this group's
-        # rows are examined (two slots).
-        @pl.when(group == 0)
-        def _():
-            for j in range(_ROWS):
-                copy(group, j, 0, 0).start()
-
-        @pl.when(group + 1 < groups)
-        def _():
-            for j in range(_ROWS):
-                copy(group + 1, j, 0, 1 - slot).start()
-
-        for j in range(_ROWS):
-            copy(group, j, 0, slot).wait()
-
-        def flags():  # the alive sequences, as eight scalars the copies branch on
-            # (Copying the flags to SMEM by DMA instead measured 5% to 25% slower.)
-            alive = alive_vmem[...]
-            return [alive[j, 0] > 0 for j in range(_ROWS)]
+        def examine(i, slot, alive):
+            best = _first_argmax(buf.at[slot], vocab, log_space)
+            here = jax.lax.broadcasted_iota(jnp.int32, (_ROWS, rows), 1) == i
+            best_out[...] = jnp.where(here & alive, best, best_out[...])
+            if i == gamma:
+                return None
+            return alive & (best == tokens_ref[:, pl.ds(i, 1)])
 
         best_out[...] = jnp.full((_ROWS, rows), vocab, jnp.int32)
-        alive_vmem[...] = jnp.ones((_ROWS, _LANES), jnp.int32)
-        for i in range(rows):
-
-            def position(i=i, reading=None):
-                if reading is not None:
-                    for j in range(_ROWS):
-                        pl.when(reading[j])(lambda j=j: copy(group, j, i, slot).start())
-                    for j in range(_ROWS):
-                        pl.when(reading[j])(lambda j=j: copy(group, j, i, slot).wait())
-                best = _first_argmax(buf.at[slot], vocab, log_space)
-                alive = alive_vmem[:, :1] > 0
-                here = jax.lax.broadcasted_iota(jnp.int32, (_ROWS, rows), 1) == i
-                best_out[...] = jnp.where(here & alive, best, best_out[...])
-                if i < gamma:
-                    alive = alive & (best == tokens_ref[:, pl.ds(i, 1)])
-                    alive_vmem[...] = jnp.broadcast_to(
-                        alive.astype(jnp.int32), (_ROWS, _LANES)
-                    )
-
-            if i == 0:
-                position()
-            else:
-                reading = flags()
-                pl.when(functools.reduce(jnp.logical_or, reading))(
-                    functools.partial(position, reading=reading)
-                )
+        each_position(rows, groups, copies, examine, alive_vmem)
 
     in_specs = [
         pl.BlockSpec((_ROWS, gamma), lambda g: (g, 0)),

@@ -18,14 +18,13 @@ kernel reads a row on while the rule passes up to a margin far above any roundin
 difference between the two, so it reads every row XLA's verdicts need (and at most one
 more)."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .._warps.warp import NormalisedRows, WarpedRows
+from .positions import each_position
 from .tiles import LANES, ROWS
 from .warp_cutoffs import block_cutoffs
 
@@ -123,20 +122,19 @@ def normalised_until_failure(
     searching = any(t_warps[:2]) or (d_warps is not None and any(d_warps[:2]))
 
     def kernel(*refs):
-        refs = list(refs)
-        t_tok, log_u_ref, t_par = refs[:3]
-        d_tok, d_par = refs[3:5] if draft is not None else (None, None)
-        refs = refs[len(small) :]
-        t_hbm, d_hbm = (refs[0], refs[1]) if draft is not None else (refs[0], None)
-        refs = refs[len(big) :]
-        t_out, d_out = (refs[0], refs[1]) if draft is not None else (refs[0], None)
-        refs = refs[1 + (draft is not None) :]
-        t_buf, d_buf = (refs[0], refs[1]) if draft is not None else (refs[0], None)
-        refs = refs[1 + (draft is not None) :]
-        keys, weights = (refs[0], refs[1]) if searching else (None, None)
-        sem, alive_vmem = refs[-2:]
-        group = pl.program_id(0)
-        slot = group % 2
+        refs = iter(refs)  # in `pallas_call`'s order, the draft's where it is given
+
+        def take(given=True):
+            return next(refs) if given else None
+
+        drafted = draft is not None
+        t_tok, log_u_ref, t_par = take(), take(), take()
+        d_tok, d_par = take(drafted), take(drafted)
+        t_hbm, d_hbm = take(), take(drafted)
+        t_out, d_out = take(), take(drafted)
+        t_buf, d_buf = take(), take(drafted)
+        keys, weights = take(searching), take(searching)
+        sem, alive_vmem = take(), take()
 
         def copies(g, j, i, slot):
             b = jnp.minimum(g * ROWS + j, batch - 1)
@@ -157,38 +155,15 @@ def normalised_until_failure(
                 )
             return out
 
-        # Row 0 of every sequence is read: the next group's arrives while this group's
-        # rows are examined (two slots).
-        @pl.when(group == 0)
-        def _():
-            for j in range(ROWS):
-                for c in copies(group, j, 0, 0):
-                    c.start()
-
-        @pl.when(group + 1 < groups)
-        def _():
-            for j in range(ROWS):
-                for c in copies(group + 1, j, 0, 1 - slot):
-                    c.start()
-
-        for j in range(ROWS):
-            for c in copies(group, j, 0, slot):
-                c.wait()
-
         for out, width in ((t_out, rows), (d_out, gamma)):
             if out is not None:
                 out[...] = jnp.concatenate(
                     [jnp.full((ROWS, width), v, jnp.float32) for v in _UNREAD], axis=1
                 )
-        alive_vmem[...] = jnp.ones((ROWS, LANES), jnp.int32)
 
-        def flags():  # the alive sequences, as eight scalars the copies branch on
-            alive = alive_vmem[...]
-            return [alive[j, 0] > 0 for j in range(ROWS)]
-
-        def found_at(buf, par, out, warps, width, i, alive):
-            """Row i's cut-offs, written where the sequence is alive; and row i's
-            log-probability at its draft token, from the raw logit `tok`."""
+        def found_at(buf, par, out, warps, width, i, slot, alive):
+            """Row i's cut-offs and normalisers, written where the sequence is alive;
+            returns those `log_prob` reads."""
             count = 1 + sum(warps)
             param = jnp.concatenate(
                 [par[:, c * width + i : c * width + i + 1] for c in range(count)],
@@ -209,40 +184,21 @@ def normalised_until_failure(
             value = (tok / scale - shift) - log_sum
             return jnp.where(tok < threshold, -jnp.inf, value)
 
-        for i in range(rows):
+        def examine(i, slot, alive):
+            t_found = found_at(t_buf, t_par, t_out, t_warps, rows, i, slot, alive)
+            if i == gamma:
+                return None
+            log_p = log_prob(t_tok[:, i : i + 1], *t_found)
+            log_q = jnp.zeros_like(log_p)
+            if d_buf is not None:
+                d_found = found_at(d_buf, d_par, d_out, d_warps, gamma, i, slot, alive)
+                log_q = log_prob(d_tok[:, i : i + 1], *d_found)
+            ratio = acceptance(log_p, log_q) - log_q
+            margin = _MARGIN_ABSOLUTE + _MARGIN_RELATIVE * jnp.abs(ratio)
+            # NaN (a NaN row; -inf - -inf) fails, as XLA's comparison does.
+            return alive & (log_u_ref[:, i : i + 1] < ratio + margin)
 
-            def position(i=i, reading=None):
-                if reading is not None:
-                    for j in range(ROWS):
-                        for c in copies(group, j, i, slot):
-                            pl.when(reading[j])(c.start)
-                    for j in range(ROWS):
-                        for c in copies(group, j, i, slot):
-                            pl.when(reading[j])(c.wait)
-                alive = alive_vmem[:, :1] > 0
-                t_found = found_at(t_buf, t_par, t_out, t_warps, rows, i, alive)
-                if i == gamma:
-                    return
-                log_p = log_prob(t_tok[:, i : i + 1], *t_found)
-                log_q = jnp.zeros_like(log_p)
-                if d_buf is not None:
-                    d_found = found_at(d_buf, d_par, d_out, d_warps, gamma, i, alive)
-                    log_q = log_prob(d_tok[:, i : i + 1], *d_found)
-                ratio = acceptance(log_p, log_q) - log_q
-                margin = _MARGIN_ABSOLUTE + _MARGIN_RELATIVE * jnp.abs(ratio)
-                # NaN (a NaN row; -inf - -inf) fails, as XLA's comparison does.
-                alive = alive & (log_u_ref[:, i : i + 1] < ratio + margin)
-                alive_vmem[...] = jnp.broadcast_to(
-                    alive.astype(jnp.int32), (ROWS, LANES)
-                )
-
-            if i == 0:
-                position()
-            else:
-                reading = flags()
-                pl.when(functools.reduce(jnp.logical_or, reading))(
-                    functools.partial(position, reading=reading)
-                )
+        each_position(rows, groups, copies, examine, alive_vmem)
 
     def spec(width):
         return pl.BlockSpec((ROWS, width), lambda g: (g, 0))
