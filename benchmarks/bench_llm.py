@@ -2,8 +2,9 @@
 `python benchmarks/bench_llm.py`.
 
 SmolLM2-135M-Instruct (`eqx_specdec.llm.fetch_smollm2`, float32 weights dequantised from
-its GGUF file) answers chat prompts in five categories (summarise, extract, edit code,
-continue, open question), greedily (temperature 0), by
+its GGUF file, or bfloat16 with `--dtype bfloat16`) answers chat prompts in five
+categories (summarise, extract, edit code, continue, open question), greedily
+(temperature 0), by
 
 - **speculative decoding**: a prompt-lookup draft (`eqx_specdec.models.PromptLookupDraft`,
   n-grams of 3 down to 2) proposing each row's chain of G tokens in one call
@@ -147,10 +148,17 @@ def main(argv=None):
         default="propose",
         help="the chain proposed in one call, or drafted one token a call",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the weights' and caches' dtype (bfloat16 as a TPU serves it: with float32 "
+        "weights XLA TPU converts them for every wide call inside the loop)",
+    )
     args = parser.parse_args(argv)
 
     path = fetch_smollm2(quiet=True)
-    model, tokenizer = load_gguf(path)
+    model, tokenizer = load_gguf(path, dtype=jnp.dtype(args.dtype))
     stops = tokenizer.stop_ids
     encoded = {
         c: [tokenizer.encode(tokenizer.chat(p)) for p in CHAT_PROMPTS[c]]
@@ -178,7 +186,7 @@ def main(argv=None):
             args.gamma, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
         )
     print(
-        f"SmolLM2-135M-Instruct, float32, JAX {jax.__version__} on "
+        f"SmolLM2-135M-Instruct, {args.dtype}, JAX {jax.__version__} on "
         f"{jax.default_backend()}; greedy; {described}, drafting "
         f"{args.drafting!r}), "
         f"G = {args.gamma} "

@@ -15,21 +15,23 @@ def on_tpu() -> bool:
     return jax.default_backend() == "tpu"
 
 
-# From this vocabulary up, `batching="auto"` reads rows n of probabilities by the Pallas
-# kernel on a TPU.
-KERNEL_MIN_VOCAB = 65_536
+# From this many entries in the batch's rows n, `batching="auto"` reads rows n of
+# probabilities by the Pallas kernel on a TPU.
+ROWS_N_KERNEL_MIN_ENTRIES = 1 << 20
 
 
-def rows_n_by_kernel(vocab: int, rows_given: bool) -> bool:
+def rows_n_by_kernel(batch: int, vocab: int, rows_given: bool) -> bool:
     """Whether `batching="auto"` reads rows n through the Pallas kernel
     (`eqx_specdec._kernels.rows_n_dma`): on a TPU, for warped logits always, and for
-    probabilities (`rows_given`) of `KERNEL_MIN_VOCAB` entries or more. On a TPU v5e, a
-    step on probabilities at (64, 5, 128256) took 0.39 ms with the kernel against
-    1.79 ms with `vmap`'s gather of rows n; at (256, 8, 32000), 1.16 ms against
-    0.84 ms, where XLA's gather of 32,000-entry rows is fast. On logits at temperature 1
+    probabilities (`rows_given`) from `ROWS_N_KERNEL_MIN_ENTRIES` entries (batch times
+    vocabulary). On a TPU v5e, a step on probabilities at (64, 5, 128256) took 0.36 ms
+    with the kernel against 1.79 ms with `vmap`'s gather of rows n; at
+    (256, 8, 32000), 0.60 ms against 1.07 ms (programs of 10 steps; the kernel lost
+    there, 1.16 against 0.84 ms, until the draw's windows were copied by a kernel too:
+    `row_windows`); at (16, 5, 32000) `vmap` took 0.117 ms. On logits at temperature 1
     the kernel, which evaluates rows n from the logits, took 3.49 ms against 5.67 ms at
     (256, 8, 32000) and 0.159 against 0.188 ms at (16, 5, 32000)."""
-    return on_tpu() and (not rows_given or vocab >= KERNEL_MIN_VOCAB)
+    return on_tpu() and (not rows_given or batch * vocab >= ROWS_N_KERNEL_MIN_ENTRIES)
 
 
 # From this many entries in a batch's rows of one position, `batching="auto"` runs the

@@ -16,6 +16,7 @@ from helpers import random_case
 
 import eqx_specdec as es
 from eqx_specdec._backend.mapping import row_mapping
+from eqx_specdec._kernels.row_windows import row_window
 
 
 # 257 blocks of 128 entries, the last one short: the search's blocks are 256 long.
@@ -167,3 +168,26 @@ def test_warped_logits_rows_n_by_the_kernel_give_vmap_s_tokens(warp, one_hot, ru
     np.testing.assert_array_equal(pallas.num_accepted, vmap.num_accepted)
     if not one_hot:
         assert 0 < int(jnp.sum(vmap.num_accepted)) < BATCH * GAMMA
+
+
+def test_the_window_kernel_copies_what_dynamic_slice_reads():
+    """The draw's windows of rows n, copied by the window kernel under `vmap`: XLA's
+    slices, indices clamped as it clamps them (negative ones counted from the end);
+    rows it does not fit (a length off the 128-lane tiles) are sliced by XLA."""
+    rows = jax.random.normal(jax.random.key(0), (BATCH, GAMMA + 1, 9 * 128))
+    row = jnp.asarray([0, 1, 2, 3, 5, -1, 2, 1, 0, 3, 3])
+    start = jnp.asarray([0, 128, 256, 1024, 896, 0, 1024, 2000, -128, 640, 768])
+    for length, kernel in ((256, True), (100, False)):
+
+        def sliced(r, i, s, length=length):
+            return jax.lax.dynamic_slice(r, (i, s), (1, length))[0]
+
+        def windowed(r, i, s, length=length):
+            return row_window(r, i, s, length, by_kernel=True)
+
+        copied = jax.vmap(windowed)
+        jaxpr = str(jax.make_jaxpr(copied)(rows, row, start))
+        assert ("pallas_call" in jaxpr) == kernel
+        np.testing.assert_array_equal(
+            jax.jit(copied)(rows, row, start), jax.vmap(sliced)(rows, row, start)
+        )

@@ -60,7 +60,7 @@ def draft_token_values(verifier, tokens, draft, target):
     """The draft tokens' values of every sequence, `(p_x, q_x)` `(B, G)` (`q_x` `None`
     for one-hot drafts), gathered with the batch's for a test declaring it reads only
     them, on rows given as arrays or as normalised warped rows (each value computed as
-    the row's evaluation computes it, `NormalisedRows.take`); else `None`.
+    the row's evaluation computes it, `NormalisedRows.at_tokens`); else `None`.
     `RowContext.gather` returns a sequence's row of them. One gather of the batch's
     (b, i, x) points: XLA CPU ran the gather of a row's $2G$ values, fused inside each
     iteration of a map, at 16 us a sequence (at (256, 8, 32000), a third of the step),
@@ -79,7 +79,7 @@ def draft_token_values(verifier, tokens, draft, target):
 
     def take(array):
         if isinstance(array, NormalisedRows):
-            return array.take(index)
+            return array.at_tokens(tokens)
         # As `take_along_axis` reads: NaN for a token out of range.
         return array.at[index].get(mode="fill", fill_value=jnp.nan)
 

@@ -32,10 +32,10 @@ def row_mapping(
         (`argmax_only`: greedy verification) reads no row n and is vectorised (15 ms
         against 22 ms row by row);
     - on a TPU, vectorised, with rows n read by the kernel (`rows_n_by_kernel`: for
-        probabilities from `KERNEL_MIN_VOCAB` entries up; warped logits always, their
-        top-k and top-p cut-offs then found by the cut-off kernel), and from
-        `LEADING_KERNEL_MIN_ENTRIES` entries a position (`leading_by_kernel`) the
-        kernels that read each sequence's rows up to its first failure: greedy
+        probabilities from `ROWS_N_KERNEL_MIN_ENTRIES` entries up; warped logits
+        always, their top-k and top-p cut-offs then found by the cut-off kernel), and
+        from `LEADING_KERNEL_MIN_ENTRIES` entries a position (`leading_by_kernel`)
+        the kernels that read each sequence's rows up to its first failure: greedy
         verification's argmaxes, and warped logits' cut-offs and normalisers under a
         threshold rule;
     - elsewhere vectorised."""
@@ -54,5 +54,5 @@ def row_mapping(
     leading = leading_by_kernel(*shape)
     if argmax_only:
         return Vectorised(passes="kernel" if leading else "in each row")
-    kernel = rows_n_by_kernel(shape[1], rows_given)
+    kernel = rows_n_by_kernel(*shape, rows_given)
     return Vectorised(passes="kernel" if kernel else "in each row", leading=leading)

@@ -107,7 +107,9 @@ def normalised_until_failure(
     def pad(a):
         return jnp.pad(a, ((0, padded - batch), (0, 0)))
 
-    def at_tokens(x):  # as `NormalisedRows.take` reads: NaN for a token out of range
+    def at_tokens(
+        x,
+    ):  # as `NormalisedRows.at_tokens` reads: NaN for a token out of range
         return pad(x.at[index].get(mode="fill", fill_value=jnp.nan))
 
     log_u = pad(jnp.log(accept_uniforms.astype(jnp.float32)))

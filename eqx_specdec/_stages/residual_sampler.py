@@ -21,6 +21,7 @@ from .._custom_types import (
     SampleUniform,
     TargetProbsRow,
 )
+from .._kernels.row_windows import row_window
 from .._kernels.rows_n_dma import fits, residual_block_totals
 from .._misc import compute_dtype, given_as_arrays
 from .._platform import on_tpu, rows_n_apart
@@ -52,16 +53,16 @@ def residual_parts(
     context: RowContext,
     *,
     checked: bool = False,
-    windows: bool = False,
-    sources: tuple | None = None,
+    read: RowsN | None = None,
 ):
     """What every residual-based sampler needs for one row. `checked`: the caller
     validates rows n in the same pass (the entry points' checks), so an invalid entry of
-    $q_n$ need not show in the residual. `windows`: only short slices will be asked for,
-    each read from the rows given (under `vmap`, a gather of the slice alone, not of the
-    whole row n); `sources`: with `windows`, `(q, p)` to slice them from instead of
-    the rows given, each `None` or the same rows as `NormalisedRows` (`RowsN`), whose
-    slices are evaluated alone.
+    $q_n$ need not show in the residual. `read`: the pass over rows n already made for
+    the batch (`rows_n_pass`), after which only short slices are asked for, each read
+    from the rows given, or from its `p_rows` and `q_rows` where it holds them
+    (`NormalisedRows`, whose slices are evaluated alone); under `vmap`, a gather of the
+    slices alone, not of the whole rows n, or with its `by_kernel` the window kernel's
+    copies (`row_window`).
 
     Returns `(dtype, p_and_residual)`: the compute dtype, and a function of
     `(start, length)` giving that slice of $p_n$ and of the residual
@@ -79,10 +80,12 @@ def residual_parts(
     n = num_accepted.astype(jnp.int32)
     rejected_at = jnp.minimum(n, gamma - 1)
     p, q = target_probs, draft_probs
-    if windows and sources is not None:
-        q = q if sources[0] is None else sources[0]
-        p = p if sources[1] is None else sources[1]
-    if not windows:
+    windows, by_kernel = read is not None, False
+    if windows:
+        q = q if read.q_rows is None else read.q_rows
+        p = p if read.p_rows is None else read.p_rows
+        by_kernel = read.by_kernel
+    else:
         p = target_probs[n]
         q = None if draft_probs is None else draft_probs[rejected_at]
     if rows_n_apart(context.log_space):  # evaluated alone, once (see `rows_n_apart`)
@@ -90,9 +93,9 @@ def residual_parts(
 
     def row_slice(rows, i, start, length):
         if isinstance(rows, NormalisedRows):
-            return rows.window(i, start, length)
+            return rows.window(i, start, length, by_kernel)
         if windows:
-            return jax.lax.dynamic_slice(rows, (i, start), (1, length))[0]
+            return row_window(rows, i, start, length, by_kernel)
         return jax.lax.dynamic_slice_in_dim(rows, start, length)
 
     draft_token = draft_tokens[rejected_at].astype(jnp.int32)
@@ -383,8 +386,7 @@ class ResidualSampler(AbstractResidualSampler):
             target_probs,
             context,
             checked=with_sums,
-            windows=read is not None,
-            sources=None if read is None else (read.q_rows, read.p_rows),
+            read=read,
         )
         size = block_size(vocab)
         rejected = num_accepted < gamma
@@ -464,7 +466,7 @@ class ResidualSampler(AbstractResidualSampler):
                 interpret=not on_tpu(),
             )
             normalised = [a if context.log_space else None for a in rows]
-            return RowsN(totals, p_totals, q_total, *normalised)
+            return RowsN(totals, p_totals, q_total, *normalised, by_kernel=True)
         if not given_as_arrays(draft_probs, target_probs):
             return None  # warped rows are evaluated inside each row
         gamma = target_probs.shape[1] - 1

@@ -37,7 +37,9 @@ class RowsN(eqx.Module):
     were not asked for); and where the rows are normalised warped rows of logits
     (`NormalisedRows`), those rows (`p_rows`, `q_rows`, else `None`), from which the
     draw evaluates the one block it reads again (rather than slicing it from rows
-    evaluated whole, which under `vmap` XLA writes out in full).
+    evaluated whole, which under `vmap` XLA writes out in full). `by_kernel`: the pass
+    was the Pallas kernel's, and the draw's window of each row n is copied by the
+    window kernel (`row_window`) too.
     """
 
     totals: Float[Array, "*batch blocks"]
@@ -45,6 +47,7 @@ class RowsN(eqx.Module):
     q_total: Float[Array, "*batch"] | None
     p_rows: NormalisedRows | None = None
     q_rows: NormalisedRows | None = None
+    by_kernel: bool = eqx.field(static=True, default=False)
 
 
 def summed(p_row, q_row) -> tuple:
