@@ -92,8 +92,10 @@ def residual_parts(
         p, q = jax.lax.optimization_barrier((p, q))
 
     def row_slice(rows, i, start, length):
-        if isinstance(rows, NormalisedRows):
-            return rows.window(i, start, length, by_kernel)
+        if isinstance(rows, NormalisedRows):  # evaluated from its logits' window
+            return rows.window(
+                i, start, row_window(rows.x, i, start, length, by_kernel)
+            )
         if windows:
             return row_window(rows, i, start, length, by_kernel)
         return jax.lax.dynamic_slice_in_dim(rows, start, length)

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .._kernels.row_windows import row_window
 from .._misc import check_hyperparameter, compute_dtype
 from .._platform import upcast_once
 from .cutoffs import log_normaliser, row_max, top_k_cut, top_p_cutoff
@@ -320,15 +319,12 @@ class NormalisedRows(eqx.Module):
             self.best,
         )
 
-    def window(
-        self, row, start, length: int, by_kernel: bool = False
-    ) -> Float[Array, " length"]:
+    def window(self, row, start, x: Float[Array, " length"]) -> Float[Array, " length"]:
         """`log_probs()[row, start : start + length]` of one sequence's rows (no batch
-        axis), computed as `log_probs` computes it, without evaluating the rows;
-        `by_kernel`: under `vmap`, the logits' windows copied by the window kernel
-        (`row_window`)."""
-        x = row_window(self.x, row, start, length, by_kernel)
-        ids = start + jnp.arange(length, dtype=jnp.int32)
+        axis), from that window `x` of its logits (`x[row, start : start + length]`,
+        read by the caller), computed as `log_probs` computes it, without evaluating
+        the rows."""
+        ids = start + jnp.arange(x.shape[0], dtype=jnp.int32)
         parameters = tuple(None if a is None else a[row] for a in self.parameters())
         return evaluated_at(x, ids, parameters)
 
