@@ -7,10 +7,9 @@ from typing import NamedTuple
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from .._stages.row_context import RowContext
-from .._warps.warp import NormalisedRows
+from .._warps.warp import at_draft_tokens, NormalisedRows
 
 
 class RowVerification(NamedTuple):
@@ -72,16 +71,11 @@ def draft_token_values(verifier, tokens, draft, target):
         a is None or isinstance(a, jax.Array | NormalisedRows) for a in (draft, target)
     ):
         return None
-    batch, gamma = tokens.shape
-    rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
-    positions = jnp.arange(gamma, dtype=jnp.int32)[None]
-    index = (rows, positions, tokens.astype(jnp.int32))
 
     def take(array):
         if isinstance(array, NormalisedRows):
             return array.at_tokens(tokens)
-        # As `take_along_axis` reads: NaN for a token out of range.
-        return array.at[index].get(mode="fill", fill_value=jnp.nan)
+        return at_draft_tokens(array, tokens)
 
     return take(target), None if draft is None else take(draft)
 

@@ -73,9 +73,10 @@ class Vectorised(AbstractRowMapping):
 
         def one(row_values, arrays, **more):
             test = with_row_values(verifier.ratio_test, row_values)
-            normalisers = row_normalisers(arrays)
-            if verification and verification.checked and normalisers is not None:
-                more["normalisers"] = normalisers
+            if verification and verification.checked:
+                normalisers = row_normalisers(arrays)
+                if normalisers is not None:
+                    more["normalisers"] = normalisers
             return row(
                 with_test(verifier, row_values, test),
                 *(as_log_probs(a) for a in arrays),

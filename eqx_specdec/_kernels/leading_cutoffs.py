@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .._warps.warp import NormalisedRows, WarpedRows
+from .._warps.warp import at_draft_tokens, NormalisedRows, WarpedRows
 from .positions import each_position
 from .tiles import LANES, ROWS
 from .warp_cutoffs import block_cutoffs
@@ -98,19 +98,12 @@ def normalised_until_failure(
     gamma = rows - 1
     groups = -(-batch // ROWS)
     padded = groups * ROWS
-    index = (
-        jnp.arange(batch, dtype=jnp.int32)[:, None],
-        jnp.arange(gamma, dtype=jnp.int32)[None],
-        draft_tokens.astype(jnp.int32),
-    )
 
     def pad(a):
         return jnp.pad(a, ((0, padded - batch), (0, 0)))
 
-    def at_tokens(
-        x,
-    ):  # as `NormalisedRows.at_tokens` reads: NaN for a token out of range
-        return pad(x.at[index].get(mode="fill", fill_value=jnp.nan))
+    def at_tokens(x):  # the gather `NormalisedRows.at_tokens` reads (XLA shares them)
+        return pad(at_draft_tokens(x, draft_tokens))
 
     log_u = pad(jnp.log(accept_uniforms.astype(jnp.float32)))
     t_columns, t_warps = _columns(target)

@@ -80,11 +80,11 @@ def residual_parts(
     n = num_accepted.astype(jnp.int32)
     rejected_at = jnp.minimum(n, gamma - 1)
     p, q = target_probs, draft_probs
-    windows, by_kernel = read is not None, False
+    windows = read is not None
+    by_kernel = windows and read.by_kernel
     if windows:
         q = q if read.q_rows is None else read.q_rows
         p = p if read.p_rows is None else read.p_rows
-        by_kernel = read.by_kernel
     else:
         p = target_probs[n]
         q = None if draft_probs is None else draft_probs[rejected_at]

@@ -334,21 +334,28 @@ class NormalisedRows(eqx.Module):
         """The log-probabilities of `(B, R, V)` rows at each sequence's tokens, row $i$'s
         at `tokens[b, i]` for the first $G \\le R$ rows, each computed as `log_probs`
         computes it, without evaluating the rows; NaN at a token id out of range. One
-        gather of the logits; the rows' parameters are sliced (on a TPU v5e each
-        gather of $BG$ points cost 15 to 30 us at (256, 8, 32000), as many for a
-        `(B, R, 1)` parameter as for the logits)."""
-        batch, gamma = tokens.shape
-        tokens = tokens.astype(jnp.int32)
-        index = (
-            jnp.arange(batch, dtype=jnp.int32)[:, None],
-            jnp.arange(gamma, dtype=jnp.int32)[None],
-            tokens,
-        )
-        x = self.x.at[index].get(mode="fill", fill_value=jnp.nan)
+        gather of the logits (`at_draft_tokens`); the rows' parameters are sliced (on a
+        TPU v5e each gather of $BG$ points cost 15 to 30 us at (256, 8, 32000), as many
+        for a `(B, R, 1)` parameter as for the logits)."""
+        gamma = tokens.shape[1]
         parameters = tuple(
             None if a is None else a[:, :gamma, 0] for a in self.parameters()
         )
-        return evaluated_at(x, tokens, parameters)
+        return evaluated_at(at_draft_tokens(self.x, tokens), tokens, parameters)
+
+
+def at_draft_tokens(
+    x: Float[Array, "batch rows V"], tokens: Int[Array, "batch gamma"]
+) -> Float[Array, "batch gamma"]:
+    """`x[b, i, tokens[b, i]]` for the first $G$ rows of each sequence, in one gather;
+    NaN at a token id out of range (as `take_along_axis` reads it)."""
+    batch, gamma = tokens.shape
+    index = (
+        jnp.arange(batch, dtype=jnp.int32)[:, None],
+        jnp.arange(gamma, dtype=jnp.int32)[None],
+        tokens.astype(jnp.int32),
+    )
+    return x.at[index].get(mode="fill", fill_value=jnp.nan)
 
 
 def evaluated_at(x, ids, parameters):
