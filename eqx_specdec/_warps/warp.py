@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float, Int, Integer
 
 from .._misc import check_hyperparameter, compute_dtype
 from .._platform import upcast_once
@@ -329,7 +329,7 @@ class NormalisedRows(eqx.Module):
         return evaluated_at(x, ids, parameters)
 
     def at_tokens(
-        self, tokens: Int[Array, "batch gamma"]
+        self, tokens: Integer[Array, "batch gamma"]
     ) -> Float[Array, "batch gamma"]:
         """The log-probabilities of `(B, R, V)` rows at each sequence's tokens, row $i$'s
         at `tokens[b, i]` for the first $G \\le R$ rows, each computed as `log_probs`
@@ -345,7 +345,7 @@ class NormalisedRows(eqx.Module):
 
 
 def at_draft_tokens(
-    x: Float[Array, "batch rows V"], tokens: Int[Array, "batch gamma"]
+    x: Float[Array, "batch rows V"], tokens: Integer[Array, "batch gamma"]
 ) -> Float[Array, "batch gamma"]:
     """`x[b, i, tokens[b, i]]` for the first $G$ rows of each sequence, in one gather;
     NaN at a token id out of range (as `take_along_axis` reads it)."""
