@@ -14,7 +14,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .._misc import given_as_arrays
-from .positions import each_position
+from .streams import chunks, column, each_row, state_scratch
 from .tiles import LANES as _LANES, lanes_per_step, ROWS as _ROWS
 
 
@@ -73,53 +73,69 @@ def leading_argmax(draft_tokens, target_probs, *, log_space: bool, interpret: bo
     """
     batch, rows, vocab = target_probs.shape
     gamma = rows - 1
-    groups = -(-batch // _ROWS)
-    padded = groups * _ROWS
-    tokens = jnp.pad(draft_tokens.astype(jnp.int32), ((0, padded - batch), (0, 0)))
+    tokens = draft_tokens.astype(jnp.int32)
+    parts = [
+        _argmaxes(tokens[a:b], target_probs[a:b], log_space, interpret)
+        for a, b in chunks(batch, gamma + rows + 1)
+    ]
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
-    def kernel(tokens_ref, p_hbm, best_out, buf, sem, alive_vmem):
-        def copies(g, j, i, slot):
-            b = jnp.minimum(g * _ROWS + j, batch - 1)
-            return [
-                pltpu.make_async_copy(
-                    p_hbm.at[b, pl.ds(i, 1), :],
-                    buf.at[slot, pl.ds(j, 1), :],
-                    sem.at[slot],
-                )
-            ]
 
-        def examine(i, slot, alive):
+def _argmaxes(tokens, target_probs, log_space, interpret):
+    batch, rows, vocab = target_probs.shape
+    gamma = rows - 1
+
+    def kernel(tokens_ref, p_hbm, best_out, last_out, buf, sem, state, flags, stage):
+        def copies(b, i, j, slot):
+            copy = pltpu.make_async_copy(
+                p_hbm.at[b, pl.ds(i, 1), :], buf.at[slot, pl.ds(j, 1), :], sem.at[slot]
+            )
+            return [(copy, None)]
+
+        def examine(slot, sequence, position, active):
             best = _first_argmax(buf.at[slot], vocab, log_space)
-            here = jax.lax.broadcasted_iota(jnp.int32, (_ROWS, rows), 1) == i
-            best_out[...] = jnp.where(here & alive, best, best_out[...])
-            if i == gamma:
-                return None
-            return alive & (best == tokens_ref[:, pl.ds(i, 1)])
+            stage[...] = jnp.broadcast_to(best, (_ROWS, _LANES))
+            found = stage[...]
+            for j in range(_ROWS):
 
-        best_out[...] = jnp.full((_ROWS, rows), vocab, jnp.int32)
-        each_position(rows, groups, copies, examine, alive_vmem)
+                @pl.when(active[j])
+                def _(j=j):
+                    b, i = sequence[j], position[j]
+                    best_out[b * rows + i] = found[j, 0]
+                    last_out[b] = i
 
-    in_specs = [
-        pl.BlockSpec((_ROWS, gamma), lambda g: (g, 0)),
-        pl.BlockSpec(memory_space=pl.ANY),
-    ]
-    scratch = [
-        pltpu.VMEM((2, _ROWS, vocab), jnp.float32),
-        pltpu.SemaphoreType.DMA((2,)),
-        pltpu.VMEM((_ROWS, _LANES), jnp.int32),
-    ]
-    best = pl.pallas_call(
+            token = column(
+                tokens_ref,
+                lambda b, i: b * gamma + jnp.minimum(i, gamma - 1),
+                sequence,
+                position,
+            )
+            return best == token
+
+        each_row(batch, rows, copies, examine, state, flags)
+
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    best, last = pl.pallas_call(
         kernel,
-        grid=(groups,),
-        in_specs=in_specs,
-        out_specs=pl.BlockSpec((_ROWS, rows), lambda g: (g, 0)),
-        out_shape=jax.ShapeDtypeStruct((padded, rows), jnp.int32),
-        scratch_shapes=scratch,
+        grid=(1,),
+        in_specs=[smem, pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=[smem, smem],
+        out_shape=[
+            jax.ShapeDtypeStruct((batch * rows,), jnp.int32),
+            jax.ShapeDtypeStruct((batch,), jnp.int32),
+        ],
+        scratch_shapes=[
+            pltpu.VMEM((2, _ROWS, vocab), jnp.float32),
+            pltpu.SemaphoreType.DMA((2,)),
+            *state_scratch(),
+            pltpu.VMEM((_ROWS, _LANES), jnp.int32),
+        ],
         compiler_params=pltpu.CompilerParams(
-            # Sequential: each program starts the next one's copies.
             dimension_semantics=("arbitrary",),
             vmem_limit_bytes=int(2 * _ROWS * vocab * 4 + (16 << 20)),
         ),
         interpret=pltpu.InterpretParams() if interpret else False,
-    )(tokens, target_probs)
-    return best[:batch]
+        name="leading_argmax",
+    )(tokens.reshape(-1), target_probs)
+    read = jnp.arange(rows)[None] <= last[:, None]
+    return jnp.where(read, best.reshape(batch, rows), vocab)

@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .._warps.warp import at_draft_tokens, NormalisedRows, WarpedRows
-from .positions import each_position
+from .streams import chunks, column, each_row, state_scratch
 from .tiles import LANES, ROWS
 from .warp_cutoffs import block_cutoffs
 
@@ -56,9 +56,9 @@ def fits(draft, target) -> bool:
 
 
 def _columns(rows: WarpedRows):
-    """The warp's per-row parameters `(B, R)` each, in `block_cutoffs`' order: the
-    scale, then top-k, top-p and log(min-p) where applied; and which of the last
-    three are."""
+    """The warp's per-row parameters, flat `(C * B * R,)` (column, sequence, row), in
+    `block_cutoffs`' order: the scale, then top-k, top-p and log(min-p) where applied;
+    their count; and which of the last three are applied."""
     shape = rows.x.shape[:-1] + (1,)
     vocab = rows.x.shape[-1]
     columns = [jnp.broadcast_to(rows.temperature, shape)]
@@ -69,9 +69,24 @@ def _columns(rows: WarpedRows):
     if rows.min_p is not None:
         # min-p's log taken by XLA, as the warp's own path takes it.
         columns.append(jnp.log(rows.min_p.astype(jnp.float32)))
-    warps = tuple(a is not None for a in (rows.top_k, rows.top_p, rows.min_p))
-    columns = [jnp.broadcast_to(c, shape)[..., 0].astype(jnp.float32) for c in columns]
-    return columns, warps
+    flat = [jnp.broadcast_to(c, shape).astype(jnp.float32).reshape(-1) for c in columns]
+    return jnp.concatenate(flat), len(flat), _applied(rows)
+
+
+def _applied(rows: WarpedRows):
+    """Which of top-k, top-p and min-p `rows` apply."""
+    return tuple(a is not None for a in (rows.top_k, rows.top_p, rows.min_p))
+
+
+def _words(draft, target) -> int:
+    """The SMEM words a sequence's inputs and outputs take in the kernel: the draft
+    tokens' values, the uniforms, the parameters and the three outputs of each row."""
+    rows = target.x.shape[1]
+    gamma = rows - 1
+    words = 2 * gamma + (1 + sum(_applied(target)) + 3) * rows + 1
+    if draft is not None:
+        words += gamma * (1 + 1 + sum(_applied(draft)) + 3)
+    return words
 
 
 def normalised_until_failure(
@@ -93,146 +108,37 @@ def normalised_until_failure(
         (traced inside the kernel: it may close over no array).
     - `interpret`: run in Pallas's interpret mode.
     """
-    x_t = target.x
-    batch, rows, vocab = x_t.shape
-    gamma = rows - 1
-    groups = -(-batch // ROWS)
-    padded = groups * ROWS
+    batch = target.x.shape[0]
+    pieces = chunks(batch, _words(draft, target))
 
-    def pad(a):
-        return jnp.pad(a, ((0, padded - batch), (0, 0)))
+    def part(tree, start, stop):  # sequences start to stop (broadcast leaves whole)
+        if tree is None or len(pieces) == 1:
+            return tree
 
-    def at_tokens(x):  # the gather `NormalisedRows.at_tokens` reads (XLA shares them)
-        return pad(at_draft_tokens(x, draft_tokens))
+        def leaf(x):
+            if x.ndim < 3 or x.shape[0] == 1:
+                return x
+            return x[start:stop]
 
-    log_u = pad(jnp.log(accept_uniforms.astype(jnp.float32)))
-    t_columns, t_warps = _columns(target)
-    small = [at_tokens(x_t), log_u, pad(jnp.concatenate(t_columns, axis=1))]
-    big = [x_t]
-    d_warps = None
-    if draft is not None:
-        d_columns, d_warps = _columns(draft)
-        small += [at_tokens(draft.x), pad(jnp.concatenate(d_columns, axis=1))]
-        big.append(draft.x)
-    searching = any(t_warps[:2]) or (d_warps is not None and any(d_warps[:2]))
+        return jax.tree.map(leaf, tree)
 
-    def kernel(*refs):
-        refs = iter(refs)  # in `pallas_call`'s order, the draft's where it is given
-
-        def take(given=True):
-            return next(refs) if given else None
-
-        drafted = draft is not None
-        t_tok, log_u_ref, t_par = take(), take(), take()
-        d_tok, d_par = take(drafted), take(drafted)
-        t_hbm, d_hbm = take(), take(drafted)
-        t_out, d_out = take(), take(drafted)
-        t_buf, d_buf = take(), take(drafted)
-        keys, weights = take(searching), take(searching)
-        sem, alive_vmem = take(), take()
-
-        def copies(g, j, i, slot):
-            b = jnp.minimum(g * ROWS + j, batch - 1)
-            out = [
-                pltpu.make_async_copy(
-                    t_hbm.at[b, pl.ds(i, 1), :],
-                    t_buf.at[slot, pl.ds(j, 1), :],
-                    sem.at[0, slot],
-                )
-            ]
-            if d_hbm is not None and i < gamma:
-                out.append(
-                    pltpu.make_async_copy(
-                        d_hbm.at[b, pl.ds(i, 1), :],
-                        d_buf.at[slot, pl.ds(j, 1), :],
-                        sem.at[1, slot],
-                    )
-                )
-            return out
-
-        for out, width in ((t_out, rows), (d_out, gamma)):
-            if out is not None:
-                out[...] = jnp.concatenate(
-                    [jnp.full((ROWS, width), v, jnp.float32) for v in _UNREAD], axis=1
-                )
-
-        def found_at(buf, par, out, warps, width, i, slot, alive):
-            """Row i's cut-offs and normalisers, written where the sequence is alive;
-            returns those `log_prob` reads."""
-            count = 1 + sum(warps)
-            param = jnp.concatenate(
-                [par[:, c * width + i : c * width + i + 1] for c in range(count)],
-                axis=1,
-            )
-            threshold, shift, log_sum, _ = block_cutoffs(
-                buf.at[slot], param, keys, weights, warps=warps
-            )
-            here = jax.lax.broadcasted_iota(jnp.int32, (ROWS, 3 * width), 1)
-            written = out[...]
-            for k, value in enumerate((threshold, shift, log_sum)):
-                at = (here == k * width + i) & alive
-                written = jnp.where(at, value, written)
-            out[...] = written
-            return threshold, param[:, 0:1], shift, log_sum
-
-        def log_prob(tok, threshold, scale, shift, log_sum):
-            value = (tok / scale - shift) - log_sum
-            return jnp.where(tok < threshold, -jnp.inf, value)
-
-        def examine(i, slot, alive):
-            t_found = found_at(t_buf, t_par, t_out, t_warps, rows, i, slot, alive)
-            if i == gamma:
-                return None
-            log_p = log_prob(t_tok[:, i : i + 1], *t_found)
-            log_q = jnp.zeros_like(log_p)
-            if d_buf is not None:
-                d_found = found_at(d_buf, d_par, d_out, d_warps, gamma, i, slot, alive)
-                log_q = log_prob(d_tok[:, i : i + 1], *d_found)
-            ratio = acceptance(log_p, log_q) - log_q
-            margin = _MARGIN_ABSOLUTE + _MARGIN_RELATIVE * jnp.abs(ratio)
-            # NaN (a NaN row; -inf - -inf) fails, as XLA's comparison does.
-            return alive & (log_u_ref[:, i : i + 1] < ratio + margin)
-
-        each_position(rows, groups, copies, examine, alive_vmem)
-
-    def spec(width):
-        return pl.BlockSpec((ROWS, width), lambda g: (g, 0))
-
-    widths = [a.shape[1] for a in small]
-    out_widths = [3 * rows] + ([3 * gamma] if draft is not None else [])
-    scratch = [pltpu.VMEM((2, ROWS, vocab), jnp.float32) for _ in big]
-    if searching:
-        scratch += [
-            pltpu.VMEM((ROWS, vocab), jnp.int32),
-            pltpu.VMEM((ROWS, vocab), jnp.float32),
-        ]
-    scratch += [
-        pltpu.SemaphoreType.DMA((2, 2)),
-        pltpu.VMEM((ROWS, LANES), jnp.int32),
+    found = [
+        _found(
+            part(draft_tokens[:, None], a, b)[:, 0],
+            part(draft, a, b),
+            part(target, a, b),
+            part(accept_uniforms[:, None], a, b)[:, 0],
+            acceptance,
+            interpret,
+        )
+        for a, b in pieces
     ]
-    tile = ROWS * vocab * 4
-    outs = pl.pallas_call(
-        kernel,
-        grid=(groups,),
-        in_specs=[spec(w) for w in widths]
-        + [pl.BlockSpec(memory_space=pl.ANY) for _ in big],
-        out_specs=[spec(w) for w in out_widths],
-        out_shape=[jax.ShapeDtypeStruct((padded, w), jnp.float32) for w in out_widths],
-        scratch_shapes=scratch,
-        compiler_params=pltpu.CompilerParams(
-            # Sequential: each program starts the next one's copies.
-            dimension_semantics=("arbitrary",),
-            vmem_limit_bytes=int((2 * len(big) + 2 * searching) * tile + (16 << 20)),
-        ),
-        interpret=pltpu.InterpretParams() if interpret else False,
-        name="leading_cutoffs",
-    )(*small, *big)
+    t_out, d_out = (
+        None if parts[0] is None else jnp.concatenate(parts) for parts in zip(*found)
+    )
 
     def assembled(rows_in, out, warps):
-        width = out.shape[1] // 3
-        threshold, shift, log_sum = (
-            out[:batch, k * width : (k + 1) * width, None] for k in range(3)
-        )
+        threshold, shift, log_sum = out[..., 0:1], out[..., 1:2], out[..., 2:3]
         shape = rows_in.x.shape[:-1] + (1,)
         return NormalisedRows(
             rows_in.x,
@@ -244,7 +150,175 @@ def normalised_until_failure(
             None,
         )
 
-    normalised_target = assembled(target, outs[0], t_warps)
+    normalised_target = assembled(target, t_out, _applied(target))
     if draft is None:
         return None, normalised_target
-    return assembled(draft, outs[1], d_warps), normalised_target
+    return assembled(draft, d_out, _applied(draft)), normalised_target
+
+
+def _found(draft_tokens, draft, target, accept_uniforms, acceptance, interpret):
+    """`(target_out, draft_out)`: `(B, G + 1, 3)` and `(B, G, 3)` (or `None`) float32,
+    each row's threshold, shift and log-normaliser, `_UNREAD`'s where it was not read."""
+    x_t = target.x
+    batch, rows, vocab = x_t.shape
+    gamma = rows - 1
+
+    def flat_at_tokens(x):  # the gather `NormalisedRows.at_tokens` reads (XLA shares)
+        return at_draft_tokens(x, draft_tokens).astype(jnp.float32).reshape(-1)
+
+    log_u = jnp.log(accept_uniforms.astype(jnp.float32)).reshape(-1)
+    t_par, t_count, t_warps = _columns(target)
+    small = [flat_at_tokens(x_t), log_u, t_par]
+    big = [x_t]
+    d_count, d_warps = 0, None
+    if draft is not None:
+        d_par, d_count, d_warps = _columns(draft)
+        small += [flat_at_tokens(draft.x), d_par]
+        big.append(draft.x)
+    searching = any(t_warps[:2]) or (d_warps is not None and any(d_warps[:2]))
+    drafted = draft is not None
+
+    def kernel(*refs):
+        refs = iter(refs)  # in `pallas_call`'s order, the draft's where it is given
+
+        def take(given=True):
+            return next(refs) if given else None
+
+        t_val, log_u_ref, t_par_ref = take(), take(), take()
+        d_val, d_par_ref = take(drafted), take(drafted)
+        t_hbm, d_hbm = take(), take(drafted)
+        t_out, d_out, last_out = take(), take(drafted), take()
+        t_buf, d_buf = take(), take(drafted)
+        keys, weights = take(searching), take(searching)
+        sem, state, flags, stage = take(), take(), take(), take()
+
+        def copies(b, i, j, slot):
+            out = [
+                (
+                    pltpu.make_async_copy(
+                        t_hbm.at[b, pl.ds(i, 1), :],
+                        t_buf.at[slot, pl.ds(j, 1), :],
+                        sem.at[0, slot],
+                    ),
+                    None,
+                )
+            ]
+            if drafted:
+                row = jnp.minimum(i, gamma - 1)
+                copy = pltpu.make_async_copy(
+                    d_hbm.at[b, pl.ds(row, 1), :],
+                    d_buf.at[slot, pl.ds(j, 1), :],
+                    sem.at[1, slot],
+                )
+                out.append((copy, i < gamma))
+            return out
+
+        def found_at(buf, par, count, width, warps, slot, sequence, position):
+            """The streams' rows' cut-offs and normalisers, and their parameters."""
+            param = jnp.concatenate(
+                [
+                    column(
+                        par,
+                        lambda b, i, c=c: (
+                            (c * batch + b) * width + jnp.minimum(i, width - 1)
+                        ),
+                        sequence,
+                        position,
+                    )
+                    for c in range(count)
+                ],
+                axis=1,
+            )
+            threshold, shift, log_sum, _ = block_cutoffs(
+                buf.at[slot], param, keys, weights, warps=warps
+            )
+            return threshold, param[:, 0:1], shift, log_sum
+
+        def log_prob(tok, threshold, scale, shift, log_sum):
+            value = (tok / scale - shift) - log_sum
+            return jnp.where(tok < threshold, -jnp.inf, value)
+
+        def at_token(values, sequence, position):
+            index = lambda b, i: b * gamma + jnp.minimum(i, gamma - 1)  # noqa: E731
+            return column(values, index, sequence, position)
+
+        def examine(slot, sequence, position, active):
+            where = (sequence, position)
+            t_found = found_at(t_buf, t_par_ref, t_count, rows, t_warps, slot, *where)
+            values = [t_found[0], t_found[2], t_found[3]]
+            log_p = log_prob(at_token(t_val, *where), *t_found)
+            log_q = jnp.zeros_like(log_p)
+            if drafted:
+                d_found = found_at(
+                    d_buf, d_par_ref, d_count, gamma, d_warps, slot, *where
+                )
+                values += [d_found[0], d_found[2], d_found[3]]
+                log_q = log_prob(at_token(d_val, *where), *d_found)
+            lane = jax.lax.broadcasted_iota(jnp.int32, (ROWS, LANES), 1)
+            staged = jnp.zeros((ROWS, LANES), jnp.float32)
+            for k, value in enumerate(values):
+                staged = jnp.where(lane == k, value, staged)
+            stage[...] = staged
+            found = stage[...]
+            for j in range(ROWS):
+
+                @pl.when(active[j])
+                def _(j=j):
+                    b, i = sequence[j], position[j]
+                    for k in range(3):
+                        t_out[(b * rows + i) * 3 + k] = found[j, k]
+                    last_out[b] = i
+                    if drafted:
+
+                        @pl.when(i < gamma)
+                        def _():
+                            for k in range(3):
+                                d_out[(b * gamma + i) * 3 + k] = found[j, 3 + k]
+
+            ratio = acceptance(log_p, log_q) - log_q
+            margin = _MARGIN_ABSOLUTE + _MARGIN_RELATIVE * jnp.abs(ratio)
+            # NaN (a NaN row; -inf - -inf) fails, as XLA's comparison does.
+            return at_token(log_u_ref, *where) < ratio + margin
+
+        each_row(batch, rows, copies, examine, state, flags)
+
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    out_shape = [jax.ShapeDtypeStruct((batch * rows * 3,), jnp.float32)]
+    if drafted:
+        out_shape.append(jax.ShapeDtypeStruct((batch * gamma * 3,), jnp.float32))
+    out_shape.append(jax.ShapeDtypeStruct((batch,), jnp.int32))
+    scratch = [pltpu.VMEM((2, ROWS, vocab), jnp.float32) for _ in big]
+    if searching:
+        scratch += [
+            pltpu.VMEM((ROWS, vocab), jnp.int32),
+            pltpu.VMEM((ROWS, vocab), jnp.float32),
+        ]
+    scratch += [
+        pltpu.SemaphoreType.DMA((2, 2)),
+        *state_scratch(),
+        pltpu.VMEM((ROWS, LANES), jnp.float32),
+    ]
+    tile = ROWS * vocab * 4
+    outs = pl.pallas_call(
+        kernel,
+        grid=(1,),
+        in_specs=[smem for _ in small]
+        + [pl.BlockSpec(memory_space=pl.ANY) for _ in big],
+        out_specs=[smem for _ in out_shape],
+        out_shape=out_shape,
+        scratch_shapes=scratch,
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            vmem_limit_bytes=int((2 * len(big) + 2 * searching) * tile + (16 << 20)),
+        ),
+        interpret=pltpu.InterpretParams() if interpret else False,
+        name="leading_cutoffs",
+    )(*small, *big)
+    last = outs[-1]
+
+    def unpacked(out, width):
+        out = out.reshape(batch, width, 3)
+        read = (jnp.arange(width)[None] <= last[:, None])[..., None]
+        return jnp.where(read, out, jnp.asarray(_UNREAD, jnp.float32)[None, None])
+
+    return unpacked(outs[0], rows), unpacked(outs[1], gamma) if drafted else None
