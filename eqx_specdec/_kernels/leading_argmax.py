@@ -5,8 +5,10 @@ whose argmax is not the draft token there.
 Greedy verification needs the argmax of rows $0, \\ldots, n$ only: the rows up to and
 including the first rejection (or the bonus row). XLA's argmax of every row reads all
 $G + 1$; at the acceptance rates of real drafts (a mean $n$ well under $G / 2$) most of
-those bytes are never needed. Off the TPU it runs in Pallas's interpret mode (slow; for
-tests)."""
+those bytes are never needed. Eight streams (`streams.each_row`) each copy their
+sequence's next row into their sublane of an `(8, V)` tile, and take the next sequence
+once a row's argmax is not its draft token. Off the TPU it runs in Pallas's interpret
+mode (slow; for tests)."""
 
 import jax
 import jax.numpy as jnp

@@ -8,10 +8,11 @@ with a counter up to the first failure nothing after that position changes the o
 their cut-offs and normalisers, which, on warped logits, read the whole row. Normalising
 every row reads all of them, and XLA TPU's reshape of the batch's `(B, G + 1, V)` rows
 to the `(R, V)` a kernel over rows takes copied them first (at (64, 5, 128256), the
-copy took longer than the cut-offs). Here eight sequences' row $i$ lie in the sublanes
-of one `(8, V)` tile, target and draft each, the warp runs there (`block_cutoffs`),
-and the rule decides, in the kernel, whether row $i + 1$ is read. Off the TPU it runs in
-Pallas's interpret mode (slow; for tests).
+copy took longer than the cut-offs). Here eight streams (`streams.each_row`) each copy
+their sequence's next row into their sublane of an `(8, V)` tile, target and draft
+each, the warp runs there (`block_cutoffs`), and the rule decides, in the kernel,
+whether a stream's next row is read or it takes the next sequence. Off the TPU it runs
+in Pallas's interpret mode (slow; for tests).
 
 The rule's verdict is decided again by XLA from the normalisers this kernel writes: the
 kernel reads a row on while the rule passes up to a margin far above any rounding
