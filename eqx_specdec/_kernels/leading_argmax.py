@@ -139,5 +139,5 @@ def _argmaxes(tokens, target_probs, log_space, interpret):
         interpret=pltpu.InterpretParams() if interpret else False,
         name="leading_argmax",
     )(tokens.reshape(-1), target_probs)
-    read = jnp.arange(rows)[None] <= last[:, None]
+    read = jnp.arange(rows, dtype=jnp.int32)[None] <= last[:, None]
     return jnp.where(read, best.reshape(batch, rows), vocab)

@@ -319,7 +319,7 @@ def _found(draft_tokens, draft, target, accept_uniforms, acceptance, interpret):
 
     def unpacked(out, width):
         out = out.reshape(batch, width, 3)
-        read = (jnp.arange(width)[None] <= last[:, None])[..., None]
+        read = (jnp.arange(width, dtype=jnp.int32)[None] <= last[:, None])[..., None]
         return jnp.where(read, out, jnp.asarray(_UNREAD, jnp.float32)[None, None])
 
     return unpacked(outs[0], rows), unpacked(outs[1], gamma) if drafted else None
