@@ -2,7 +2,11 @@
 interface, model-free and wrapped drafters, and drafts from another vocabulary (mapped
 token by token, or verified at the string level)."""
 
-from ._models.cached import AbstractCachedModel as AbstractCachedModel
+from ._models.cached import (
+    AbstractCachedModel as AbstractCachedModel,
+    AbstractPackedModel as AbstractPackedModel,
+    Packing as Packing,
+)
 from ._models.prompt_lookup import PromptLookupDraft as PromptLookupDraft
 from ._models.suffix import SuffixDraft as SuffixDraft
 from ._models.tempered import Tempered as Tempered

@@ -7,6 +7,7 @@ import re
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -170,3 +171,34 @@ PATH_ERRORS = {
     eqx.filter_jit: jax.errors.JaxRuntimeError,
     jax.jit: jax.errors.JaxRuntimeError,
 }
+
+
+def assert_packed_call_scores_each_row_s_tokens(model, vocab: int):
+    """A packed model's call on 1, 4 and 2 tokens of three rows, packed into 9 (two
+    padding tokens), after a prefill: the outputs at each row's tokens are its own
+    call's on its four slots, the cache entries up to its last token are the same, and
+    its slots past them repeat its last output."""
+    from eqx_specdec._models.cached import call_packed, call_rows, initial_states
+
+    batch, width = 3, 4
+    buffer = jax.random.randint(jax.random.key(1), (batch, 24), 0, vocab)
+    states = initial_states(model, batch, 24)
+    _, states = call_rows(model, buffer, jnp.zeros(batch, jnp.int32), 12, states)
+    starts = jnp.asarray([5, 9, 2], jnp.int32)
+    counts = jnp.asarray([1, 4, 2], jnp.int32)
+    packed, packed_states = eqx.filter_jit(call_packed)(
+        model, buffer, starts, counts, 9, width, states
+    )
+    rows, row_states = eqx.filter_jit(call_rows)(model, buffer, starts, width, states)
+    for b, (start, count) in enumerate(zip(starts.tolist(), counts.tolist())):
+        np.testing.assert_allclose(
+            packed[b, :count], rows[b, :count], rtol=1e-5, atol=1e-5
+        )
+        np.testing.assert_array_equal(
+            packed[b, count:],
+            jnp.broadcast_to(packed[b, count - 1], packed[b, count:].shape),
+        )
+        for a, c in zip(jax.tree.leaves(packed_states), jax.tree.leaves(row_states)):
+            np.testing.assert_allclose(
+                a[b, :, : start + count], c[b, :, : start + count], rtol=1e-5, atol=1e-5
+            )

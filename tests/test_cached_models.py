@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import assert_packed_call_scores_each_row_s_tokens
 
 import eqx_specdec as es
 from eqx_specdec._decoding.speedup import speedup_table
@@ -135,6 +136,10 @@ def test_the_transformer_cache_agrees_with_its_uncached_forward_pass():
         out, state = call(tokens[start:stop], jnp.arange(start, stop), state)
         pieces.append(out)
     np.testing.assert_allclose(jnp.concatenate(pieces), full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_packed_transformer_call_scores_each_row_s_tokens():
+    assert_packed_call_scores_each_row_s_tokens(_small_transformer(7, context=32), 7)
 
 
 def _transformer_sequence_probabilities(model, prompt, length, vocab, warp=None):

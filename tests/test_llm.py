@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import assert_packed_call_scores_each_row_s_tokens
 from user_stages import Capped
 
 import eqx_specdec as es
@@ -96,6 +97,15 @@ def _agreement(model, reference):
         kls.append(kl + rest_ref * np.log(rest_ref / rest_ours))
         agree.append(np.argmax(logits, -1) == case["top_ids"][:, 0])
     return np.concatenate(agree), np.concatenate(kls)
+
+
+def test_a_packed_llama_call_scores_each_row_s_tokens(smollm2):
+    """SmolLM2's first two layers (grouped-query attention, rotary positions, the tied
+    head): the packed call against each row's own."""
+    model = smollm2[0]
+    assert_packed_call_scores_each_row_s_tokens(
+        model.first_layers(2), model.config.vocab_size
+    )
 
 
 def test_tokenizer_ids_equal_llamacpps(smollm2, reference):

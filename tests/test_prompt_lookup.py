@@ -11,7 +11,7 @@ import pytest
 from test_cached_models import _model_free_chi_square, _small_transformer
 
 import eqx_specdec as es
-from eqx_specdec._proposal.chain import trimmed_widths
+from eqx_specdec._proposal.chain import packed_sizes, trimmed_widths
 
 
 def _reference_match(tokens, position, max_ngram, min_ngram):
@@ -104,7 +104,8 @@ def test_trim_needs_a_policy_that_stops_without_the_target():
 def test_a_trimmed_target_call_emits_what_the_full_one_does():
     """A prompt-lookup draft on repetitive prompts (rows draft between 0 and G tokens:
     the crossing token is not kept, so some steps call the target on one position) and
-    a cached transformer target: the tokens, the accepted-length histograms and the
+    a cached transformer target (packed: the wide steps call it on the rows' drafted
+    tokens alone): the tokens, the accepted-length histograms and the
     draft counts are identical, and the trimmed run scores no more positions. Rows
     that have finished draft nothing: with seven rows done after one step, the last
     row's tokens and scored positions are those of the row decoded alone (a finished
@@ -137,6 +138,9 @@ def test_a_trimmed_target_call_emits_what_the_full_one_does():
 
     results = [decode(trim) for trim in (False, True)]
     assert trimmed_widths(gamma) == (1, 7)
+    # The transformer is packed: where rows drafted, the trimmed run scored their
+    # tokens in calls of 28 or 56 rather than 8 rows of seven slots.
+    assert packed_sizes(target, 8, gamma) == (28, 56)
     for field in ("tokens", "accepted_histogram", "drafted", "target_calls"):
         np.testing.assert_array_equal(
             getattr(results[0], field), getattr(results[1], field)

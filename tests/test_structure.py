@@ -74,8 +74,9 @@ def test_the_public_api_is_what_the_docs_list():
         "ChiSquare", "EmissionEstimate", "Evaluation", "Speedup",
     }  # fmt: skip
     assert {cls.__name__ for cls in _public_classes(eqx_specdec.models)} == {
-        "AbstractCachedModel", "PromptLookupDraft", "SuffixDraft", "Tempered", "Warped",
-        "DraftVocabulary", "SharedVocabulary", "StringLevelDraft",
+        "AbstractCachedModel", "AbstractPackedModel", "Packing", "PromptLookupDraft",
+        "SuffixDraft", "Tempered", "Warped", "DraftVocabulary", "SharedVocabulary",
+        "StringLevelDraft",
     }  # fmt: skip
     assert {cls.__name__ for cls in _public_classes(eqx_specdec.families)} == {
         "AbstractEvaluationFamily", "Problem", "StepOptions",

@@ -88,6 +88,115 @@ class AbstractCachedModel(eqx.Module):
         """
 
 
+class Packing(eqx.Module):
+    """Where each of a call's `T` packed tokens sits in a batch of `B` rows: token `t`
+    is slot `slots[t]` of row `rows[t]`, at position `starts[rows[t]] + slots[t]`. A
+    row's tokens take its slots `0, 1, ...` in order; `slots[t] == width` marks a
+    padding token (the call's size exceeding the tokens), scored but written nowhere.
+
+    The batch's padded layout is `(B, width)`: `padded` and `packed` move per-token
+    arrays between the two, and `attend` runs a row's attention there.
+
+    **Fields:** `rows`, `slots` int32 `(T,)`; `starts` int32 `(B,)`; `width`, static:
+    the padded layout's slots a row.
+    """
+
+    rows: Int[Array, " T"]
+    slots: Int[Array, " T"]
+    starts: Int[Array, " B"]
+    width: int = eqx.field(static=True)
+
+    @classmethod
+    def of_counts(
+        cls, counts: Int[Array, " B"], starts: Int[Array, " B"], size: int, width: int
+    ) -> "Packing":
+        """`counts[b]` tokens of each row `b` (at most `width`, their sum at most
+        `size`), row after row, then padding up to `size` tokens."""
+        ends = jnp.cumsum(counts)
+        token = jnp.arange(size, dtype=jnp.int32)
+        rows = jnp.searchsorted(ends, token, side="right").astype(jnp.int32)
+        real = rows < counts.shape[0]
+        rows = jnp.minimum(rows, counts.shape[0] - 1)
+        slots = jnp.where(real, token - (ends - counts)[rows], width)
+        return cls(rows, slots.astype(jnp.int32), starts.astype(jnp.int32), width)
+
+    @property
+    def positions(self) -> Int[Array, " T"]:
+        """Each token's absolute position (a padding token's: its row's last slot)."""
+        return self.starts[self.rows] + jnp.minimum(self.slots, self.width - 1)
+
+    def padded(self, values: Array) -> Array:
+        """`(T, ...)` per-token values in the padded layout `(B, width, ...)`, zeros
+        where no token is (padding tokens dropped)."""
+        shape = (self.starts.shape[0], self.width) + values.shape[1:]
+        return (
+            jnp.zeros(shape, values.dtype)
+            .at[self.rows, self.slots]
+            .set(values, mode="drop")
+        )
+
+    def packed(self, values: Array) -> Array:
+        """`(B, width, ...)` values of the padded layout at the packed tokens
+        `(T, ...)` (a padding token reads its row's last slot)."""
+        return values[self.rows, jnp.minimum(self.slots, self.width - 1)]
+
+    def attend(self, q, k, v, caches, attend_row):
+        """Attention for the packed tokens, each row's in the padded layout:
+        `attend_row(q, k, v, cache, positions)` on one row's `(width, ...)` queries,
+        keys and values at its `width` positions and its cache, returning `(outputs,
+        cache)`, mapped over the rows; `caches` carries a leading batch axis. Returns
+        the packed outputs and the written caches."""
+
+        def row(q, k, v, cache, start):
+            positions = start + jnp.arange(self.width, dtype=jnp.int32)
+            return attend_row(q, k, v, cache, positions)
+
+        out, caches = jax.vmap(row)(
+            self.padded(q), self.padded(k), self.padded(v), caches, self.starts
+        )
+        return self.packed(out), caches
+
+    def unpacked(self, outputs: Array, counts: Int[Array, " B"]) -> Array:
+        """The packed outputs `(T, ...)` of `of_counts(counts, ...)` in the padded
+        layout `(B, width, ...)`: a row's slots past its last token repeat that
+        token's output (a valid distribution no verdict reads)."""
+        first = jnp.cumsum(counts) - counts
+        slot = jnp.arange(self.width, dtype=jnp.int32)
+        index = first[:, None] + jnp.minimum(slot[None], counts[:, None] - 1)
+        return outputs[index]
+
+
+class AbstractPackedModel(AbstractCachedModel):
+    """A cached model that also scores the tokens of a whole batch at once, packed: the
+    rows' tokens one after another, each row's attention over its own cache. The
+    trimmed chain ([`eqx_specdec.Chain`][]`(trim=True)`) calls such a target, in the
+    steps where some row drafted, on the tokens the rows drafted (and each row's last
+    committed token) rather than on $G + 1$ slots for every row: the matrix products
+    then cost what the tokens scored cost. [`eqx_specdec.llm.Llama`][] and
+    [`eqx_specdec.demo.Transformer`][] are ones.
+    """
+
+    @abc.abstractmethod
+    def packed_call(
+        self, tokens: Int[Array, " T"], packing: Packing, states: PyTree[Array]
+    ) -> tuple[Float[Array, "T V"], PyTree[Array]]:
+        """Writes each row's tokens at their positions into its state and returns their
+        next-token distributions, as calling the model on each row's tokens
+        (`__call__` at `packing.starts[b] + [0, width)`) would, at the tokens given.
+
+        **Arguments:**
+
+        - `tokens`: int32 `(T,)`, the packed tokens.
+        - `packing`: where each token sits ([`eqx_specdec.models.Packing`][]).
+        - `states`: the rows' states, each leaf with a leading batch axis `B`.
+
+        **Returns:**
+
+        `(outputs, states)`: float `(T, V)` (a padding token's output is never read)
+        and the rows' new states.
+        """
+
+
 def write_at(cache, new, positions):
     """A key-value cache `(heads, M, head_dim)` with `new` `(K, heads, head_dim)` written
     at the consecutive `positions` (the cached-model contract's calls). A gather and a
@@ -100,6 +209,17 @@ def write_at(cache, new, positions):
     inside = (offset >= 0) & (offset < new.shape[0])
     moved = jnp.take(new, jnp.clip(offset, 0, new.shape[0] - 1), axis=0)
     return jnp.where(inside[None, :, None], jnp.swapaxes(moved, 0, 1), cache)
+
+
+def write_and_attend(attend, q, k, v, cache, positions):
+    """`k` and `v` written into one sequence's key-value `cache` `(keys, values)`
+    (`(heads, M, head_dim)` each) at the consecutive `positions`, then `attend(q, keys,
+    values, positions)` over it: `(outputs, cache)`, a cached model's attention in one
+    layer (and `Packing.attend`'s `attend_row`, with `attend` bound)."""
+    keys, values = cache
+    keys = write_at(keys, k.astype(keys.dtype), positions)
+    values = write_at(values, v.astype(values.dtype), positions)
+    return attend(q, keys, values, positions), (keys, values)
 
 
 def is_cached(model: Any) -> bool:
@@ -128,6 +248,17 @@ def call_rows(model, buffer, starts, width: int, states):
         return model(row[positions], positions, state)
 
     return jax.vmap(one)(buffer, starts, states)
+
+
+def call_packed(model, buffer, starts, counts, size: int, width: int, states):
+    """`model` (an `AbstractPackedModel`) on `counts[b]` tokens of each row of `buffer`
+    at positions `starts[b] + [0, counts[b])`, packed into a call of `size` tokens: the
+    outputs in the padded layout `(B, width, V)` (`Packing.unpacked`) and the new
+    states."""
+    packing = Packing.of_counts(counts, starts, size, width)
+    tokens = buffer[packing.rows, packing.positions]
+    out, states = model.packed_call(tokens, packing, states)
+    return packing.unpacked(out, counts), states
 
 
 def prefill(model, buffer, width: int, states):

@@ -1,6 +1,7 @@
 """A small decoder-only transformer with a key-value cache, written to the cached-model
 interface: the built-in target (and draft) for measuring speculative decoding in time."""
 
+import functools
 import math
 
 import equinox as eqx
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._misc import no_type_check
-from .._models.cached import AbstractCachedModel, write_at
+from .._models.cached import AbstractPackedModel, Packing, write_and_attend
 
 
 KVCache = tuple[tuple[Float[Array, "heads length head_dim"], ...], ...]
@@ -47,8 +48,12 @@ def _attend(q, keys, values, query_positions):
     return jnp.einsum("hkm,hmd->khd", weights, values)
 
 
+# A layer's attention over one sequence's cache, its new keys and values written first.
+_cached_attend = functools.partial(write_and_attend, _attend)
+
+
 @no_type_check  # its fields are checked by `__check_init__`
-class Transformer(AbstractCachedModel):
+class Transformer(AbstractPackedModel):
     """A decoder-only transformer over a small vocabulary, with a key-value cache:
     learned token and position embeddings, `depth` pre-norm layers (RMS norm, causal
     multi-head attention, a GELU MLP of width `4 dim`), a final norm, and the token
@@ -181,12 +186,26 @@ class Transformer(AbstractCachedModel):
         """
 
         def attend(i, q, k, v):
-            keys, values = state[i]
-            keys = write_at(keys, k.astype(keys.dtype), positions)
-            values = write_at(values, v.astype(values.dtype), positions)
-            return _attend(q, keys, values, positions), (keys, values)
+            return _cached_attend(q, k, v, state[i], positions)
 
         return self._run(tokens, positions, attend)
+
+    def packed_call(
+        self, tokens: Int[Array, " T"], packing: Packing, states: KVCache
+    ) -> tuple[Float[Array, "T V"], KVCache]:
+        """The rows' tokens packed (see
+        [`eqx_specdec.models.AbstractPackedModel`][]): the products on the `T`
+        tokens, each row's attention over its own cache.
+
+        **Returns:**
+
+        `(logits, states)`: float `(T, V)` and the rows' written caches.
+        """
+
+        def attend(i, q, k, v):
+            return packing.attend(q, k, v, states[i], _cached_attend)
+
+        return self._run(tokens, packing.positions, attend)
 
     def logits(self, tokens: Int[Array, " length"]) -> Float[Array, "length V"]:
         """The uncached forward pass on a whole sequence: the next-token logits after

@@ -3,6 +3,7 @@ attention with rotary position embeddings, RMS norms, a SwiGLU MLP, a tied or un
 output head. One Python loop over the layers (each layer's weights are separate arrays)."""
 
 import dataclasses
+import functools
 import math
 
 import equinox as eqx
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._misc import no_type_check
-from .._models.cached import AbstractCachedModel, write_at
+from .._models.cached import AbstractPackedModel, Packing, write_and_attend
 
 
 class LlamaConfig(eqx.Module):
@@ -129,8 +130,12 @@ def _attend(q, keys, values, positions):
     return out.reshape(k_count, heads * d)
 
 
+# A layer's attention over one sequence's cache, its new keys and values written first.
+_cached_attend = functools.partial(write_and_attend, _attend)
+
+
 @no_type_check  # its fields are checked by `__check_init__`
-class Llama(AbstractCachedModel):
+class Llama(AbstractPackedModel):
     """A Llama-family decoder (Llama 2/3, SmolLM, TinyLlama, Mistral without sliding
     windows, and the like) with a key-value cache, in float32 or the dtype of its
     weights. It returns **logits**: decode with `outputs="logits"`.
@@ -234,33 +239,25 @@ class Llama(AbstractCachedModel):
         zeros = jnp.zeros(shape, self.dtype)
         return tuple((zeros, zeros) for _ in range(c.layers))
 
-    def _run(self, tokens, positions, cache):
+    def _run(self, tokens, positions, attend):
+        """The layers on `tokens` at `positions`; `attend(i, q, k, v)` is layer `i`'s
+        attention, returning `(outputs, cache)`: the last layer's output and the
+        layers' caches."""
         c = self.config
         d = c.width_per_head
         x = self.embedding[tokens]
-
-        def layer(x, weights_and_cache):
-            w, keys, values = weights_and_cache
+        new_cache = []
+        for i, w in enumerate(self.layers):
             h = _rms_norm(x, w.attention_norm, c.norm_eps)
             q = _rotate((h @ w.wq).reshape(-1, c.heads, d), positions, c.rope_base)
             k = _rotate((h @ w.wk).reshape(-1, c.kv_heads, d), positions, c.rope_base)
             v = (h @ w.wv).reshape(-1, c.kv_heads, d)
-            if keys is None:  # no cache: the sequence attends to itself
-                keys, values = jnp.swapaxes(k, 0, 1), jnp.swapaxes(v, 0, 1)
-            else:
-                keys = write_at(keys, k.astype(keys.dtype), positions)
-                values = write_at(values, v.astype(values.dtype), positions)
-            x = x + _attend(q, keys, values, positions) @ w.wo
+            mixed, kv = attend(i, q, k, v)
+            new_cache.append(kv)
+            x = x + mixed @ w.wo
             h = _rms_norm(x, w.mlp_norm, c.norm_eps)
             x = x + (jax.nn.silu(h @ w.gate) * (h @ w.up)) @ w.down
-            return x, (keys, values)
-
-        new_cache = []
-        for i, w in enumerate(self.layers):
-            keys, values = (None, None) if cache is None else cache[i]
-            x, kv = layer(x, (w, keys, values))
-            new_cache.append(kv)
-        return x, None if cache is None else tuple(new_cache)
+        return x, tuple(new_cache)
 
     def _logits(self, x):
         x = _rms_norm(x, self.final_norm, self.config.norm_eps)
@@ -285,8 +282,32 @@ class Llama(AbstractCachedModel):
 
         `(logits, state)`: float32 `(K, V)` and the written cache.
         """
-        x, state = self._run(tokens, positions, state)
+
+        def attend(i, q, k, v):
+            return _cached_attend(q, k, v, state[i], positions)
+
+        x, state = self._run(tokens, positions, attend)
         return self._logits(x), state
+
+    def packed_call(
+        self, tokens: Int[Array, " T"], packing: Packing, states: LlamaCache
+    ) -> tuple[Float[Array, "T V"], LlamaCache]:
+        """The rows' tokens packed (see
+        [`eqx_specdec.models.AbstractPackedModel`][]): the projections, the MLPs and
+        the head on the `T` tokens, each row's attention over its own cache (on the
+        CPU at B = 4 with SmolLM2, a call on 12 tokens took 81.0 ms against 102.5 ms
+        for seven slots a row).
+
+        **Returns:**
+
+        `(logits, states)`: float32 `(T, V)` and the rows' written caches.
+        """
+
+        def attend(i, q, k, v):
+            return packing.attend(q, k, v, states[i], _cached_attend)
+
+        x, states = self._run(tokens, packing.positions, attend)
+        return self._logits(x), states
 
     def logits(self, tokens: Int[Array, " length"]) -> Float[Array, "length V"]:
         """The uncached forward pass on a whole sequence: the next-token logits after
@@ -297,4 +318,9 @@ class Llama(AbstractCachedModel):
         """The last layer's output on a whole sequence, before the final norm and the
         head (the features a draft head reads), shape `(T, dim)`."""
         positions = jnp.arange(tokens.shape[0], dtype=jnp.int32)
-        return self._run(tokens, positions, None)[0]
+
+        def attend(i, q, k, v):  # no cache: the sequence attends to itself
+            keys, values = jnp.swapaxes(k, 0, 1), jnp.swapaxes(v, 0, 1)
+            return _attend(q, keys, values, positions), None
+
+        return self._run(tokens, positions, attend)[0]
