@@ -262,12 +262,21 @@ def main(argv=None):
         per_call = {w: (total[w] - prefill) / count for w in widths}
         per_call["draft"] = total["draft"] / count
         print(f"### B = {batch}\n")
+        sizes = es._proposal.chain.packed_sizes(model, batch, args.gamma)
+        packed = (
+            f"; where a row drafted, the target is called packed, on {sizes} tokens "
+            "(the cost model prices those steps as G + 1 tokens a row)"
+            if sizes
+            else ""
+        )
         print(
             f"Per-call times (ms, from {count} calls in plain decoding's program, its "
             "prefill taken out): draft "
             f"{1e3 * per_call['draft']:.1f}; target on "
             + ", ".join(f"{w}: {1e3 * per_call[w]:.1f}" for w in widths)
-            + f" tokens per row; the prefill of {width} positions {1e3 * prefill:.0f}\n"
+            + f" tokens per row; the prefill of {width} positions {1e3 * prefill:.0f}"
+            + packed
+            + "\n"
         )
         print(
             "| category | answer tokens | tokens/s: speculative / plain / "
