@@ -112,7 +112,7 @@ class Packing(eqx.Module):
     ) -> "Packing":
         """`counts[b]` tokens of each row `b` (at most `width`, their sum at most
         `size`), row after row, then padding up to `size` tokens."""
-        ends = jnp.cumsum(counts)
+        ends = jnp.cumsum(counts, dtype=jnp.int32)
         token = jnp.arange(size, dtype=jnp.int32)
         rows = jnp.searchsorted(ends, token, side="right").astype(jnp.int32)
         real = rows < counts.shape[0]
@@ -160,7 +160,7 @@ class Packing(eqx.Module):
         """The packed outputs `(T, ...)` of `of_counts(counts, ...)` in the padded
         layout `(B, width, ...)`: a row's slots past its last token repeat that
         token's output (a valid distribution no verdict reads)."""
-        first = jnp.cumsum(counts) - counts
+        first = jnp.cumsum(counts, dtype=jnp.int32) - counts
         slot = jnp.arange(self.width, dtype=jnp.int32)
         index = first[:, None] + jnp.minimum(slot[None], counts[:, None] - 1)
         return outputs[index]

@@ -519,14 +519,17 @@ def packed_sizes(target, batch: int, gamma: int) -> tuple[int, ...]:
     """The call sizes (tokens) a trimmed chain of `gamma` tokens calls a packed target
     ([`eqx_specdec.models.AbstractPackedModel`][]) on in the steps where some row
     drafted: half the batch's slots and all of them, the smallest holding the step's
-    tokens taken at run time; none (the rows' `gamma + 1` slots each) for another
-    target or a single row. With SmolLM2 at B = 4 on the CPU the rows drafting in such
-    steps scored 11 to 17 tokens of 28 on average, and a call on 12 took 81.0 ms against
-    102.5 ms on 28 (`benchmarks/results-cpu.md`)."""
-    if batch == 1 or not isinstance(target, AbstractPackedModel):
-        return ()
+    tokens taken at run time. None (the rows' `gamma + 1` slots each) for another
+    target, or where half the slots cannot hold the commonest such step, one row
+    drafting in full and the others not (a single row, or two): there the packed call
+    would be compiled and rarely taken. With SmolLM2 at B = 4 on the CPU the rows
+    drafting in such steps scored 11 to 17 tokens of 28 on average, and a call on 12
+    took 81.0 ms against 102.5 ms on 28 (`benchmarks/results-cpu.md`)."""
     slots = batch * (gamma + 1)
-    return tuple(sorted({-(-slots // 2), slots}))
+    half = -(-slots // 2)
+    if not isinstance(target, AbstractPackedModel) or half < gamma + batch:
+        return ()
+    return (half, slots)
 
 
 def trimmed_widths(gamma: int) -> tuple[int, ...]:
