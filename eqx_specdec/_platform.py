@@ -46,7 +46,8 @@ def leading_by_kernel(batch: int, vocab: int) -> bool:
     normalisers (`eqx_specdec._kernels.leading_cutoffs`). On a TPU, from
     `LEADING_KERNEL_MIN_ENTRIES` entries a position (batch times vocabulary): below it
     the rows of a few sequences, read one after another by eight streams, cost more
-    than the rows they skip (measured with the lockstep schedule the streams replaced). On a TPU v5e, greedy at (64, 5, 128256) took 0.158 ms
+    than the rows they skip (measured with the lockstep schedule the streams
+    replaced). On a TPU v5e, greedy at (64, 5, 128256) took 0.158 ms
     with the kernel against 0.301 ms with XLA's argmax of every row, at
     (256, 8, 32000) 0.232 against 0.465 ms; at (16, 5, 32000), 0.029 against
     0.026 ms. A temperature-1 step took 1.160 against 2.016 ms at (64, 5, 128256) and

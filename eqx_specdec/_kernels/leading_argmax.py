@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .._misc import given_as_arrays
-from .streams import chunks, column, each_row, state_scratch
+from .streams import chunks, each_row, state_scratch, token_column
 from .tiles import LANES as _LANES, lanes_per_step, ROWS as _ROWS
 
 
@@ -106,13 +106,7 @@ def _argmaxes(tokens, target_probs, log_space, interpret):
                     best_out[b * rows + i] = found[j, 0]
                     last_out[b] = i
 
-            token = column(
-                tokens_ref,
-                lambda b, i: b * gamma + jnp.minimum(i, gamma - 1),
-                sequence,
-                position,
-            )
-            return best == token
+            return best == token_column(tokens_ref, gamma, sequence, position)
 
         each_row(batch, rows, copies, examine, state, flags)
 

@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .._warps.warp import at_draft_tokens, NormalisedRows, WarpedRows
-from .streams import chunks, column, each_row, state_scratch
+from .streams import chunks, column, each_row, state_scratch, token_column
 from .tiles import LANES, ROWS
 from .warp_cutoffs import block_cutoffs
 
@@ -112,23 +112,19 @@ def normalised_until_failure(
     batch = target.x.shape[0]
     pieces = chunks(batch, _words(draft, target))
 
-    def part(tree, start, stop):  # sequences start to stop (broadcast leaves whole)
-        if tree is None or len(pieces) == 1:
-            return tree
-
-        def leaf(x):
-            if x.ndim < 3 or x.shape[0] == 1:
-                return x
-            return x[start:stop]
-
-        return jax.tree.map(leaf, tree)
+    def part(rows, start, stop):  # sequences start to stop (broadcast leaves whole)
+        if rows is None or len(pieces) == 1:
+            return rows
+        return jax.tree.map(
+            lambda x: x if x.ndim < 3 or x.shape[0] == 1 else x[start:stop], rows
+        )
 
     found = [
         _found(
-            part(draft_tokens[:, None], a, b)[:, 0],
+            draft_tokens[a:b],
             part(draft, a, b),
             part(target, a, b),
-            part(accept_uniforms[:, None], a, b)[:, 0],
+            accept_uniforms[a:b],
             acceptance,
             interpret,
         )
@@ -164,7 +160,8 @@ def _found(draft_tokens, draft, target, accept_uniforms, acceptance, interpret):
     batch, rows, vocab = x_t.shape
     gamma = rows - 1
 
-    def flat_at_tokens(x):  # the gather `NormalisedRows.at_tokens` reads (XLA shares)
+    def flat_at_tokens(x):  # `NormalisedRows.at_tokens` gathers the same (XLA TPU did
+        # not share the two: 29 us each at (256, 8, 32000), `results-tpu.md`)
         return at_draft_tokens(x, draft_tokens).astype(jnp.float32).reshape(-1)
 
     log_u = jnp.log(accept_uniforms.astype(jnp.float32)).reshape(-1)
@@ -239,22 +236,18 @@ def _found(draft_tokens, draft, target, accept_uniforms, acceptance, interpret):
             value = (tok / scale - shift) - log_sum
             return jnp.where(tok < threshold, -jnp.inf, value)
 
-        def at_token(values, sequence, position):
-            index = lambda b, i: b * gamma + jnp.minimum(i, gamma - 1)  # noqa: E731
-            return column(values, index, sequence, position)
-
         def examine(slot, sequence, position, active):
             where = (sequence, position)
             t_found = found_at(t_buf, t_par_ref, t_count, rows, t_warps, slot, *where)
             values = [t_found[0], t_found[2], t_found[3]]
-            log_p = log_prob(at_token(t_val, *where), *t_found)
+            log_p = log_prob(token_column(t_val, gamma, *where), *t_found)
             log_q = jnp.zeros_like(log_p)
             if drafted:
                 d_found = found_at(
                     d_buf, d_par_ref, d_count, gamma, d_warps, slot, *where
                 )
                 values += [d_found[0], d_found[2], d_found[3]]
-                log_q = log_prob(at_token(d_val, *where), *d_found)
+                log_q = log_prob(token_column(d_val, gamma, *where), *d_found)
             lane = jax.lax.broadcasted_iota(jnp.int32, (ROWS, LANES), 1)
             staged = jnp.zeros((ROWS, LANES), jnp.float32)
             for k, value in enumerate(values):
@@ -279,7 +272,7 @@ def _found(draft_tokens, draft, target, accept_uniforms, acceptance, interpret):
             ratio = acceptance(log_p, log_q) - log_q
             margin = _MARGIN_ABSOLUTE + _MARGIN_RELATIVE * jnp.abs(ratio)
             # NaN (a NaN row; -inf - -inf) fails, as XLA's comparison does.
-            return at_token(log_u_ref, *where) < ratio + margin
+            return token_column(log_u_ref, gamma, *where) < ratio + margin
 
         each_row(batch, rows, copies, examine, state, flags)
 

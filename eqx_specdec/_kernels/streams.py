@@ -118,6 +118,17 @@ def column(values, index, sequence, position):
     return out
 
 
+def token_column(values, gamma: int, sequence, position):
+    """`(8, 1)`: `column` of a flat `(B * G,)` SMEM array of per-draft-token values at
+    each stream's sequence and position (the bonus row $G$ reads position $G - 1$'s,
+    which no verdict uses)."""
+
+    def index(b, i):
+        return b * gamma + jnp.minimum(i, gamma - 1)
+
+    return column(values, index, sequence, position)
+
+
 def chunks(batch: int, words_per_sequence: int):
     """The batch's sequences cut into calls whose SMEM arrays (`words_per_sequence`
     32-bit words a sequence) fit in `SMEM_WORDS`, eight sequences or more a call:
