@@ -265,7 +265,7 @@ def main(argv=None):
         sizes = es._proposal.chain.packed_sizes(model, batch, args.gamma)
         packed = (
             f"; where a row drafted, the target is called packed, on {sizes} tokens "
-            "(the cost model prices those steps as G + 1 tokens a row)"
+            "(the cost model prices a call affinely in its tokens)"
             if sizes
             else ""
         )
@@ -333,18 +333,26 @@ def main(argv=None):
                 med = {k: statistics.median(v) for k, v in times.items()}
                 steps = int(np.max(np.asarray(spec.target_calls)))
                 drafted = float(np.sum(spec.drafted)) / float(np.sum(spec.target_calls))
-                # Cost model: each step one draft call per drafted token (the rows'
-                # mean), and one target call on G + 1 positions, or on one where no
-                # running row drafted: the row with the most steps ran in every step,
-                # so its scored positions count the batch's wide calls exactly.
+                # Cost model (`Speedup.calls_seconds`): each step one draft call per
+                # drafted token (the rows' mean), and one target call, its cost affine
+                # in the tokens it scored between the calls on 1 and G + 1 tokens a
+                # row: the row with the most steps ran in every step, so its scored
+                # tokens count the whole run's.
                 longest = int(np.argmax(np.asarray(spec.target_calls)))
-                scored = int(spec.scored_positions[longest])
-                full = (scored - steps) // (widths[-1] - 1)
-                spec_cost = (
-                    steps * drafted * per_call["draft"]
-                    + full * per_call[widths[-1]]
-                    + (steps - full) * per_call[1]
-                )
+                spec_cost = es.evaluation.Speedup(
+                    speculative_seconds=med["speculative"],
+                    plain_seconds=med["plain"],
+                    batch=batch,
+                    tokens=int(np.sum(spec.lengths)),
+                    tokens_per_call=spec.tokens_per_call(),
+                    steps=steps,
+                    draft_call_seconds=per_call["draft"],
+                    target_call_seconds=per_call[widths[-1]],
+                    plain_call_seconds=per_call[1],
+                    draft_calls_per_step=drafted,
+                    gamma=args.gamma,
+                    scored_tokens=int(spec.scored_tokens[longest]),
+                ).calls_seconds
                 plain_cost = prefill + n * per_call[1]
                 predicted = plain_cost / (prefill + spec_cost)
                 # The ceiling: a draft that is always right (G + 1 tokens a wide

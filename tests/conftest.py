@@ -106,7 +106,9 @@ def _optimise_execution_bound(request):
 # (layouts across devices, tracing and Equinox's filter semantics, the CLI, the docs'
 # snippets, the structure, statistics of loops over float32 models) and run in the
 # 32-bit pass only: run twice, the suite's compile time did not fit CI's ten minutes on
-# two cores. `SPECDEC_X64_ALL=1` runs every module in the 64-bit pass too.
+# two cores. Within those modules, a test marked `dtype_free` (a hang, a Monte Carlo
+# statistic on float32 inputs, per-row seeds: nothing a dtype enters) runs in the 32-bit
+# pass only. `SPECDEC_X64_ALL=1` runs every test in the 64-bit pass too.
 X64_MODULES = {
     "test_check_levels.py",
     "test_edge_cases.py",
@@ -126,8 +128,15 @@ X64_MODULES = {
 def pytest_collection_modifyitems(config, items):
     if not jax.config.jax_enable_x64 or os.environ.get("SPECDEC_X64_ALL") == "1":
         return
-    selected = [item for item in items if item.path.name in X64_MODULES]
-    deselected = [item for item in items if item.path.name not in X64_MODULES]
+
+    def in_x64_pass(item):
+        return (
+            item.path.name in X64_MODULES
+            and item.get_closest_marker("dtype_free") is None
+        )
+
+    selected = [item for item in items if in_x64_pass(item)]
+    deselected = [item for item in items if not in_x64_pass(item)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected

@@ -321,10 +321,11 @@ def test_measure_speedup_reports_a_consistent_run():
     own = measured.speculative_seconds / measured.steps - step
     np.testing.assert_allclose(measured.loop_seconds_per_step, own)
     assert f"| {1e3 * own:.3f} (" in speedup_table({"2-gram": measured})
-    assert measured.narrow_steps == 0  # every step called the target on G + 1
+    # Every step called the target on G + 1 tokens a row: 2 rows of 4.
+    assert measured.scored_tokens == 8 * measured.steps
 
 
-def test_measure_speedup_counts_a_trimmed_chain_s_narrow_steps():
+def test_measure_speedup_prices_a_trimmed_chain_s_narrow_steps():
     """With prompt lookup and a trimmed chain, the steps where the row drafted nothing
     called the target on one position: the cost model counts them as plain calls (one
     row: the steps less those that drafted)."""
@@ -338,12 +339,14 @@ def test_measure_speedup_counts_a_trimmed_chain_s_narrow_steps():
     measured = es.evaluation.measure_speedup(*run, repeats=1, **options)
     result = es.speculative_decode(*run, **options)
     drafting = int(np.asarray(result.drafting_steps)[0])
-    assert 0 < measured.narrow_steps == measured.steps - drafting < measured.steps
     m = measured
+    narrow = m.steps - drafting
+    assert 0 < narrow < m.steps
+    assert m.scored_tokens == 4 * drafting + narrow  # G + 1 tokens, or one
     calls = (
         m.steps * m.draft_calls_per_step * m.draft_call_seconds
         + drafting * m.target_call_seconds
-        + m.narrow_steps * m.plain_call_seconds
+        + narrow * m.plain_call_seconds
     )
     np.testing.assert_allclose(m.predicted_speedup, 24 * m.plain_call_seconds / calls)
     np.testing.assert_allclose(

@@ -253,7 +253,10 @@ def test_sampled_speculative_decoding_is_lossless_and_a_lossy_rule_is_caught(smo
     model's own joint distribution, by chi-square: the prompt repeats itself, so the
     lookup's drafts are accepted and rejected. A lossy rule is caught. (The lenient
     rule at lenience 1 is the standard rule, `u q < p`; its lenience, an array, is
-    traced, so both cases run one compiled loop.)"""
+    traced, so both cases run one compiled loop. The chain is untrimmed: one target
+    program of the 30 layers rather than three, the one-token and two packed calls,
+    whose tokens equal the untrimmed chain's: `test_prompt_lookup.py` and the packed
+    call's test below.)"""
     model, tokenizer = smollm2
     prompt = tokenizer.encode("red green blue red green blue red green")
     likely, expected = _first_two_tokens_law(model, prompt)
@@ -300,9 +303,7 @@ def _check_first_two_tokens(smollm2, prompt, likely, expected, lenience, lossles
         2,
         jax.random.split(jax.random.key(1), rows),
         verifier=verifier,
-        proposal=es.Chain(
-            3, draft_length=es.StopWhenUnlikely(keep_crossing=False), trim=True
-        ),
+        proposal=es.Chain(3, draft_length=es.StopWhenUnlikely(keep_crossing=False)),
         outputs=("probs", "logits"),
     )
     tokens = np.asarray(result.tokens)

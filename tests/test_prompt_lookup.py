@@ -148,22 +148,26 @@ def test_a_trimmed_target_call_emits_what_the_full_one_does():
     np.testing.assert_allclose(results[0].logprobs, results[1].logprobs, rtol=1e-5)
     assert len(np.unique(np.asarray(results[0].accepted_histogram).nonzero()[1])) > 2
     calls = np.asarray(results[0].target_calls)
-    np.testing.assert_array_equal(results[0].scored_positions, (gamma + 1) * calls)
-    scored = np.asarray(results[1].scored_positions)
-    assert np.all(scored >= calls) and np.all(scored <= (gamma + 1) * calls)
+    np.testing.assert_array_equal(results[0].scored_tokens, 8 * (gamma + 1) * calls)
+    # The packed run's longest row ran every step; each step's call held every running
+    # row's drafted tokens and last committed one, and fewer than the padded calls.
+    longest = int(np.argmax(calls))
+    scored = int(results[1].scored_tokens[longest])
+    needed = int(np.sum(results[1].drafted) + np.sum(calls))
+    assert needed <= scored < 8 * (gamma + 1) * calls[longest]
 
     limits = jnp.asarray([1] * 7 + [24], jnp.int32)
     done_early = decode(True, max_lengths=limits)
     alone = decode(True, slice(7, None))
     np.testing.assert_array_equal(done_early.target_calls[:7], 1)
-    for field in ("tokens", "target_calls", "scored_positions", "drafted"):
+    for field in ("tokens", "target_calls", "drafted"):
         np.testing.assert_array_equal(
             getattr(done_early, field)[7:], getattr(alone, field)
         )
-    # Alone, a step scores G + 1 positions where the row drafted and one otherwise, and
-    # some steps scored one: the check above bites.
+    # Alone (one row: no packing), a step scores G + 1 tokens where the row drafted and
+    # one otherwise, and some steps scored one.
     calls, steps = int(alone.target_calls[0]), int(alone.drafting_steps[0])
-    assert int(alone.scored_positions[0]) == calls + gamma * steps < (gamma + 1) * calls
+    assert int(alone.scored_tokens[0]) == calls + gamma * steps < (gamma + 1) * calls
     # The one-position steps emit what the full call emits, log-probabilities included.
     np.testing.assert_array_equal(alone.tokens, results[0].tokens[7:])
     np.testing.assert_allclose(alone.logprobs, results[0].logprobs[7:], rtol=1e-5)

@@ -180,7 +180,7 @@ class _LoopState(typing.NamedTuple):
     reached: Array
     drafted: Int[Array, " B"]
     drafting_steps: Int[Array, " B"]  # steps in which the row drafted a token
-    scored: Int[Array, " B"]  # positions the target scored while the row ran
+    scored: Int[Array, " B"]  # tokens the target's calls scored while the row ran
     states: tuple
     status: Status
     logprobs: Array | None  # (B, W) float32 when asked for, like `buffer`
@@ -386,7 +386,7 @@ class _DecodeLoop(eqx.Module):
             theory,
             drafted=end.drafted,
             drafting_steps=end.drafting_steps,
-            scored_positions=end.scored,
+            scored_tokens=end.scored,
             logprobs=logprobs,
             lengths=generated,
             finish_reasons=finish.astype(jnp.int32),

@@ -46,12 +46,14 @@ class DecodeResult(eqx.Module):
     - `drafting_steps`: int32 of shape `(B,)`, the steps in which the row drafted at
         least one token (the others, under a draft-length policy that allows none, were
         plain decoding steps).
-    - `scored_positions`: int32 of shape `(B,)`, the positions per row the target's
-        calls scored over the steps the row ran (a step's call scores every row at one
-        width: $G + 1$, a tree's node count plus one, or 1 in a step where no running
-        row drafted). Rows run for a prefix of the loop's steps, so the row with the
-        most `target_calls` holds the whole batch's count: with per-call times, the
-        cost model of the run.
+    - `scored_tokens`: int32 of shape `(B,)`, the tokens the target's calls scored
+        over the steps the row ran, over the whole batch: a padded call scores every
+        row at one width ($G + 1$, a tree's node count plus one, or 1 in a trimmed
+        chain's step where no running row drafted), padding included; a packed call
+        (a trimmed chain with an [`eqx_specdec.models.AbstractPackedModel`][] target)
+        its size. Rows run for a prefix of the loop's steps, so the row with the most
+        `target_calls` holds the run's count: with per-call times, the cost model of
+        the run.
     - `logprobs`: float32 of shape `(B, L)`, the target's log-probability of each
         generated token under the distribution it was verified against, with
         `speculative_decode(..., logprobs=True)`; `None` otherwise. -inf after a
@@ -86,7 +88,7 @@ class DecodeResult(eqx.Module):
     error_steps: Int[Array, " B"] | None = None
     error_positions: Int[Array, " B"] | None = None
     drafting_steps: Int[Array, " B"] | None = None
-    scored_positions: Int[Array, " B"] | None = None
+    scored_tokens: Int[Array, " B"] | None = None
     result: RESULTS | None = None
     failed_row: Int[ArrayLike, ""] | None = None
 

@@ -33,8 +33,9 @@ class StepOutcome(NamedTuple):
     `num_accepted` (B,), `tokens` (B, slots) (the accepted draft tokens, the correction,
     then -1), `reached` (B, depth + 1) (the theory's $P(n \\ge k)$, NaN without
     theory), `drafted` (B,) (the draft tokens drafted), `scored` (a scalar), the
-    positions per row the step's target call scored (its width: the whole batch is
-    scored at once), `states`, the cached models' states after the step
+    tokens the step's target call scored over the batch (its slots a row times the
+    batch in a padded call, padding included; the call's size in a packed one),
+    `states`, the cached models' states after the step
     (`(draft_state, target_state)`, `None` for a stateless model), `invalid`, the
     draft's and the target's flags (B,) of the rows where what the model returned
     this step, among the rows the step used, is not a distribution

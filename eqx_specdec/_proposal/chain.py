@@ -245,7 +245,7 @@ class Chain(AbstractProposal):
                 out["tokens"],
                 reached.astype(jnp.float32),
                 drafted_,
-                jnp.asarray(slots, jnp.int32),
+                jnp.asarray(batch * slots, jnp.int32),
                 invalid=invalid,
                 logprobs=logprobs,
             )
@@ -269,7 +269,7 @@ class Chain(AbstractProposal):
                 tokens,
                 reached,
                 jnp.zeros((batch,), jnp.int32),
-                jnp.asarray(1, jnp.int32),
+                jnp.asarray(batch, jnp.int32),
                 invalid=(jnp.zeros((batch,), bool), invalid_distributions(p)),
                 logprobs=logprobs,
             )
@@ -309,15 +309,20 @@ class Chain(AbstractProposal):
                 # holds them, rather than on G + 1 slots a row.
                 counts = jnp.clip(drafted, 0, self.length).astype(jnp.int32) + 1
                 total = jnp.sum(counts)
-                every, smaller = None, 0
+                every, smaller, taken = None, 0, jnp.asarray(0, jnp.int32)
                 for size in sizes:
                     here = wide & (total > smaller) & (total <= size)
                     found, target_state = run_if(
                         here, slots, target_state, (counts, size)
                     )
                     every = found if every is None else jnp.where(here, found, every)
+                    taken = jnp.where(here, jnp.int32(size), taken)
                     smaller = size
             outcome = jax.lax.cond(wide, lambda: verified(every), lambda: plain(one))
+            if sizes:  # the packed call's size, not the padded width
+                outcome = outcome._replace(
+                    scored=jnp.where(wide, taken, outcome.scored)
+                )
         return outcome._replace(states=(draft_state, target_state))
 
 

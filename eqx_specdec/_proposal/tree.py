@@ -155,7 +155,7 @@ def verify_tree(
         tokens,
         reached,
         drafted,
-        jnp.asarray(nodes.shape[1] + 1, jnp.int32),
+        jnp.asarray(batch * (nodes.shape[1] + 1), jnp.int32),
         invalid=invalid,
         logprobs=logprobs,
     )
