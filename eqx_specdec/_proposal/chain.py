@@ -198,8 +198,9 @@ class Chain(AbstractProposal):
         else:
             vocab = qs.shape[-1]
 
-        def verified(p):
-            """The verifier on the target's $G + 1$ rows."""
+        def verified(p, scored_tokens):
+            """The verifier on the target's $G + 1$ rows, from a call on
+            `scored_tokens` tokens."""
             if qs is None:  # proposed tokens: one-hot drafts
                 law = jax.nn.one_hot(xs, vocab, dtype=p.dtype)
             else:
@@ -245,7 +246,7 @@ class Chain(AbstractProposal):
                 out["tokens"],
                 reached.astype(jnp.float32),
                 drafted_,
-                jnp.asarray(batch * slots, jnp.int32),
+                scored_tokens,
                 invalid=invalid,
                 logprobs=logprobs,
             )
@@ -284,7 +285,7 @@ class Chain(AbstractProposal):
 
         if not self.trim:
             p, target_state = scored(slots)((None, target_state))
-            outcome = verified(p)
+            outcome = verified(p, jnp.asarray(batch * slots, jnp.int32))
         else:
             # Batch-wide branches (the loop's step is not vmapped): a step where no
             # running row drafted calls the target on one position and costs what a
@@ -301,6 +302,7 @@ class Chain(AbstractProposal):
 
             one, target_state = run_if(~wide, 1, target_state)
             sizes = packed_sizes(models.target, batch, self.length)
+            taken = jnp.asarray(batch * slots, jnp.int32)  # the wide call's tokens
             if not sizes:
                 every, target_state = run_if(wide, slots, target_state)
             else:
@@ -309,7 +311,7 @@ class Chain(AbstractProposal):
                 # holds them, rather than on G + 1 slots a row.
                 counts = jnp.clip(drafted, 0, self.length).astype(jnp.int32) + 1
                 total = jnp.sum(counts)
-                every, smaller, taken = None, 0, jnp.asarray(0, jnp.int32)
+                every, smaller = None, 0
                 for size in sizes:
                     here = wide & (total > smaller) & (total <= size)
                     found, target_state = run_if(
@@ -318,11 +320,9 @@ class Chain(AbstractProposal):
                     every = found if every is None else jnp.where(here, found, every)
                     taken = jnp.where(here, jnp.int32(size), taken)
                     smaller = size
-            outcome = jax.lax.cond(wide, lambda: verified(every), lambda: plain(one))
-            if sizes:  # the packed call's size, not the padded width
-                outcome = outcome._replace(
-                    scored=jnp.where(wide, taken, outcome.scored)
-                )
+            outcome = jax.lax.cond(
+                wide, lambda: verified(every, taken), lambda: plain(one)
+            )
         return outcome._replace(states=(draft_state, target_state))
 
 
