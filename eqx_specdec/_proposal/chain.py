@@ -69,7 +69,11 @@ class Chain(AbstractProposal):
         compiled target calls, chosen at run time. It pays where drafts are often
         empty (a [`eqx_specdec.models.PromptLookupDraft`][] that finds no match): such a step
         then costs what a plain decoding step does. Needs a `draft_length` policy that
-        stops without reading the target. Default `False` (always $G + 1$).
+        stops without reading the target. It pays where a call on $G + 1$ tokens costs
+        clearly more than one on a single token (a CPU: 1.7x for SmolLM2), not on a
+        TPU, where the two cost alike and XLA relayouts the caches and weights between
+        the two call sites on every step (0.3 ms a step for SmolLM2,
+        `benchmarks/results-tpu.md`). Default `False` (always $G + 1$).
     """
 
     length: int = eqx.field(static=True, default=4)
