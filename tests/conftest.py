@@ -1,3 +1,4 @@
+import gc
 import os
 
 
@@ -77,6 +78,46 @@ def _clear_provoked_callback_errors():
         if "(the first such row)" not in str(error):
             raise
         dispatch.runtime_tokens.clear()
+
+
+def _mapping_limit() -> int | None:
+    """The kernel's cap on a process's memory mappings (Linux), or `None`."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as file:
+            return int(file.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _mappings() -> int:
+    with open("/proc/self/maps", "rb") as file:
+        return sum(1 for _ in file)
+
+
+MAPPING_LIMIT = _mapping_limit()
+_tests_since_count = 0
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs():
+    """XLA CPU maps each compiled kernel's code and data into the process (about three
+    mappings a kernel, some 200 for one verification's programs), and JAX keeps every
+    program a test compiled. A worker of this suite reached Linux's cap of 65,530
+    mappings about half way through a pass, and XLA crashed with a segmentation fault
+    in the next compilation. Every fifth test, when the worker holds more than half the
+    cap, JAX's caches are cleared (the programs are freed, and later tests that need
+    one again read it from the persistent cache or compile it again)."""
+    global _tests_since_count
+    yield
+    if MAPPING_LIMIT is None:
+        return
+    _tests_since_count += 1
+    if _tests_since_count < 5:
+        return
+    _tests_since_count = 0
+    if _mappings() > MAPPING_LIMIT // 2:
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)
