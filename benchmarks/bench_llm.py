@@ -22,15 +22,18 @@ categories (summarise, extract, edit code, continue, open question), greedily
   the faster of the two plain loops in each round.
 
 Each prompt's answer is first decoded plainly up to its end-of-turn token (at most
-`--tokens`); every program is compiled before timing; then `--repeats` rounds time each
-run once, interleaved. Per category: tokens/s, the mean accepted length (tokens per
-target call), the acceptance rate per draft position, the speed-up mean and standard
-deviation over rounds and prompts, the cost model's prediction (per-call times of the
-draft and of the target at each width, measured in plain decoding's program), and the
-equivalence check (the speculative tokens equal plain greedy decoding's, or the first
-divergence and the target's top-2 margin there). With `--llama-cpp PYTHON` (an
-interpreter with `llama-cpp-python`), llama.cpp's plain decoding of the same file on the
-same machine is timed beside.
+`--tokens`); then every run is given the answer's length as its number of tokens (the
+plain loops generate exactly that many; the speculative one stops at the end-of-turn
+token, there), so that all three hold caches of the same length; every program is
+compiled before timing; then `--repeats` rounds time each run once, interleaved. Per
+category: tokens/s, the mean accepted length (tokens per target call), the acceptance
+rate per draft position, the speed-up mean and standard deviation over rounds and
+prompts, the cost model's prediction (per-call times of the draft and of the target at
+each width, measured in plain decoding's program at two lengths of the caches and taken
+at the run's), and the equivalence check (the speculative tokens equal plain greedy
+decoding's, or the first divergence and the target's top-2 margin there). With
+`--llama-cpp PYTHON` (an interpreter with `llama-cpp-python`), llama.cpp's plain
+decoding of the same file on the same machine is timed beside.
 """
 
 import argparse
@@ -242,22 +245,25 @@ def main(argv=None):
     summary = []
     for batch in args.batches:
         # The cost model's per-call times, once per batch size: plain decoding's
-        # program with every call on `w` tokens (and the draft's), over as many tokens
-        # as an answer may hold, so that the caches and contexts are the speculative
-        # runs' (timed over 32 tokens, the model left out 11 to 15 ms of their steps at
-        # B = 4; over 128, 0.3 to 6.1 ms: `results-cpu.md`). Plain decoding's own runs
-        # size their caches to the answer: the model prices plain decoding by its own
-        # program (below), whose calls at 128 tokens' caches cost up to an eighth more.
-        count = args.tokens
+        # program with every call on `w` tokens (and the draft's), at two lengths of
+        # the caches (room for `short` and for `--tokens` answer tokens). A call's time
+        # is affine in its caches' length (the attention reads the whole cache, masked;
+        # on this CPU at B = 4 a call on one token a row took 61 ms with room for 47
+        # tokens and 79 ms with room for 128), so each group's calls are priced at its
+        # own caches' length by the line through the two. Every run below, plain and
+        # speculative, has room for the answer's tokens only (`n`, as the plain loops
+        # must be told how many tokens to generate), so their caches are alike.
+        counts = (min(32, args.tokens), args.tokens)
         prompts, lengths = pad(encoded[args.categories[0]][:1] * batch, width)
         cost_runs = {
-            "draft": lambda: calls(draft, prompts, lengths, count, 1, "probs"),
+            "draft": lambda: calls(draft, prompts, lengths, counts[-1], 1, "probs"),
             "prefill": lambda: calls(model, prompts, lengths, 1, 1, "logits"),
         }
-        for w in widths:
-            cost_runs[w] = lambda w=w: calls(
-                model, prompts, lengths, count, w, "logits"
-            )
+        for c in counts:
+            for w in widths:
+                cost_runs[w, c] = lambda w=w, c=c: calls(
+                    model, prompts, lengths, c, w, "logits"
+                )
         for run in cost_runs.values():
             jax.block_until_ready(run())
         total = {k: [] for k in cost_runs}
@@ -266,13 +272,23 @@ def main(argv=None):
                 total[k].append(timed(run))
         total = {k: statistics.median(v) for k, v in total.items()}
         # Each run holds the prefill (padded prompts, the same width for every prompt)
-        # and its calls: the prefill's run has one call, the others `count`. A call on one
-        # position from the two runs on one, then the prefill alone, then each width's
-        # call with the prefill taken out (the draft's prefill is one of its calls).
-        one = (total[1] - total["prefill"]) / (count - 1)
+        # and its calls: the prefill's run has one call, the others `c`. A call on one
+        # position from the prefill's run and the shorter run on one, then the prefill
+        # alone, then each width's call with the prefill taken out (the draft's
+        # prefill is one of its calls).
+        one = (total[1, counts[0]] - total["prefill"]) / (counts[0] - 1)
         prefill = total["prefill"] - one
-        per_call = {w: (total[w] - prefill) / count for w in widths}
-        per_call["draft"] = total["draft"] / count
+        measured = {(w, c): (total[w, c] - prefill) / c for c in counts for w in widths}
+        draft_call = total["draft"] / counts[-1]
+
+        def per_call(w, room):
+            """A call on `w` tokens a row, with caches holding `room` answer tokens:
+            on the line through the two measured lengths."""
+            short, long = (measured[w, c] for c in counts)
+            if counts[0] == counts[1]:
+                return long
+            return short + (long - short) * (room - counts[0]) / (counts[1] - counts[0])
+
         print(f"### B = {batch}\n")
         sizes = (
             es._proposal.chain.packed_sizes(model, batch, args.gamma)
@@ -286,10 +302,13 @@ def main(argv=None):
             else ""
         )
         print(
-            f"Per-call times (ms, from {count} calls in plain decoding's program, its "
-            "prefill taken out): draft "
-            f"{1e3 * per_call['draft']:.1f}; target on "
-            + ", ".join(f"{w}: {1e3 * per_call[w]:.2f}" for w in widths)
+            "Per-call times (ms, plain decoding's program, its prefill taken out, with "
+            f"room for {counts[0]} / {counts[1]} answer tokens in the caches): draft "
+            f"{1e3 * draft_call:.1f}; target on "
+            + ", ".join(
+                f"{w}: " + " / ".join(f"{1e3 * measured[w, c]:.2f}" for c in counts)
+                for w in widths
+            )
             + f" tokens per row; the prefill of {width} positions {1e3 * prefill:.0f}"
             + packed
             + "\n"
@@ -311,7 +330,7 @@ def main(argv=None):
                 prompts, lengths = pad(group, width)
                 reference = np.asarray(plain(prompts, lengths, args.tokens))
                 n = max(answer_length(r, stops) for r in reference)
-                spec = speculative(prompts, lengths, args.tokens)
+                spec = speculative(prompts, lengths, n)
                 # Equivalence: each row's answer, token for token.
                 equal, note = True, ""
                 for b, row in enumerate(np.asarray(spec.tokens)):
@@ -330,7 +349,7 @@ def main(argv=None):
                         equal = False
                         note = f" (row {b} at {at}, margin {top2[1] - top2[0]:.2g})"
                 runs = {
-                    "speculative": lambda: speculative(prompts, lengths, args.tokens),
+                    "speculative": lambda: speculative(prompts, lengths, n),
                     "plain": lambda: plain(prompts, lengths, n),
                     "straightforward": lambda: straightforward_jit(
                         model, prompts, lengths, n
@@ -362,23 +381,21 @@ def main(argv=None):
                     tokens=int(np.sum(spec.lengths)),
                     tokens_per_call=spec.tokens_per_call(),
                     steps=steps,
-                    draft_call_seconds=per_call["draft"],
-                    target_call_seconds=per_call[widths[-1]],
-                    plain_call_seconds=per_call[1],
+                    draft_call_seconds=draft_call,
+                    target_call_seconds=per_call(widths[-1], n),
+                    plain_call_seconds=per_call(1, n),
                     draft_calls_per_step=drafted,
                     gamma=args.gamma,
                     scored_tokens=int(spec.scored_tokens[longest]),
                 ).calls_seconds
                 # Plain decoding as its own program prices it: the faster plain
-                # loop's run, n calls on caches sized to the answer (its calls,
-                # timed on the speculative run's caches of 128 tokens, cost up to an
-                # eighth more, and the model overrated speculation by that much).
+                # loop's run.
                 plain_cost = min(med["plain"], med["straightforward"])
                 predicted = plain_cost / (prefill + spec_cost)
                 # The ceiling: a draft that is always right (G + 1 tokens a wide
                 # call), at the same per-call times.
                 ceiling = plain_cost / (
-                    prefill + -(-n // widths[-1]) * per_call[widths[-1]]
+                    prefill + -(-n // widths[-1]) * per_call(widths[-1], n)
                 )
                 stats.append(
                     {
