@@ -248,9 +248,9 @@ def main(argv=None):
         # program with every call on `w` tokens (and the draft's), at two lengths of
         # the caches (room for `short` and for `--tokens` answer tokens). A call's time
         # is affine in its caches' length (the attention reads the whole cache, masked;
-        # on this CPU at B = 4 a call on one token a row took 61 ms with room for 47
-        # tokens and 79 ms with room for 128), so each group's calls are priced at its
-        # own caches' length by the line through the two. Every run below, plain and
+        # on this CPU at B = 4 a call on one token a row took 70 ms with room for 32
+        # answer tokens and 79 ms with room for 128), so each group's calls are priced
+        # at its own caches' length by the line through the two. Every run below, plain and
         # speculative, has room for the answer's tokens only (`n`, as the plain loops
         # must be told how many tokens to generate), so their caches are alike.
         counts = (min(32, args.tokens), args.tokens)

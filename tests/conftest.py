@@ -8,7 +8,10 @@ import os
 # - quick compilation: most of the suite's time is XLA compiling small programs. XLA
 #   CPU's classic emitters (not the new fusion emitters), and LLVM without its optimisation
 #   passes (`jax_disable_most_optimizations`, below), compile them in about a third of the
-#   time. The programs compute the same values (no fast math either way) and run up to a
+#   time. (One LLVM module a program, `xla_cpu_parallel_codegen_split_count=1`, compiled
+#   a lone program a tenth faster but made the suite's 32-bit pass take 521 s against
+#   455 s: a worker's parallel code generation uses the core the other worker leaves
+#   idle while it traces.) The programs compute the same values (no fast math either way) and run up to a
 #   few times slower, which most of the suite's small cases do not notice; the tests whose
 #   time is running, not compiling, are marked `execution_bound` and compile with full
 #   optimisation. Bit-for-bit comparisons are between programs compiled alike. What runs
@@ -101,7 +104,7 @@ _tests_since_count = 0
 @pytest.fixture(autouse=True)
 def _release_compiled_programs():
     """XLA CPU maps each compiled kernel's code and data into the process (about three
-    mappings a kernel, some 200 for one verification's programs), and JAX keeps every
+    mappings a kernel, 150 to 250 for one verification's programs), and JAX keeps every
     program a test compiled. A worker of this suite reached Linux's cap of 65,530
     mappings about half way through a pass, and XLA crashed with a segmentation fault
     in the next compilation. Every fifth test, when the worker holds more than half the
