@@ -16,7 +16,7 @@ from .._decoding.loop import speculative_decode
 from .._models.prompt_lookup import PromptLookupDraft
 from .._models.suffix import SuffixDraft
 from .._models.tempered import Tempered
-from .._proposal.chain import Chain
+from .._proposal.chain import Chain, trim_pays
 from .._stages.greedy import ArgmaxSampler, GreedyRatioTest
 from ..llm import (
     CHAT_PROMPTS,
@@ -129,8 +129,8 @@ def run_chat(args) -> dict:
     suffix = args.draft == "suffix"
     draft = SuffixDraft(vocab) if suffix else PromptLookupDraft(vocab)
     # Either draft proposes each row's whole chain in one call: no draft loop, no
-    # draft rows over the vocabulary.
-    chain = Chain(args.gamma, drafting="propose", trim=True)
+    # draft rows over the vocabulary; trimmed where that pays (a CPU).
+    chain = Chain(args.gamma, drafting="propose", trim=trim_pays())
     print(
         f"SmolLM2-135M-Instruct (loaded in {loaded:.1f} s), temperature "
         f"{args.temperature:g}, {'suffix-decoding' if suffix else 'prompt-lookup'} "

@@ -15,7 +15,7 @@ from .._decoding.autoregressive import autoregressive_decode
 from .._decoding.loop import speculative_decode
 from .._decoding.speedup import measure_speedup, speedup_table
 from .._models.prompt_lookup import PromptLookupDraft
-from .._proposal.chain import Chain
+from .._proposal.chain import Chain, trim_pays
 from .._stages.greedy import ArgmaxSampler, GreedyRatioTest
 from ..demo import (
     builtin_models,
@@ -216,7 +216,7 @@ def _timing_rows(full: bool) -> dict:
         num_tokens=_TIMING_TOKENS,
         key=jax.random.key(0),
     )
-    propose = Chain(_TIMING_GAMMA, drafting="propose", trim=True)
+    propose = Chain(_TIMING_GAMMA, drafting="propose", trim=trim_pays())
     greedy = Verifier(GreedyRatioTest(), residual_sampler=ArgmaxSampler())
     rows = {
         "prompt lookup, greedy": dict(

@@ -541,6 +541,15 @@ def packed_sizes(target, batch: int, gamma: int) -> tuple[int, ...]:
     return (half, slots)
 
 
+def trim_pays() -> bool:
+    """Whether `Chain(trim=True)` pays on JAX's default backend: on a CPU, where a
+    call on $G + 1$ tokens costs clearly more than one on a single token (1.7x for
+    SmolLM2), and not elsewhere: on a TPU the two cost alike, and the trimmed chain's
+    two call sites make XLA relayout the caches and weights on every step
+    (`benchmarks/results-tpu.md`). What the command-line tools choose."""
+    return jax.default_backend() == "cpu"
+
+
 def trimmed_widths(gamma: int) -> tuple[int, ...]:
     """The target widths a trimmed chain of `gamma` tokens compiles: 1 (no row drafted)
     and `gamma + 1`. (Every width between, the narrowest holding the step's chains
