@@ -6,14 +6,15 @@ import os
 # - eight host CPU devices, for the sharding tests (the other tests run on the default
 #   device);
 # - quick compilation: most of the suite's time is XLA compiling small programs. XLA
-#   CPU's classic emitters (not the new fusion emitters), and LLVM without its optimisation
-#   passes (`jax_disable_most_optimizations`, below), compile them in about a third of the
-#   time. (One LLVM module a program, `xla_cpu_parallel_codegen_split_count=1`, compiled
-#   a lone program a tenth faster but made the suite's 32-bit pass take 521 s against
-#   455 s: a worker's parallel code generation uses the core the other worker leaves
-#   idle while it traces.) The programs compute the same values (no fast math either way) and run up to a
-#   few times slower, which most of the suite's small cases do not notice; the tests whose
-#   time is running, not compiling, are marked `execution_bound` and compile with full
+#   CPU's classic emitters (not the new fusion emitters), and LLVM without its
+#   optimisation passes (`jax_disable_most_optimizations`, below), compile them in about
+#   a third of the time. (One LLVM module a program,
+#   `xla_cpu_parallel_codegen_split_count=1`, compiled a lone program a tenth faster but
+#   made the suite's 32-bit pass take 521 s against 455 s: a worker's parallel code
+#   generation uses the core the other worker leaves idle while it traces.) The programs
+#   compute the same values (no fast math either way) and run up to a few times slower,
+#   which most of the suite's small cases do not notice; the tests whose time is
+#   running, not compiling, are marked `execution_bound` and compile with full
 #   optimisation. Bit-for-bit comparisons are between programs compiled alike. What runs
 #   as a user runs it compiles with XLA's defaults: the demo in CI, the benchmarks, and
 #   the tests' subprocesses (`helpers.default_xla_environment`: the console script, the
