@@ -14,7 +14,8 @@ categories (summarise, extract, edit code, continue, open question), greedily
   draft call, stopping before the first position without a match
   (`StopWhenUnlikely(keep_crossing=False)`); the
   target called on one position when no row drafted and on G + 1 otherwise
-  (`Chain(trim=True)`), the greedy rule, stopping at the chat's end-of-turn token;
+  (`Chain(trim=True)`, on a CPU; on G + 1 every step elsewhere, `--trim`), the greedy
+  rule, stopping at the chat's end-of-turn token;
 - **plain decoding** of the same model (`eqx_specdec.autoregressive_decode`) for exactly
   the answer's tokens;
 - **a straightforward loop** a user would write: `jax.jit` of a `lax.scan` calling the
@@ -160,14 +161,16 @@ def main(argv=None):
     )
     parser.add_argument(
         "--trim",
-        choices=("on", "off"),
-        default="on",
+        choices=("auto", "on", "off"),
+        default="auto",
         help="on: the target called on one position in steps where no row drafted "
-        "(Chain(trim=True), the faster on a CPU, where a wide call costs 1.7x a narrow "
-        "one); off: every step calls it on G + 1 (the faster on a TPU, where the two "
-        "call sites make XLA relayout the caches and weights every step)",
+        "(Chain(trim=True)); off: every step calls it on G + 1; auto (default): on "
+        "where that pays, a CPU (a wide call costs 1.7x a narrow one), off elsewhere (on "
+        "a TPU the two cost alike, and two call sites make XLA relayout the caches and "
+        "weights every step): `_proposal.chain.trim_pays`",
     )
     args = parser.parse_args(argv)
+    trim = es._proposal.chain.trim_pays() if args.trim == "auto" else args.trim == "on"
 
     path = fetch_smollm2(quiet=True)
     model, tokenizer = load_gguf(path, dtype=jnp.dtype(args.dtype))
@@ -192,19 +195,24 @@ def main(argv=None):
         )
         described = f"prompt lookup (n-grams of {draft.min_ngram} to {draft.max_ngram}"
     if args.drafting == "propose":
-        chain = es.Chain(args.gamma, drafting="propose", trim=args.trim == "on")
+        chain = es.Chain(args.gamma, drafting="propose", trim=trim)
     else:
         chain = es.Chain(
             args.gamma,
             draft_length=es.StopWhenUnlikely(keep_crossing=False),
-            trim=args.trim == "on",
+            trim=trim,
         )
     print(
         f"SmolLM2-135M-Instruct, {args.dtype}, JAX {jax.__version__} on "
         f"{jax.default_backend()}; greedy; {described}, drafting "
         f"{args.drafting!r}), "
         f"G = {args.gamma} "
-        f"(target widths {es._proposal.chain.trimmed_widths(args.gamma)}); at most "
+        + (
+            f"(trimmed: target widths {es._proposal.chain.trimmed_widths(args.gamma)})"
+            if trim
+            else f"(untrimmed: the target on {args.gamma + 1} tokens every step)"
+        )
+        + "; at most "
         f"{args.tokens} tokens per answer; prompts padded to {width} tokens; "
         f"{args.repeats} interleaved rounds\n"
     )
@@ -291,9 +299,7 @@ def main(argv=None):
 
         print(f"### B = {batch}\n")
         sizes = (
-            es._proposal.chain.packed_sizes(model, batch, args.gamma)
-            if args.trim == "on"
-            else ()
+            es._proposal.chain.packed_sizes(model, batch, args.gamma) if trim else ()
         )
         packed = (
             f"; where a row drafted, the target is called packed, on {sizes} tokens "
@@ -371,9 +377,8 @@ def main(argv=None):
                 # Cost model (`Speedup.calls_seconds`): each step one draft call per
                 # drafted token (the rows' mean), and one target call, its cost affine
                 # in the tokens it scored between the calls on 1 and G + 1 tokens a
-                # row: the row with the most steps ran in every step, so its scored
-                # tokens count the whole run's.
-                longest = int(np.argmax(np.asarray(spec.target_calls)))
+                # row: the row with the most steps ran in every step, so the largest
+                # count is the whole run's.
                 spec_cost = es.evaluation.Speedup(
                     speculative_seconds=med["speculative"],
                     plain_seconds=med["plain"],
@@ -386,7 +391,7 @@ def main(argv=None):
                     plain_call_seconds=per_call(1, n),
                     draft_calls_per_step=drafted,
                     gamma=args.gamma,
-                    scored_tokens=int(spec.scored_tokens[longest]),
+                    scored_tokens=int(np.max(np.asarray(spec.scored_tokens))),
                 ).calls_seconds
                 # Plain decoding as its own program prices it: the faster plain
                 # loop's run.

@@ -51,8 +51,8 @@ class DecodeResult(eqx.Module):
         row at one width ($G + 1$, a tree's node count plus one, or 1 in a trimmed
         chain's step where no running row drafted), padding included; a packed call
         (a trimmed chain with an [`eqx_specdec.models.AbstractPackedModel`][] target)
-        its size. Rows run for a prefix of the loop's steps, so the row with the most
-        `target_calls` holds the run's count: with per-call times, the cost model of
+        its size. Rows run for a prefix of the loop's steps, so the largest entry (the
+        row with the most `target_calls`) is the run's count: with per-call times, the cost model of
         the run.
     - `logprobs`: float32 of shape `(B, L)`, the target's log-probability of each
         generated token under the distribution it was verified against, with

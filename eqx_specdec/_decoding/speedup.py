@@ -207,9 +207,8 @@ def measure_speedup(
         )
     scored = None
     if result.scored_tokens is not None:
-        # The row with the most steps ran in every one of them.
-        longest = int(np.argmax(np.asarray(result.target_calls)))
-        scored = int(np.asarray(result.scored_tokens)[longest])
+        # The row with the most steps ran in every one of them: the largest count.
+        scored = int(np.max(np.asarray(result.scored_tokens)))
     return Speedup(
         gamma=gamma,
         scored_tokens=scored,
