@@ -185,17 +185,3 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
-
-
-# Python's cycle collector: tracing and compiling allocate millions of short-lived
-# objects, and with the default thresholds (700, 10, 10) the collector ran often enough,
-# each full collection walking every object the worker holds, to take about a twentieth
-# of three modules' time (109.8 against 116.2 s, one process). After collection, the
-# objects every test shares (the modules, their constant inputs) are frozen out of
-# collections, and collections run a hundredth as often. The cycles that hold compiled
-# programs are still collected: by the collector, and when `_release_compiled_programs`
-# clears JAX's caches.
-def pytest_collection_finish(session):
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
