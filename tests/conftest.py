@@ -45,12 +45,11 @@ from eqx_specdec.llm._fetch import cache_dir  # noqa: E402
 # XLA's persistent cache: a later run on the same machine reads its programs instead of
 # compiling them (most of the suite's time is compilation). A cold run gains little: the
 # suite compiles nearly every program once (in a cold 32-bit pass the cache served 29 of
-# 7,408 compilations, and the pass took as long without it). JAX keys entries by
-# program, flags and devices. It lives in the library's
-# cache beside the fetched model (`$EQX_SPECDEC_CACHE`, else `$XDG_CACHE_HOME/eqx_specdec`,
-# else `~/.cache/eqx_specdec`), not in the checkout. Programs that compile in under 0.1 s
-# are not stored: writing and reading thousands of them cost more than compiling them
-# again.
+# 7,408 compilations; two modules took as long without it). JAX keys entries by
+# program, flags and devices. It lives in the library's cache beside the fetched model
+# (`$EQX_SPECDEC_CACHE`, else `$XDG_CACHE_HOME/eqx_specdec`, else
+# `~/.cache/eqx_specdec`), not in the checkout. Programs that compile in under 0.1 s are
+# not stored: writing and reading thousands of them cost more than compiling them again.
 COMPILATION_CACHE = str(cache_dir() / "jax-compilation-cache")
 jax.config.update("jax_compilation_cache_dir", COMPILATION_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
