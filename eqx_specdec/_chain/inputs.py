@@ -19,6 +19,7 @@ from .._inputs.checks import (
     uniform_problems,
 )
 from .._inputs.results import Problem, RESULTS
+from .._inputs.typed_inputs import as_array
 from .abstract_verifier import AbstractVerifier, malformed_tokens, RowReport
 
 
@@ -351,7 +352,7 @@ def prepare_inputs(
             "`verifier` must be an eqx_specdec.Verifier (or ShardedVerifier, or another "
             f"AbstractVerifier), got {type(verifier).__name__}."
         )
-    arrays = StepArguments(*(None if x is None else jnp.asarray(x) for x in arrays))
+    arrays = StepArguments(*(as_array(x) for x in arrays))
     if arrays.target is None:
         raise TypeError(f"`{names.target}` is required.")
     validate_step(arrays, names)

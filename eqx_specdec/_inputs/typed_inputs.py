@@ -5,6 +5,7 @@ randomness."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Integer, Key
 
 from .._misc import no_type_check
@@ -13,9 +14,15 @@ from .._warps.warp import Warp
 
 def as_array(value):
     """An array for an array-like (a list, a NumPy array, a scalar), tracers and JAX
-    arrays as they are, `None` as it is."""
+    arrays as they are, `None` as it is. A NumPy array is copied (in the dtype
+    `jnp.asarray` gives it) and the copy put on the device: `jnp.asarray` compiles a
+    program for each new shape and dtype, 10 to 60 ms at its first call, and the
+    device may share a NumPy array's memory, which its owner may change later."""
     if value is None or isinstance(value, (jax.Array, jax.core.Tracer)):
         return value
+    if isinstance(value, np.ndarray):
+        dtype = jax.dtypes.canonicalize_dtype(value.dtype)
+        return jax.device_put(np.array(value, dtype))
     return jnp.asarray(value)
 
 
