@@ -51,39 +51,16 @@ import numpy as np
 
 import eqx_specdec as es
 from eqx_specdec._decoding.autoregressive import _autoregressive
+from eqx_specdec._decoding.speedup import straightforward_decode
 from eqx_specdec.llm import CHAT_PROMPTS, fetch_smollm2, load_gguf
 
 
 GREEDY = es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler())
 
 
-def straightforward(model, prompts, lengths, num_tokens):
-    """The loop a user writes: prefill, then a `lax.scan` of one-token calls of the
-    cached model, greedy; `vmap` over rows when there are several."""
-    batch, width = prompts.shape
-    max_length = width + num_tokens + 1
-
-    def one_row(prompt, length):
-        state = model.init_state(max_length)
-        logits, state = model(prompt, jnp.arange(width, dtype=jnp.int32), state)
-        first = jnp.argmax(logits[length - 1]).astype(jnp.int32)
-
-        def step(carry, t):
-            token, state = carry
-            logits, state = model(token[None], (length + t)[None], state)
-            return (jnp.argmax(logits[0]).astype(jnp.int32), state), token
-
-        (last, _), tokens = jax.lax.scan(
-            step, (first, state), jnp.arange(num_tokens - 1, dtype=jnp.int32)
-        )
-        return jnp.concatenate([tokens, last[None]])
-
-    if batch == 1:
-        return one_row(prompts[0], lengths[0])[None]
-    return jax.vmap(one_row)(prompts, lengths)
-
-
-straightforward_jit = eqx.filter_jit(straightforward, donate="none")
+# The loop a user writes (prefill, a `lax.scan` of one-token calls, greedy), as
+# `measure_speedup` times it.
+straightforward_jit = eqx.filter_jit(straightforward_decode, donate="none")
 
 
 def pad(rows, width):
@@ -358,7 +335,7 @@ def main(argv=None):
                     "speculative": lambda: speculative(prompts, lengths, n),
                     "plain": lambda: plain(prompts, lengths, n),
                     "straightforward": lambda: straightforward_jit(
-                        model, prompts, lengths, n
+                        model, prompts, lengths, jax.random.key(0), n, True
                     ),
                 }
                 for run in runs.values():

@@ -13,7 +13,7 @@ import pytest
 from helpers import assert_packed_call_scores_each_row_s_tokens
 
 import eqx_specdec as es
-from eqx_specdec._decoding.speedup import speedup_table
+from eqx_specdec._decoding.speedup import speedup_table, straightforward_decode
 from eqx_specdec._proposal import chain as chain_module
 
 
@@ -323,6 +323,19 @@ def test_measure_speedup_reports_a_consistent_run():
     assert f"| {1e3 * own:.3f} (" in speedup_table({"2-gram": measured})
     # Every step called the target on G + 1 tokens a row: 2 rows of 4.
     assert measured.scored_tokens == 8 * measured.steps
+
+
+def test_the_straightforward_baseline_decodes_what_plain_decoding_does():
+    """The loop a user writes, which `measure_speedup` times beside the library's plain
+    loop: greedily, the same tokens, on prompts of several lengths (padded)."""
+    target = _small_transformer(4, context=32)
+    tokens, lengths = _prompts(3, 4)
+    key = jax.random.key(0)
+    straightforward = straightforward_decode(
+        target, jnp.asarray(tokens), jnp.asarray(lengths), key, 12, True
+    )
+    plain = es.autoregressive_decode(target, tokens, lengths, 12, outputs="logits")
+    np.testing.assert_array_equal(straightforward, plain)
 
 
 def test_measure_speedup_prices_a_trimmed_chain_s_narrow_steps():

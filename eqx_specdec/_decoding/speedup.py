@@ -13,6 +13,7 @@ from jaxtyping import Array, ArrayLike, Int, Key
 
 from .._chain.abstract_verifier import AbstractVerifier
 from .._chain.verifier import Verifier
+from .._models.cached import AbstractCachedModel
 from .._proposal.abstract_proposal import ModelOutputs
 from .._proposal.chain import Chain
 from .autoregressive import _autoregressive
@@ -26,7 +27,9 @@ class Speedup(eqx.Module):
     **Fields:**
 
     - `speculative_seconds`, `plain_seconds`: one whole decode of the batch, by
-        speculative decoding and by plain decoding of the target (the same cache).
+        speculative decoding and by plain decoding of the target (the same cache): the
+        faster of the library's plain loop and, for a cached target returning logits,
+        the `jax.jit` + `lax.scan` loop a user writes.
     - `batch`: the rows decoded together.
     - `tokens`: the tokens generated (batch times `num_tokens`).
     - `tokens_per_call`: tokens committed per target call, over the batch.
@@ -114,6 +117,45 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
+def straightforward_decode(
+    model, prompt_tokens, prompt_lengths, key, num_tokens, greedy
+):
+    """The plain decoding loop a user writes for a cached model returning logits: each
+    row prefilled with its padded prompt, then a `lax.scan` of one-token calls, the
+    next token the argmax (`greedy`) or drawn with `jax.random.categorical` from the
+    row's key folded with the step; `vmap` over the rows. The baseline
+    [`eqx_specdec.evaluation.measure_speedup`][] times beside the library's plain loop
+    (whichever is faster is the speed-up's denominator)."""
+    batch, width = prompt_tokens.shape
+    keys = jax.random.split(key, batch)
+
+    def one_row(prompt, length, row_key):
+        state = model.init_state(width + num_tokens)
+        logits, state = model(prompt, jnp.arange(width, dtype=jnp.int32), state)
+
+        def pick(logits, t):
+            if greedy:
+                return jnp.argmax(logits).astype(jnp.int32)
+            draw = jax.random.categorical(jax.random.fold_in(row_key, t), logits)
+            return draw.astype(jnp.int32)
+
+        def step(carry, t):
+            token, state = carry
+            logits, state = model(token[None], (length + t)[None], state)
+            return (pick(logits[0], t + 1), state), token
+
+        first = pick(logits[length - 1], 0)
+        (last, _), tokens = jax.lax.scan(
+            step, (first, state), jnp.arange(num_tokens - 1, dtype=jnp.int32)
+        )
+        return jnp.concatenate([tokens, last[None]])
+
+    return jax.vmap(one_row)(prompt_tokens, prompt_lengths, keys)
+
+
+_straightforward_jit = eqx.filter_jit(straightforward_decode)
+
+
 def measure_speedup(
     draft_model: Callable,
     target_model: Callable,
@@ -128,8 +170,9 @@ def measure_speedup(
     repeats: int = 5,
 ) -> Speedup:
     """Times speculative decoding against plain autoregressive decoding of the same
-    target (the same batch, prompts, tokens to generate and cache), and the models'
-    calls alone for the cost model (each in plain decoding's own program, see
+    target (the same batch, prompts, tokens to generate and cache; the library's loop
+    and, for a cached target returning logits, the `jax.jit` + `lax.scan` loop a user
+    writes, the faster of the two), and the models' calls alone for the cost model (each in plain decoding's own program, see
     [`eqx_specdec.evaluation.Speedup`][]): everything compiled first, then `repeats` rounds that
     time each run once, interleaved.
 
@@ -182,16 +225,19 @@ def measure_speedup(
             False,  # no check of the rows: the baseline a user writes
         )
 
+    # The baselines decode as the verifier does: by argmax when its correction is the
+    # target's argmax (greedy decoding), by sampling otherwise.
+    greedy = verifier.residual_sampler.draws == "argmax"
     runs = {
         "speculative": speculative,
-        # The baseline decodes as the verifier does: by argmax when its correction is
-        # the target's argmax (greedy decoding), by sampling otherwise.
-        "plain": calls_of(
-            target_model, 1, outputs[1], verifier.residual_sampler.draws == "argmax"
-        ),
+        "plain": calls_of(target_model, 1, outputs[1], greedy),
         "draft call": calls_of(draft_model, 1, outputs[0]),
         "target call": calls_of(target_model, gamma + 1, outputs[1]),
     }
+    if isinstance(target_model, AbstractCachedModel) and outputs[1] == "logits":
+        runs["straightforward"] = lambda: _straightforward_jit(
+            target_model, prompt_tokens, prompt_lengths, key, num_tokens, greedy
+        )
     for run in runs.values():  # compiled before timing
         jax.block_until_ready(run())
     times = {name: [] for name in runs}
@@ -199,6 +245,7 @@ def measure_speedup(
         for name, run in runs.items():
             times[name].append(_seconds(run))
     median = {name: statistics.median(t) for name, t in times.items()}
+    plain = min(median["plain"], median.get("straightforward", np.inf))
     steps = int(np.max(np.asarray(result.target_calls)))
     calls_per_step = float(gamma)
     if not proposal.draft_length.always_full:
@@ -213,14 +260,14 @@ def measure_speedup(
         gamma=gamma,
         scored_tokens=scored,
         speculative_seconds=median["speculative"],
-        plain_seconds=median["plain"],
+        plain_seconds=plain,
         batch=batch,
         tokens=batch * num_tokens,
         tokens_per_call=result.tokens_per_call(),
         steps=steps,
         draft_call_seconds=median["draft call"] / num_tokens,
         target_call_seconds=median["target call"] / num_tokens,
-        plain_call_seconds=median["plain"] / num_tokens,
+        plain_call_seconds=plain / num_tokens,
         draft_calls_per_step=calls_per_step,
     )
 
