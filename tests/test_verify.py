@@ -147,24 +147,19 @@ def test_wrong_kinds_are_named():
 
 
 def test_a_numpy_input_changed_after_it_is_given_changes_nothing():
-    """A NumPy array given to a typed input is copied in, in `jnp.asarray`'s dtype:
-    a caller reusing its buffer afterwards changes nothing. (On the CPU, JAX may read
-    a NumPy array put on the device as it is after the call has returned, or share its
-    memory: about half of these sixteen views would see the change.)"""
+    """A NumPy array given to a typed input is copied in: a caller reusing its buffer
+    afterwards changes nothing. (On the CPU, JAX may read a NumPy array put on the
+    device as it is after the call has returned, or share its memory: about half of
+    these sixteen views would see the change.)"""
     rng = np.random.default_rng(0)
     buffer = rng.random(16 + 2 * 4 * 50_000).astype(np.float32)
     views = [buffer[i : i + 400_000].reshape(2, 4, 50_000) for i in range(16)]
     expected = [view.copy() for view in views]
     given = [es.Logits(view) for view in views]
-    tokens = rng.integers(0, 50_000, (2, 3))  # int64 in, int32 (or int64 in x64) kept
-    draft = es.Draft(tokens, None)
     buffer[...] = 0
-    tokens[...] = 0
     for typed, want in zip(given, expected):
         assert isinstance(typed.logits, jax.Array)
         np.testing.assert_array_equal(np.asarray(typed.logits), want)
-    assert draft.tokens.dtype == jnp.asarray(tokens).dtype
-    assert np.asarray(draft.tokens).any()
 
 
 ONE_DEVICE = r"""

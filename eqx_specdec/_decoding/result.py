@@ -52,8 +52,8 @@ class DecodeResult(eqx.Module):
         chain's step where no running row drafted), padding included; a packed call
         (a trimmed chain with an [`eqx_specdec.models.AbstractPackedModel`][] target)
         its size. Rows run for a prefix of the loop's steps, so the largest entry (the
-        row with the most `target_calls`) is the run's count: with per-call times, the cost model of
-        the run.
+        row with the most `target_calls`) is the run's count: with per-call times, the
+        cost model of the run.
     - `logprobs`: float32 of shape `(B, L)`, the target's log-probability of each
         generated token under the distribution it was verified against, with
         `speculative_decode(..., logprobs=True)`; `None` otherwise. -inf after a

@@ -16,7 +16,7 @@ def as_array(value):
     """An array for an array-like (a list, a NumPy array, a scalar), tracers and JAX
     arrays as they are, `None` as it is. A NumPy array is copied (in the dtype
     `jnp.asarray` gives it) and the copy put on the device: `jnp.asarray` compiles a
-    program for each new shape and dtype, 10 to 60 ms at its first call, and the
+    program for each new shape and dtype, some 30 ms at its first call, and the
     device may share a NumPy array's memory, which its owner may change later."""
     if value is None or isinstance(value, (jax.Array, jax.core.Tracer)):
         return value
