@@ -51,16 +51,11 @@ import numpy as np
 
 import eqx_specdec as es
 from eqx_specdec._decoding.autoregressive import _autoregressive
-from eqx_specdec._decoding.speedup import straightforward_decode
+from eqx_specdec._decoding.speedup import straightforward_jit
 from eqx_specdec.llm import CHAT_PROMPTS, fetch_smollm2, load_gguf
 
 
 GREEDY = es.Verifier(es.GreedyRatioTest(), residual_sampler=es.ArgmaxSampler())
-
-
-# The loop a user writes (prefill, a `lax.scan` of one-token calls, greedy), as
-# `measure_speedup` times it.
-straightforward_jit = eqx.filter_jit(straightforward_decode, donate="none")
 
 
 def pad(rows, width):

@@ -153,7 +153,7 @@ def straightforward_decode(
     return jax.vmap(one_row)(prompt_tokens, prompt_lengths, keys)
 
 
-_straightforward_jit = eqx.filter_jit(straightforward_decode)
+straightforward_jit = eqx.filter_jit(straightforward_decode)
 
 
 def measure_speedup(
@@ -235,7 +235,7 @@ def measure_speedup(
         "target call": calls_of(target_model, gamma + 1, outputs[1]),
     }
     if isinstance(target_model, AbstractCachedModel) and outputs[1] == "logits":
-        runs["straightforward"] = lambda: _straightforward_jit(
+        runs["straightforward"] = lambda: straightforward_jit(
             target_model, prompt_tokens, prompt_lengths, key, num_tokens, greedy
         )
     for run in runs.values():  # compiled before timing
